@@ -1,0 +1,1 @@
+"""Benchmarks behind ``hpcreduce bench NAME``; each measures hpcreduce against a peer in the same run."""

@@ -1,0 +1,75 @@
+"""Interleaved timing: every candidate is called in turn, so machine drift hits all alike.
+
+Each call starts after a barrier; a call's time is the slowest rank's, and a
+candidate's figure is the median over the measured calls.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Dict, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+Call = Callable[[], object]
+
+
+def interleaved_medians(comm: MPI.Intracomm, candidates: Dict[str, Call], *,
+                        warmup: int, iterations: int) -> Dict[str, float]:
+    """Median seconds per call of each candidate, calls interleaved round-robin."""
+    names = list(candidates)
+    times = np.zeros((len(names), iterations))
+    for round_index in range(warmup + iterations):
+        for row, name in enumerate(names):
+            comm.Barrier()
+            start = time.perf_counter()
+            candidates[name]()
+            elapsed = time.perf_counter() - start
+            if round_index >= warmup:
+                times[row, round_index - warmup] = elapsed
+    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    return {name: float(np.median(times[row])) for row, name in enumerate(names)}
+
+
+def iterations_for(nbytes: int, *, budget_bytes: int = 1 << 30, least: int = 5, most: int = 200) -> int:
+    """Enough calls for a stable median, fewer for large messages."""
+    return int(min(most, max(least, budget_bytes // max(1, nbytes) // 8)))
+
+
+def launch_facts(comm: MPI.Intracomm) -> Dict[str, object]:
+    """What the numbers depend on: ranks, cores, transport, oversubscription.
+
+    Ranks may be bound to one core each, so the node's cores are counted, not the
+    process's affinity, and compared with the ranks sharing this node.
+    """
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    ranks_here = node.Get_size()
+    node.Free()
+    cores = os.cpu_count() or 1
+    return {
+        "ranks": comm.Get_size(),
+        "ranks_per_node": ranks_here,
+        "cores": cores,
+        "oversubscribed": ranks_here > cores,
+        "transport": os.environ.get("OMPI_MCA_btl", "default (shared memory)"),
+        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+    }
+
+
+def parse_size(text: str) -> int:
+    """``4K``, ``1M``, ``64MiB`` or a number of bytes."""
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(value[-1:], 1)
+    return int(float(value[:-1] if scale > 1 else value) * scale)
+
+
+def format_size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def sizes_argument(text: str) -> Sequence[int]:
+    return [parse_size(part) for part in text.split(",") if part.strip()]

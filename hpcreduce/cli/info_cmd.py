@@ -1,0 +1,52 @@
+"""``hpcreduce info [--json]``: the MPI library and what this launch can do."""
+from __future__ import annotations
+
+import json
+import platform
+
+from ..collectives.arrays import cupy_available
+from ..runtime import environment
+
+
+def register(subcommands) -> None:
+    parser = subcommands.add_parser("info", help="show the MPI library, ULFM, CUDA-awareness, launcher",
+                                    description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def collect() -> dict:
+    """Facts about this process's MPI and hardware (initialises MPI)."""
+    from mpi4py import MPI
+    import mpi4py
+    problem = environment.failure_detection_problem()
+    return {
+        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi_standard": "%d.%d" % MPI.Get_version(),
+        "mpi4py": mpi4py.__version__,
+        "ulfm_supported": environment.ulfm_supported(MPI),
+        "ft_enabled": environment.ft_enabled(MPI) and problem is None,
+        "ft_problem": problem,
+        "cuda_aware": environment.cuda_aware(MPI),
+        "cupy": cupy_available(),
+        "launcher": environment.detect_launcher(),
+        "ranks": MPI.COMM_WORLD.Get_size(),
+        "cores": environment.usable_cores(),
+        "python": platform.python_version(),
+    }
+
+
+def run(args, _argv) -> int:
+    facts = collect()
+    if args.json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    yes = {True: "yes", False: "no"}
+    print(f"MPI library     {facts['mpi_library']} (MPI {facts['mpi_standard']}, mpi4py {facts['mpi4py']})")
+    print(f"ULFM            {yes[facts['ulfm_supported']]} in the library; "
+          f"{'enabled' if facts['ft_enabled'] else 'off: ' + str(facts['ft_problem'])} in this launch")
+    print(f"CUDA-aware MPI  {yes[facts['cuda_aware']]}")
+    print(f"cupy with GPU   {yes[facts['cupy']]}")
+    print(f"launcher        {facts['launcher']}")
+    print(f"ranks / cores   {facts['ranks']} / {facts['cores']}")
+    return 0

@@ -1,0 +1,32 @@
+"""``hpcreduce launch -n N [--ft] [--hostfile F] -- CMD ...``: print and run the mpirun line."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import LaunchError
+from ..runtime.launch import build_mpirun, run_plan
+
+
+def register(subcommands) -> None:
+    parser = subcommands.add_parser("launch", help="start a command on N ranks with mpirun",
+                                    description=__doc__)
+    parser.add_argument("-n", "--ranks", type=int, required=True, help="number of ranks")
+    parser.add_argument("--ft", action="store_true", help="enable ULFM fault tolerance")
+    parser.add_argument("--hostfile", help="Open MPI hostfile")
+    parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command to run on every rank")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, _argv) -> int:
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    try:
+        plan = build_mpirun(args.ranks, command, ft=args.ft, hostfile=args.hostfile)
+    except LaunchError as err:
+        print(f"hpcreduce launch: {err}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(plan.shell())
+        return 0
+    return run_plan(plan)

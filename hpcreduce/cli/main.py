@@ -1,0 +1,40 @@
+"""The ``hpcreduce`` command: one subcommand per module, each with ``register`` and ``run``."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from ..errors import HpcreduceError
+from . import bench_cmd, info_cmd, launch_cmd
+
+COMMANDS = (info_cmd, launch_cmd, bench_cmd)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpcreduce",
+        description="Data-parallel training over MPI ranks: ring AllReduce or parameter server.")
+    subcommands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        command.register(subcommands)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args, argv) or 0)
+    except HpcreduceError as err:
+        print(f"hpcreduce {args.command}: error{_where()}: {err}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _where() -> str:
+    """`` on rank R of N`` inside an MPI job, else nothing."""
+    if "mpi4py.MPI" not in sys.modules:
+        return ""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    return f" on rank {world.Get_rank()} of {world.Get_size()}" if MPI.Is_initialized() else ""

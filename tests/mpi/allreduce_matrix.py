@@ -1,0 +1,75 @@
+"""Every op, dtype, algorithm and awkward size against native MPI_Allreduce, on any N.
+
+Run under mpirun; exits non-zero on the first disagreement (collectively).
+"""
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import hpcreduce
+from hpcreduce.collectives.ops import DTYPES, OPS
+
+context = hpcreduce.init()
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+ALGORITHMS = ("ring", "recursive_doubling", "native", "auto")
+SIZES = sorted({0, 1, max(size - 1, 0), size + 1, 1_000_003})
+TOLERANCE = {"float16": 2e-2, "float32": 1e-5, "float64": 1e-12}
+
+
+def sample(dtype: np.dtype, op: str, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if op == "prod":
+        values = rng.uniform(0.5, 2.0, n) if dtype.kind == "f" else rng.integers(-3, 4, n)
+    else:
+        values = rng.uniform(-50, 50, n) if dtype.kind == "f" else rng.integers(-50, 50, n)
+    return values.astype(dtype)
+
+
+def expected(x: np.ndarray, op: str) -> np.ndarray:
+    reference = np.empty_like(x)
+    world.Allreduce(x, reference, op=OPS[op].mpi_op)
+    if op == "mean":
+        reference = (reference / size if x.dtype.kind == "f" else reference // size).astype(x.dtype)
+    return reference
+
+
+failures = []
+checked = 0
+for n in SIZES:
+    for dtype in DTYPES:
+        for op in OPS:
+            x = sample(dtype, op, n, seed=1000 * rank + n % 997)
+            reference = expected(x, op)
+            for algorithm in ALGORITHMS:
+                result = hpcreduce.allreduce(x, op, algorithm=algorithm)
+                outcomes = [("result", result)]
+                if n < 1000 or dtype.itemsize == 8:  # in place, multi-segment chunks included
+                    in_place = x.copy()
+                    hpcreduce.allreduce(in_place, op, algorithm=algorithm, out=in_place)
+                    outcomes.append(("in place", in_place))
+                checked += len(outcomes)
+                tol = TOLERANCE.get(dtype.name, 0)
+                for label, got in outcomes:
+                    if got.shape != x.shape or got.dtype != x.dtype:
+                        failures.append(f"{label} {algorithm} {op} {dtype} n={n}: got {got.dtype}{got.shape}")
+                    elif not np.allclose(got.astype(np.float64), reference.astype(np.float64),
+                                         rtol=tol, atol=tol * 50, equal_nan=True):
+                        bad = int(np.argmax(~np.isclose(got.astype(np.float64), reference.astype(np.float64),
+                                                       rtol=tol, atol=tol * 50)))
+                        failures.append(f"{label} {algorithm} {op} {dtype} n={n}: element {bad} "
+                                        f"{got[bad]} != native {reference[bad]}")
+                # Data-parallel replicas must stay identical: every rank holds the same bits.
+                digest = np.frombuffer(result.tobytes(), dtype=np.uint8).sum(dtype=np.uint64) if n else 0
+                digests = world.allgather(int(digest))
+                if len(set(digests)) != 1:
+                    failures.append(f"{algorithm} {op} {dtype} n={n}: ranks hold different bits {digests}")
+
+all_failures = world.allgather(failures)
+if rank == 0:
+    flat = [f"rank {r}: {f}" for r, fs in enumerate(all_failures) for f in fs]
+    print(f"N={size}: {checked} cases, {len(flat)} failures")
+    for line in flat[:20]:
+        print(line)
+sys.exit(1 if any(all_failures) else 0)

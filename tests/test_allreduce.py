@@ -1,0 +1,18 @@
+"""Ring, recursive doubling, auto and fusion against native MPI_Allreduce under real mpirun."""
+import pytest
+
+from mpi_run import mpirun
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5])
+def test_every_op_dtype_size_and_algorithm_matches_native(ranks):
+    result = mpirun(ranks, "allreduce_matrix.py", timeout=240)
+    assert result.returncode == 0, result
+    assert f"N={ranks}:" in result.output and " 0 failures" in result.output, result
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_fusion_bad_input_staging_and_private_communicator(ranks):
+    result = mpirun(ranks, "collective_contracts.py", timeout=120)
+    assert result.returncode == 0, result
+    assert result.output.count("ok check_") == 5, result

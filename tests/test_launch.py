@@ -1,0 +1,118 @@
+"""The mpirun command hpcreduce builds, and the CLI started as a user starts it."""
+import json
+import os
+
+import pytest
+
+from hpcreduce.errors import LaunchError
+from hpcreduce.runtime.environment import detect_launcher, failure_detection_problem
+from hpcreduce.runtime.launch import FT_ARGS, build_mpirun
+from mpi_run import hpcreduce_cli
+
+
+def plan(n, **kwargs):
+    kwargs.setdefault("mpirun", "mpirun")
+    return build_mpirun(n, ["python", "train.py"], **kwargs)
+
+
+def test_root_gets_allow_run_as_root_and_others_do_not():
+    assert "--allow-run-as-root" in plan(2, is_root=True, cores=4).argv
+    assert "--allow-run-as-root" not in plan(2, is_root=False, cores=4).argv
+
+
+def test_oversubscribe_and_yield_only_past_the_cores():
+    within = plan(4, cores=4, is_root=False)
+    beyond = plan(5, cores=4, is_root=False)
+    assert "--oversubscribe" not in within.argv and within.env == {}
+    assert "--oversubscribe" in beyond.argv
+    assert beyond.env == {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    assert beyond.shell().startswith("OMPI_MCA_mpi_yield_when_idle=1 mpirun -n 5 --oversubscribe")
+
+
+def test_ft_adds_ulfm_and_the_tcp_transport():
+    argv = plan(3, ft=True, cores=8, is_root=False).argv
+    assert argv == ["mpirun", "-n", "3", *FT_ARGS, "python", "train.py"]
+    assert " ".join(FT_ARGS) == "--with-ft ulfm --mca mpi_ft_enable true --mca btl tcp,self"
+
+
+def test_hostfile_slots_decide_oversubscription(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# two nodes\nnode1 slots=2\nnode2 slots=2\n")
+    assert "--oversubscribe" not in plan(4, hostfile=str(hosts), cores=1, is_root=False).argv
+    assert "--oversubscribe" in plan(5, hostfile=str(hosts), cores=64, is_root=False).argv
+    hosts.write_text("node1\nnode2 slots=2\n")  # a host without slots: Open MPI counts its cores
+    assert "--oversubscribe" not in plan(50, hostfile=str(hosts), cores=1, is_root=False).argv
+
+
+@pytest.mark.parametrize("n, command, message", [(0, ["x"], "at least 1"), (2, [], "no command")])
+def test_bad_launch_requests_are_refused(n, command, message):
+    with pytest.raises(LaunchError, match=message):
+        build_mpirun(n, command, mpirun="mpirun")
+
+
+def test_launcher_detection_reads_the_environment():
+    assert detect_launcher({}) == "none"
+    assert detect_launcher({"OMPI_COMM_WORLD_SIZE": "4"}) == "mpirun"
+    assert detect_launcher({"PMI_SIZE": "4"}) == "mpirun"
+    assert detect_launcher({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0"}) == "none"  # a batch script
+    assert detect_launcher({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3",
+                            "PMIX_RANK": "3"}) == "srun"
+
+
+def test_failure_detection_needs_ulfm_and_no_shared_memory():
+    assert "not enabled" in failure_detection_problem({})
+    assert "shared memory" in failure_detection_problem({"OMPI_MCA_mpi_ft_enable": "true"})
+    assert "shared memory" in failure_detection_problem({"OMPI_MCA_mpi_ft_enable": "1", "OMPI_MCA_btl": "sm,tcp,self"})
+    assert failure_detection_problem({"OMPI_MCA_mpi_ft_enable": "true", "OMPI_MCA_btl": "tcp,self"}) is None
+    assert failure_detection_problem({"OMPI_MCA_mpi_ft_enable": "true", "OMPI_MCA_btl": "^sm"}) is None
+
+
+def test_launch_dry_run_prints_the_command():
+    result = hpcreduce_cli("launch", "-n", "3", "--ft", "--dry-run", "--", "python", "train.py")
+    assert result.returncode == 0, result
+    line = result.output.strip()
+    assert " -n 3 " in line and "--with-ft ulfm" in line and line.endswith("python train.py")
+
+
+def test_launch_runs_the_ranks_and_passes_their_exit_code_on():
+    hello = "from mpi4py import MPI; c = MPI.COMM_WORLD; print('rank', c.rank, 'of', c.size)"
+    result = hpcreduce_cli("launch", "-n", "3", "--", "python", "-c", hello, timeout=60)
+    assert result.returncode == 0, result
+    assert sorted(line for line in result.output.splitlines() if line.startswith("rank")) == \
+        [f"rank {r} of 3" for r in range(3)]
+    failing = hpcreduce_cli("launch", "-n", "2", "--", "python", "-c", "raise SystemExit(3)", timeout=60)
+    assert failing.returncode != 0, failing
+
+
+def test_info_outside_and_inside_an_ft_launch():
+    alone = hpcreduce_cli("info", "--json", timeout=60)
+    assert alone.returncode == 0, alone
+    facts = json.loads(alone.output)
+    assert facts["launcher"] == "none" and facts["ranks"] == 1
+    assert facts["ft_enabled"] is False and facts["cuda_aware"] is False
+    launched = hpcreduce_cli("launch", "-n", "2", "--ft", "--", "python", "-m", "hpcreduce", "info", "--json",
+                             timeout=60)
+    assert launched.returncode == 0, launched
+    assert launched.output.count('"ft_enabled": true') == 2, launched
+    assert launched.output.count('"launcher": "mpirun"') == 2 and '"ranks": 2' in launched.output
+
+
+def test_fault_tolerance_asked_for_without_ulfm_fails_on_every_rank():
+    script = "import hpcreduce; hpcreduce.init(ft=True)"
+    result = hpcreduce_cli("launch", "-n", "2", "--", "python", "-c", script, timeout=60)
+    assert result.returncode != 0, result
+    assert "FaultToleranceUnavailableError" in result.output and "ULFM is not enabled" in result.output
+
+
+def test_bench_allreduce_writes_every_row(tmp_path):
+    path = tmp_path / "bench.json"
+    result = hpcreduce_cli("bench", "allreduce", "-n", "2", "--sizes", "4K,256K", "--fusion-arrays", "10",
+                           "--json", str(path), timeout=120)
+    assert result.returncode == 0, result
+    data = json.loads(path.read_text())
+    assert data["ranks"] == 2
+    assert sorted({(r["bytes"], r["algorithm"]) for r in data["rows"]}) == sorted(
+        (b, a) for b in (4096, 262144) for a in ("native", "ring", "auto", "auto_nocheck"))
+    assert all(r["median_s"] > 0 and r["busbw_GBps"] > 0 for r in data["rows"])
+    assert data["fusion"]["speedup"] > 0
+    assert "256 KiB" in result.output and "fusion: 10 x 10000 float32" in result.output
