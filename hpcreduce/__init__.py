@@ -4,16 +4,31 @@
     ctx = hpcreduce.init()                      # private duplicate of MPI.COMM_WORLD
     total = hpcreduce.allreduce(grad, "sum")    # ring / recursive doubling / native, by size
     grads = hpcreduce.allreduce_many(grads, "mean")   # tensor fusion
+
+Importing the package does not start MPI: the names below load on first use, so the
+``hpcreduce`` command can relaunch itself under mpirun before MPI is initialised.
 """
-from .collectives import allreduce, allreduce_many
-from .errors import (FaultToleranceUnavailableError, HpcreduceError, InputMismatchError,
-                     LaunchError, UnsupportedInputError)
-from .runtime.context import Context, init
+from importlib import import_module
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "init", "Context", "allreduce", "allreduce_many",
-    "HpcreduceError", "InputMismatchError", "UnsupportedInputError",
-    "FaultToleranceUnavailableError", "LaunchError", "__version__",
-]
+_EXPORTS = {
+    "init": "hpcreduce.runtime.context",
+    "Context": "hpcreduce.runtime.context",
+    "allreduce": "hpcreduce.collectives.allreduce",
+    "allreduce_many": "hpcreduce.collectives.fusion",
+    **{name: "hpcreduce.errors" for name in (
+        "HpcreduceError", "InputMismatchError", "UnsupportedInputError",
+        "FaultToleranceUnavailableError", "LaunchError", "ProcessFailedError",
+        "DeadlineExceededError")},
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hpcreduce' has no attribute {name!r}")

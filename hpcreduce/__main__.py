@@ -1,4 +1,4 @@
 """``python -m hpcreduce``: the same as the ``hpcreduce`` command."""
-from .cli.main import main
+from hpcreduce.cli.main import main
 
 raise SystemExit(main())

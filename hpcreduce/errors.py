@@ -32,3 +32,22 @@ class FaultToleranceUnavailableError(HpcreduceError, RuntimeError):
 
 class LaunchError(HpcreduceError, RuntimeError):
     """The MPI launcher could not be found or the launch request is inconsistent."""
+
+
+class ProcessFailedError(HpcreduceError):
+    """A peer rank died: MPI reported ``ERR_PROC_FAILED`` or the communicator was revoked.
+
+    Triggers shrink-and-rebuild (``hpcreduce.ft.recovery``): survivors revoke the
+    communicator, shrink it, agree on who was lost, are re-ranked in their old order,
+    restore the last committed state and redo the interrupted step.
+    """
+
+
+class DeadlineExceededError(HpcreduceError, TimeoutError):
+    """A blocking wait outlived its deadline and MPI reported no failure (a hung peer).
+
+    Not recoverable inside the job (a hung rank cannot take part in a shrink): the
+    watchdog prints which wait on which rank timed out and aborts the whole job, so it
+    ends with a clear error instead of hanging. ``hpcreduce launch --restarts`` can
+    then resume it from the latest checkpoint.
+    """

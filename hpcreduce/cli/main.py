@@ -6,9 +6,9 @@ import sys
 from typing import List, Optional
 
 from ..errors import HpcreduceError
-from . import bench_cmd, info_cmd, launch_cmd
+from . import bench_cmd, info_cmd, launch_cmd, train_cmd
 
-COMMANDS = (info_cmd, launch_cmd, bench_cmd)
+COMMANDS = (info_cmd, launch_cmd, bench_cmd, train_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,8 +36,10 @@ class Context:
     so they change when the fault-tolerance layer replaces it.
     """
 
-    def __init__(self, comm: MPI.Intracomm, *, ft: bool, cuda_aware: bool, launcher: str):
+    def __init__(self, comm: MPI.Intracomm, *, ft: bool, cuda_aware: bool, launcher: str,
+                 joined: bool = False):
         self.comm = comm
+        self.joined = joined
         self.ft = ft
         self.cuda_aware = cuda_aware
         self.launcher = launcher
@@ -82,32 +84,46 @@ _dup_keyval: Optional[int] = None
 
 
 def init(*, ft: Optional[bool] = None, cuda_aware: Optional[bool] = None) -> Context:
-    """Return the process's context around a duplicate of ``MPI.COMM_WORLD``.
+    """Return the process's context around a duplicate of ``MPI.COMM_WORLD`` (collective).
 
     ``ft=None`` turns fault tolerance on when the launch supports it; ``ft=True`` raises
     ``FaultToleranceUnavailableError`` (on every rank) when it does not. ``cuda_aware``
     forces the GPU path (direct or staged); ``None`` asks the MPI library.
-    Calling it again returns the same context.
+    In a process spawned to join a running job the context is over the communicator
+    merged with that job (``joined`` is True). Calling it again returns the same context.
     """
     global _default
     if _default is not None:
         return _default
+    settings = launch_settings(ft=ft, cuda_aware=cuda_aware)
+    from ..ft.growth import merge_with_parent
+    comm = merge_with_parent()
+    joined = comm is not None
+    if comm is None:
+        comm = MPI.COMM_WORLD.Dup()
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
+    _default = Context(comm, joined=joined, **settings)
+    return _default
+
+
+def launch_settings(*, ft: Optional[bool] = None, cuda_aware: Optional[bool] = None) -> Dict[str, Any]:
+    """What this launch can do, decided locally (the same on every rank, no communication)."""
     problem = environment.failure_detection_problem()
     if not environment.ulfm_supported(MPI):
         problem = "this MPI library has no ULFM (MPIX_Comm_revoke)"
     if ft and problem is not None:
         raise FaultToleranceUnavailableError(f"fault tolerance was asked for, but {problem}")
-    enabled = problem is None if ft is None else bool(ft)
-    comm = MPI.COMM_WORLD.Dup()
-    comm.Set_errhandler(MPI.ERRORS_RETURN)
-    aware = environment.cuda_aware(MPI) if cuda_aware is None else bool(cuda_aware)
-    _default = Context(comm, ft=enabled, cuda_aware=aware, launcher=environment.detect_launcher())
-    return _default
+    return {
+        "ft": problem is None if ft is None else bool(ft),
+        "cuda_aware": environment.cuda_aware(MPI) if cuda_aware is None else bool(cuda_aware),
+        "launcher": environment.detect_launcher(),
+    }
 
 
 def resolve(comm: Union[None, Context, MPI.Intracomm]) -> Context:
     """The context a collective runs on: the default one, the one given, or the
-    cached private duplicate of a user's communicator."""
+    private duplicate of a user's communicator (made on first use, collectively over
+    that communicator, and cached on it as an attribute)."""
     if comm is None:
         return init()
     if isinstance(comm, Context):
@@ -120,10 +136,11 @@ def resolve(comm: Union[None, Context, MPI.Intracomm]) -> Context:
         _dup_keyval = MPI.Comm.Create_keyval(delete_fn=_free_duplicate)
     cached = comm.Get_attr(_dup_keyval)
     if cached is None:
-        base = init()
+        settings = {"ft": _default.ft, "cuda_aware": _default.cuda_aware, "launcher": _default.launcher} \
+            if _default is not None else launch_settings()
         dup = comm.Dup()
         dup.Set_errhandler(MPI.ERRORS_RETURN)
-        cached = Context(dup, ft=base.ft, cuda_aware=base.cuda_aware, launcher=base.launcher)
+        cached = Context(dup, **settings)
         comm.Set_attr(_dup_keyval, cached)
     return cached
 

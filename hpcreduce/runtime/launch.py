@@ -118,3 +118,10 @@ def run_plan(plan: LaunchPlan, *, echo: bool = True) -> int:
 def self_command(argv: Sequence[str]) -> List[str]:
     """The command that reruns this ``hpcreduce`` invocation inside each rank."""
     return [sys.executable, "-m", "hpcreduce", *argv]
+
+
+def this_program() -> List[str]:
+    """The command that starts this very program again (for ranks spawned to join it)."""
+    if sys.argv and sys.argv[0].endswith(os.path.join("hpcreduce", "__main__.py")):
+        return self_command(sys.argv[1:])
+    return [sys.executable, *sys.argv]

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional
 
+from .optimizers import OPTIMIZERS
+
 MODES = ("ring", "ps")
 CONSISTENCIES = ("bsp", "ssp", "asp")
 
@@ -20,9 +22,9 @@ class TrainConfig:
     mode: str = "ring"
     model: str = "logreg"
     steps: int = 200
-    batch: int = 256
-    lr: float = 0.5
-    optimizer: str = "sgd"
+    batch: int = 4096
+    lr: float = 0.2
+    optimizer: str = "adagrad"
     seed: int = 0
     servers: int = 1
     consistency: str = "bsp"
@@ -42,6 +44,10 @@ class TrainConfig:
             found.append(f"--steps and --batch must be at least 1, got {self.steps} and {self.batch}")
         if not self.lr > 0:
             found.append(f"--lr must be positive, got {self.lr}")
+        if self.optimizer not in OPTIMIZERS:
+            found.append(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.seed < 0:
+            found.append(f"--seed must be >= 0, got {self.seed}")
         if self.mode == "ring" and (self.consistency != "bsp" or self.staleness or self.servers != 1
                                     or self.fetch_every != 1 or self.push_every != 1):
             found.append("--servers, --consistency, --staleness, --fetch-every and --push-every "

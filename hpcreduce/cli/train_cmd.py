@@ -1,0 +1,107 @@
+"""``hpcreduce train``: train a built-in model data-parallel, by ring AllReduce or parameter server.
+
+Outside an MPI job it relaunches itself under mpirun on -n ranks; under mpirun or
+srun it runs as one rank of the job. Rank 0 prints progress every ~10% of the steps
+and a final line with the held-out loss and accuracy; --json writes the whole result.
+Flag errors are printed by rank 0 and every rank exits with status 2.
+Each model brings the --steps, --batch, --lr and --optimizer it trains well with;
+flags override them.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from typing import TYPE_CHECKING, List, Tuple
+
+from .ranks import add_rank_options, relaunch_outside_mpi
+
+if TYPE_CHECKING:
+    from ..runtime.context import Context
+    from ..train.config import TrainConfig
+
+TUNABLE = ("steps", "batch", "lr", "optimizer")
+
+
+def register(subcommands) -> None:
+    parser = subcommands.add_parser(
+        "train", help="train a model over MPI ranks (ring AllReduce or parameter server)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_rank_options(parser)
+    parser.add_argument("--mode", default="ring", metavar="MODE", help="ring (every rank a worker) or ps (default ring)")
+    parser.add_argument("--servers", type=int, default=1, metavar="K", help="ps: server ranks K (default 1)")
+    parser.add_argument("--consistency", default="bsp", metavar="C", help="ps: bsp, ssp or asp (default bsp)")
+    parser.add_argument("--staleness", type=int, default=0, metavar="S", help="ps with ssp: clocks a worker may run ahead")
+    parser.add_argument("--fetch-every", type=int, default=1, metavar="N", help="ps with asp: pull every n steps")
+    parser.add_argument("--push-every", type=int, default=1, metavar="N", help="ps with asp: push every n steps")
+    parser.add_argument("--model", default="logreg", metavar="NAME",
+                        help="logreg (sparse hashed features, synthetic clicks; default) or "
+                             "mlp (scikit-learn digits)")
+    parser.add_argument("--steps", type=int, metavar="S", help="training steps (default: the model's)")
+    parser.add_argument("--batch", type=int, metavar="B", help="global batch per step, split over the workers "
+                                                  "(default: the model's)")
+    parser.add_argument("--lr", type=float, metavar="X", help="learning rate (default: the model's)")
+    parser.add_argument("--optimizer", metavar="NAME", help="sgd, momentum, adagrad or adam (default: the model's)")
+    parser.add_argument("--seed", type=int, default=0, metavar="SEED", help="seed of data, initial parameters and "
+                                                            "batch order (default 0)")
+    parser.add_argument("--json", dest="json_path", metavar="PATH",
+                        help="write per-step metrics and the final result here (rank 0)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, argv: List[str]) -> int:
+    code = relaunch_outside_mpi(args, argv)
+    if code is not None:
+        return code
+    from mpi4py import MPI
+    from ..errors import FaultToleranceUnavailableError, HpcreduceError
+    from ..runtime.context import init
+    try:
+        ctx = init(ft=True if args.ft else None)
+    except FaultToleranceUnavailableError as err:
+        return refuse([str(err)], MPI.COMM_WORLD.Get_rank())
+    config, problems = build_config(args, ctx)
+    if problems:
+        return refuse(problems, ctx.rank)
+    try:
+        from ..train import train
+        from ..train.models import build
+        model, dataset = build(config.model, config.seed)
+        if ctx.rank == 0:
+            print(f"hpcreduce train: {model.name} on {dataset.name} "
+                  f"({dataset.size('train')} train / {dataset.size('test')} test examples), "
+                  f"{config.mode} over {ctx.size} ranks, {config.steps} steps of {config.batch}, "
+                  f"{config.optimizer} lr {config.lr}", flush=True)
+        train(model, dataset, config, comm=ctx)
+    except HpcreduceError:  # raised on every rank alike: main reports it, every rank exits 1
+        raise
+    except Exception:  # may be this rank's alone, and would leave the others waiting: end the job
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+    return 0
+
+
+def build_config(args: argparse.Namespace, ctx: "Context") -> Tuple["TrainConfig", List[str]]:
+    """The TrainConfig the flags ask for (model defaults filled in) and what is wrong with it."""
+    from ..train.api import config_problems
+    from ..train.config import TrainConfig
+    from ..train.models import BUILTIN
+    builtin = BUILTIN.get(args.model)
+    chosen = {name: getattr(args, name) for name in TUNABLE if getattr(args, name) is not None}
+    config = TrainConfig(mode=args.mode, model=args.model, seed=args.seed, servers=args.servers,
+                         consistency=args.consistency, staleness=args.staleness,
+                         fetch_every=args.fetch_every, push_every=args.push_every,
+                         json_path=args.json_path, **{**(builtin.defaults if builtin else {}), **chosen})
+    problems = config_problems(config, ctx)
+    if builtin is None:
+        problems.append(f"--model must be one of {', '.join(BUILTIN)}, got {args.model!r}")
+    return config, problems
+
+
+def refuse(problems: List[str], rank: int) -> int:
+    """Print the problems on rank 0; every rank returns the usage-error status."""
+    if rank == 0:
+        for problem in problems:
+            print(f"hpcreduce train: {problem}", file=sys.stderr, flush=True)
+    return 2

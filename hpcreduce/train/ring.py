@@ -1,0 +1,112 @@
+"""Synchronous data-parallel training over ring AllReduce.
+
+Every rank holds the whole model. A step has three phases:
+
+* ``compute``: the rank's share of the step's global batch (``partition``) gives
+  summed gradients; sparse gradients are scattered into dense zero tables.
+* ``reduce``: one fused ``allreduce_many(..., "sum")`` of every gradient and of the
+  step's [loss, correct, count] over all ranks.
+* ``apply``: gradients are divided by the global batch and the optimizer runs
+  locally, so all ranks keep bitwise-identical parameters.
+
+``compute`` and ``reduce`` change nothing, so a step whose reduce fails can be
+retried from the same state on a replaced communicator (with the shares re-split
+for the new number of ranks). Sparse tables get lazy updates, as parameter servers
+give them: only rows with a non-zero summed gradient go through the optimizer (the
+same result for SGD and Adagrad; for momentum and Adam untouched rows stay put).
+
+Cost per step: one allreduce of the whole model (sparse tables densified) and 24
+bytes of statistics: 2(N-1)/N * model bytes sent and received per rank with the
+ring algorithm, plus the input check's small allreduce.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import numpy as np
+
+from ..collectives import allreduce_many
+from ..collectives.arrays import array_module
+from ..runtime.context import Context
+from .config import TrainConfig
+from .data import Dataset
+from .model import Model
+from .optimizers import Optimizer, make_optimizer
+from .params import batch_view, dense_grads, zero_grads
+from .partition import worker_batch
+from .state import TrainState
+
+
+@dataclass
+class StepGrads:
+    """Summed gradients (whole tensors) and ``stats`` = float64 [loss_sum, correct, count],
+    of one rank's share (after ``compute``) or of the global batch (after ``reduce``)."""
+
+    grads: Dict[str, object]
+    stats: np.ndarray
+
+
+@dataclass
+class StepMetrics:
+    """One finished step, over its global batch: mean loss and accuracy."""
+
+    step: int
+    loss: float
+    accuracy: float
+    examples: int
+
+
+class RingTrainer:
+    """The three phases of a ring step over ``ctx``'s ranks (all of them are workers)."""
+
+    def __init__(self, ctx: Context, config: TrainConfig, model: Model, dataset: Dataset,
+                 optimizer: Optional[Optimizer] = None):
+        self.ctx, self.config, self.model, self.dataset = ctx, config, model, dataset
+        self.optimizer = optimizer or make_optimizer(config.optimizer, config.lr)
+        self.specs = model.param_specs()
+
+    def initial_state(self) -> TrainState:
+        return TrainState.initial(self.model, self.optimizer, self.config.seed)
+
+    def compute(self, state: TrainState) -> StepGrads:
+        """This rank's summed gradients for step ``state.step``; changes nothing."""
+        indices = worker_batch(state.step, self.ctx.rank, self.ctx.size, batch=self.config.batch,
+                               num_examples=self.dataset.size("train"), seed=self.config.seed)
+        if len(indices) == 0:
+            return StepGrads(zero_grads(self.specs, state.params), np.zeros(3))
+        batch = self.dataset.batch("train", indices)
+        output = self.model.loss_and_grads(batch_view(self.model, state.params, batch), batch)
+        grads = dense_grads(self.specs, output.grads, state.params)
+        return StepGrads(grads, np.array([output.loss_sum, output.correct, output.count], np.float64))
+
+    def reduce(self, local: StepGrads) -> StepGrads:
+        """Sum every rank's gradients and statistics; changes nothing."""
+        arrays = [local.grads[spec.name] for spec in self.specs] + [local.stats]
+        summed = allreduce_many(arrays, "sum", comm=self.ctx)
+        return StepGrads({spec.name: grad for spec, grad in zip(self.specs, summed)}, summed[-1])
+
+    def apply(self, state: TrainState, total: StepGrads) -> StepMetrics:
+        """Update ``state`` in place with the global batch's mean gradient."""
+        step = state.step + 1
+        scale = 1.0 / self.config.batch
+        for spec in self.specs:
+            param, grad, slots = state.params[spec.name], total.grads[spec.name], state.slots[spec.name]
+            grad *= scale
+            if not spec.sparse:
+                self.optimizer.update(param, grad, slots, step)
+                continue
+            xp = array_module(param)
+            rows = xp.flatnonzero(grad.reshape(len(grad), -1).any(axis=1))
+            row_param, row_slots = param[rows], {name: value[rows] for name, value in slots.items()}
+            self.optimizer.update(row_param, grad[rows], row_slots, step)
+            param[rows] = row_param
+            for name, value in row_slots.items():
+                slots[name][rows] = value
+        state.step = step
+        loss_sum, correct, count = (float(v) for v in total.stats)
+        return StepMetrics(step, loss_sum / max(count, 1.0), correct / max(count, 1.0), int(count))
+
+    def step(self, state: TrainState) -> StepMetrics:
+        """One whole step: compute, reduce, apply."""
+        return self.apply(state, self.reduce(self.compute(state)))

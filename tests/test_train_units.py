@@ -1,0 +1,113 @@
+"""Training pieces that need no MPI job: partitioning, state, parameter views, results, config."""
+import json
+
+import numpy as np
+import pytest
+
+from hpcreduce.train import TrainConfig
+from hpcreduce.train.model import SparseRows
+from hpcreduce.train.models import LogisticRegression
+from hpcreduce.train.optimizers import make_optimizer
+from hpcreduce.train.params import batch_view, dense_grads
+from hpcreduce.train.partition import epoch_order, global_batch, share_bounds, worker_batch, worker_share
+from hpcreduce.train.results import checksum, histogram, staleness_summary, write_json
+from hpcreduce.train.state import TrainState
+
+
+@pytest.mark.parametrize("num_examples,batch", [(1000, 64), (100, 30), (10, 25), (7, 7)])
+def test_global_batches_walk_through_reshuffled_epochs(num_examples, batch):
+    steps = 3 * num_examples // batch + 2
+    stream = np.concatenate([global_batch(t, batch, num_examples, seed=4) for t in range(steps)])
+    assert all(len(global_batch(t, batch, num_examples, seed=4)) == batch for t in range(steps))
+    epochs = [stream[e * num_examples:(e + 1) * num_examples] for e in range(len(stream) // num_examples)]
+    for epoch, order in enumerate(epochs):
+        assert np.array_equal(np.sort(order), np.arange(num_examples))  # each example once per epoch
+        assert np.array_equal(order, epoch_order(num_examples, 4, epoch))
+    assert not np.array_equal(epochs[0], epochs[1])  # reshuffled
+    assert np.array_equal(global_batch(5, batch, num_examples, seed=4),
+                          global_batch(5, batch, num_examples, seed=4))
+    assert not np.array_equal(global_batch(0, batch, num_examples, seed=4),
+                              global_batch(0, batch, num_examples, seed=5))
+
+
+@pytest.mark.parametrize("batch", [1, 5, 64, 97, 1000])
+def test_worker_shares_cover_the_global_batch_exactly_once(batch):
+    indices = global_batch(3, batch, 10_000, seed=0)
+    for workers in range(1, 10):
+        shares = [worker_share(indices, w, workers) for w in range(workers)]
+        assert np.array_equal(np.concatenate(shares), indices)  # each example once, in order
+        sizes = [len(share) for share in shares]
+        assert max(sizes) - min(sizes) <= 1 and sum(sizes) == batch
+        assert all(np.array_equal(shares[w], worker_batch(3, w, workers, batch=batch,
+                                                          num_examples=10_000, seed=0))
+                   for w in range(workers))
+
+
+def test_partition_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="worker must be in"):
+        share_bounds(10, 3, 3)
+    with pytest.raises(ValueError, match="batch >= 1"):
+        global_batch(0, 0, 10, seed=0)
+    assert epoch_order(10, 0, 0).flags.writeable is False
+
+
+def test_batch_view_and_dense_grads_round_trip():
+    model = LogisticRegression(hash_bits=4)
+    params = model.init_params(0)
+    params["weights"][:, 0] = np.arange(16)
+    batch = {"ids": np.array([[9, 2, 9]]), "label": np.ones(1, np.float32)}
+    view = batch_view(model, params, batch)
+    assert np.array_equal(view["weights"].ids, [2, 9]) and np.array_equal(view["weights"].values[:, 0], [2, 9])
+    assert view["bias"] is params["bias"]
+    grads = {"weights": SparseRows(np.array([2, 9]), np.array([[1.5], [-2.0]], np.float32)),
+             "bias": np.ones(1, np.float32)}
+    dense = dense_grads(model.param_specs(), grads, params)
+    expected = np.zeros((16, 1), np.float32)
+    expected[[2, 9], 0] = [1.5, -2.0]
+    assert np.array_equal(dense["weights"], expected) and dense["bias"] is grads["bias"]
+
+
+def test_state_copy_is_deep_and_arrays_are_ordered():
+    model = LogisticRegression(hash_bits=3)
+    state = TrainState.initial(model, make_optimizer("adam", 0.1), seed=0)
+    assert [name for name, _ in state.arrays()] == ["bias", "weights", "bias/m", "bias/v",
+                                                    "weights/m", "weights/v"]
+    saved = state.copy()
+    state.params["bias"] += 1
+    state.slots["weights"]["m"] += 1
+    state.step = 4
+    assert saved.params["bias"][0] == 0 and saved.slots["weights"]["m"].sum() == 0 and saved.step == 0
+
+
+def test_checksum_depends_on_values_not_layout():
+    rng = np.random.default_rng(0)
+    table = np.zeros((50, 2), np.float32)
+    table[[3, 17, 40]] = rng.normal(size=(3, 2))
+    bias = rng.normal(size=3).astype(np.float32)
+    whole = checksum({"table": table, "bias": bias})
+    assert whole == checksum({"bias": bias.copy(), "table": table.copy()})
+    rows = SparseRows(np.array([3, 17, 40]), table[[3, 17, 40]])
+    assert whole == checksum({"table": rows, "bias": bias})  # absent rows count as zeros
+    nudged = table.copy()
+    nudged[17, 1] = np.nextafter(nudged[17, 1], np.float32(np.inf))
+    assert checksum({"table": nudged, "bias": bias}) != whole
+    assert checksum({"table": table, "other": bias}) != whole  # names matter
+
+
+def test_histograms_and_staleness_summary():
+    assert histogram([0, 2, 2, 5]) == [1, 0, 2, 0, 0, 1]
+    assert histogram([]) == []
+    assert staleness_summary([0] * 6, [0] * 6) == {"read_max": 0, "read_hist": [6], "lag_hist": [6]}
+    assert staleness_summary([1, 3], [0, 2])["read_max"] == 3
+
+
+def test_write_json_leaves_the_parameters_out(tmp_path):
+    path = tmp_path / "deep" / "result.json"
+    write_json(str(path), {"final": {"loss": 0.5}, "params": {"w": np.zeros(3)}})
+    assert json.loads(path.read_text()) == {"final": {"loss": 0.5}}
+
+
+def test_config_problems_name_the_flags():
+    assert TrainConfig().problems(4) == []
+    problems = " | ".join(TrainConfig(optimizer="rmsprop", seed=-1, lr=0).problems(4))
+    assert "--optimizer must be one of" in problems and "--seed" in problems and "--lr" in problems
