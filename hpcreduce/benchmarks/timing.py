@@ -12,6 +12,8 @@ from typing import Callable, Dict, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from ..runtime.environment import mpi_library
+
 Call = Callable[[], object]
 
 
@@ -53,7 +55,7 @@ def launch_facts(comm: MPI.Intracomm) -> Dict[str, object]:
         "cores": cores,
         "oversubscribed": ranks_here > cores,
         "transport": os.environ.get("OMPI_MCA_btl", "default (shared memory)"),
-        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi_library": mpi_library(MPI),
     }
 
 

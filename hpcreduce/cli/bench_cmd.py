@@ -9,9 +9,11 @@ import json
 import sys
 
 from ..benchmarks import allreduce as allreduce_bench
+from ..benchmarks import ps as ps_bench
+from ..benchmarks import scaling as scaling_bench
 from .ranks import add_rank_options, relaunch_outside_mpi
 
-BENCHMARKS = (allreduce_bench,)
+BENCHMARKS = (allreduce_bench, ps_bench, scaling_bench)
 
 
 def register(subcommands) -> None:
@@ -27,6 +29,8 @@ def register(subcommands) -> None:
 
 
 def run(args, argv) -> int:
+    if hasattr(args.module, "drive"):  # launches its own jobs (bench scaling)
+        return args.module.drive(args)
     exit_code = relaunch_outside_mpi(args, argv)
     if exit_code is not None:
         return exit_code

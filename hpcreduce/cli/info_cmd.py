@@ -19,9 +19,11 @@ def collect() -> dict:
     """Facts about this process's MPI and hardware (initialises MPI)."""
     from mpi4py import MPI
     import mpi4py
+    from ..runtime.context import start_mpi
+    start_mpi()
     problem = environment.failure_detection_problem()
     return {
-        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi_library": environment.mpi_library(MPI),
         "mpi_standard": "%d.%d" % MPI.Get_version(),
         "mpi4py": mpi4py.__version__,
         "ulfm_supported": environment.ulfm_supported(MPI),

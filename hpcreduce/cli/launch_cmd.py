@@ -14,6 +14,9 @@ def register(subcommands) -> None:
     parser.add_argument("-n", "--ranks", type=int, required=True, help="number of ranks")
     parser.add_argument("--ft", action="store_true", help="enable ULFM fault tolerance")
     parser.add_argument("--hostfile", help="Open MPI hostfile")
+    parser.add_argument("--restarts", type=int, default=0, metavar="R",
+                        help="relaunch the job up to R times while it fails (the fallback without ULFM: "
+                             "a job with checkpoints resumes from the latest)")
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command to run on every rank")
     parser.set_defaults(run=run)
@@ -29,4 +32,4 @@ def run(args: argparse.Namespace, _argv) -> int:
     if args.dry_run:
         print(plan.shell())
         return 0
-    return run_plan(plan)
+    return run_plan(plan, restarts=args.restarts)

@@ -5,10 +5,17 @@ import argparse
 import sys
 from typing import List, Optional
 
-from ..errors import HpcreduceError
-from . import bench_cmd, info_cmd, launch_cmd, train_cmd
+import mpi4py
 
-COMMANDS = (info_cmd, launch_cmd, bench_cmd, train_cmd)
+# Start MPI only in the commands that run as ranks (after a relaunch under mpirun), not
+# in every command: a singleton MPI_Init costs a second and prints nothing useful.
+mpi4py.rc.initialize = False
+mpi4py.rc.finalize = True
+
+from ..errors import HpcreduceError  # noqa: E402
+from . import bench_cmd, info_cmd, launch_cmd, report_cmd, train_cmd  # noqa: E402
+
+COMMANDS = (info_cmd, launch_cmd, bench_cmd, train_cmd, report_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

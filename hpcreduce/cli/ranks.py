@@ -18,6 +18,8 @@ def add_rank_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ft", action="store_true",
                         help="fault tolerance: launch with ULFM (mpirun --with-ft ulfm, tcp transport)")
     parser.add_argument("--hostfile", help="Open MPI hostfile for the self-launch")
+    parser.add_argument("--restarts", type=int, default=0, metavar="R",
+                        help="relaunch a failed job up to R times (resuming from --checkpoint-dir)")
 
 
 def relaunch_outside_mpi(args: argparse.Namespace, argv: Sequence[str]) -> Optional[int]:
@@ -29,4 +31,4 @@ def relaunch_outside_mpi(args: argparse.Namespace, argv: Sequence[str]) -> Optio
         print(f"hpcreduce: -n must be at least 1, got {args.ranks}", file=sys.stderr)
         return 2
     plan = build_mpirun(args.ranks, self_command(argv), ft=args.ft, hostfile=args.hostfile)
-    return run_plan(plan)
+    return run_plan(plan, restarts=args.restarts)

@@ -1,8 +1,10 @@
 """``hpcreduce train``: train a built-in model data-parallel, by ring AllReduce or parameter server.
 
 Outside an MPI job it relaunches itself under mpirun on -n ranks; under mpirun or
-srun it runs as one rank of the job. Rank 0 prints progress every ~10% of the steps
-and a final line with the held-out loss and accuracy; --json writes the whole result.
+srun it runs as one rank of the job. Rank 0 prints progress (a bar on a terminal, else
+a line every ~10% of the steps; --quiet: none) and a final line with the held-out loss
+and accuracy; --json writes the whole result, --metrics one JSON line per step,
+--timeline a Chrome trace of every rank's phases.
 Flag errors are printed by rank 0 and every rank exits with status 2.
 Each model brings the --steps, --batch, --lr and --optimizer it trains well with;
 flags override them.
@@ -14,6 +16,7 @@ import sys
 import traceback
 from typing import TYPE_CHECKING, List, Tuple
 
+from ..ft import options as fault_options
 from .ranks import add_rank_options, relaunch_outside_mpi
 
 if TYPE_CHECKING:
@@ -46,6 +49,17 @@ def register(subcommands) -> None:
                                                             "batch order (default 0)")
     parser.add_argument("--json", dest="json_path", metavar="PATH",
                         help="write per-step metrics and the final result here (rank 0)")
+    parser.add_argument("--progress", default="auto", metavar="HOW",
+                        help="bar (redrawn in place), lines (every ~10%% of the steps), none, or auto: "
+                             "a bar when stdout is a terminal, else lines (default auto)")
+    parser.add_argument("--quiet", dest="progress", action="store_const", const="none",
+                        help="no progress output (same as --progress none)")
+    parser.add_argument("--metrics", dest="metrics_path", metavar="PATH",
+                        help="write one JSON object per step here as the run goes (JSON lines)")
+    parser.add_argument("--timeline", dest="timeline_path", metavar="PATH",
+                        help="write every rank's compute/communication/wait phases here "
+                             "(Chrome trace JSON, gathered to rank 0 at the end)")
+    fault_options.add_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -61,6 +75,10 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     except FaultToleranceUnavailableError as err:
         return refuse([str(err)], MPI.COMM_WORLD.Get_rank())
     config, problems = build_config(args, ctx)
+    if config.fault.needs_ulfm() and not ctx.ft:
+        problems.append("--kill, --kill-random, --grow, --discover and --replace need in-job fault "
+                        "tolerance: launch with --ft (ULFM), or give --checkpoint-dir and "
+                        "--restarts to recover kills by relaunching")
     if problems:
         return refuse(problems, ctx.rank)
     try:
@@ -89,11 +107,14 @@ def build_config(args: argparse.Namespace, ctx: "Context") -> Tuple["TrainConfig
     from ..train.models import BUILTIN
     builtin = BUILTIN.get(args.model)
     chosen = {name: getattr(args, name) for name in TUNABLE if getattr(args, name) is not None}
+    fault, fault_problems = fault_options.from_args(args)
     config = TrainConfig(mode=args.mode, model=args.model, seed=args.seed, servers=args.servers,
                          consistency=args.consistency, staleness=args.staleness,
                          fetch_every=args.fetch_every, push_every=args.push_every,
-                         json_path=args.json_path, **{**(builtin.defaults if builtin else {}), **chosen})
-    problems = config_problems(config, ctx)
+                         json_path=args.json_path, progress=args.progress, metrics_path=args.metrics_path,
+                         timeline_path=args.timeline_path, fault=fault,
+                         **{**(builtin.defaults if builtin else {}), **chosen})
+    problems = config_problems(config, ctx) + fault_problems
     if builtin is None:
         problems.append(f"--model must be one of {', '.join(BUILTIN)}, got {args.model!r}")
     return config, problems

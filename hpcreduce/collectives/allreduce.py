@@ -11,13 +11,13 @@ from typing import Optional, Union
 from mpi4py import MPI
 
 from ..runtime.context import Context, resolve
-from .arrays import array_module, is_device_array, workspace
+from .arrays import array_module
 from .native import native_allreduce
 from .ops import OP_NAMES, OPS, ReduceOp, dtype_code
 from .recursive_doubling import recursive_doubling_allreduce
 from .ring import ring_allreduce
 from .selection import choose
-from .transfer import DirectTransfer, StagedTransfer, cupy_to_device, cupy_to_host
+from .transfer import transfer_for
 from .validate import (ALGORITHMS, agree, array_problem, choice_problem, out_problem, raise_local,
                        stable_hash)
 
@@ -81,20 +81,3 @@ def reduce_flat(context: Context, x, out, op: ReduceOp, algorithm: str = "auto")
     sent, received = ALGORITHM_FUNCTIONS[algorithm](context.comm, x, out, op, transfer_for(context, x))
     context.traffic.add(sent, received)
     op.finish(out, context.size)
-
-
-def transfer_for(context: Context, x) -> DirectTransfer:
-    """Direct for host arrays and for device arrays with CUDA-aware MPI; staged otherwise."""
-    kind = ("device" if context.cuda_aware else "staged") if is_device_array(x) else "host"
-    try:
-        return context.cache[kind, "transfer"]
-    except KeyError:
-        made = context.cache[kind, "transfer"] = _new_transfer(context.cache, kind)
-        return made
-
-
-def _new_transfer(cache: dict, kind: str) -> DirectTransfer:
-    if kind == "staged":
-        return StagedTransfer(workspace(cache, "pinned"), workspace(cache, "device"),
-                              cupy_to_host, cupy_to_device)
-    return DirectTransfer(workspace(cache, kind))

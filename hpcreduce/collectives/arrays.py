@@ -5,6 +5,8 @@ from typing import Callable, Dict
 
 import numpy as np
 
+from ..runtime.devices import GpuUnavailableError, visible_gpus
+
 
 def is_device_array(x) -> bool:
     """True for a cupy array (checked without importing cupy)."""
@@ -22,17 +24,40 @@ def array_module(x):
 def cupy_available() -> bool:
     """Whether cupy imports and sees at least one GPU."""
     try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # ImportError, or CUDA runtime errors without a driver
+        visible_gpus()
+    except GpuUnavailableError:
         return False
+    return True
 
 
 def synchronize(x) -> None:
-    """Wait until the GPU work queued on x's current stream is done, so MPI may read it."""
+    """Wait until the GPU work queued on cupy's current stream is done, so MPI may read x."""
     if is_device_array(x):
         import cupy
         cupy.cuda.get_current_stream().synchronize()
+
+
+class CurrentStream:
+    """cupy's current stream, as the transfers wait for it.
+
+    ``begin()`` starts a collective: if it runs on another stream than the last one,
+    the last stream is waited for first, since its copies and combines may still use
+    the scratch buffers this collective is about to reuse. ``wait()`` blocks until
+    all work queued on the collective's stream is done.
+    """
+
+    def __init__(self):
+        self._stream = None
+
+    def begin(self) -> None:
+        import cupy
+        stream = cupy.cuda.get_current_stream()
+        if self._stream is not None and self._stream.ptr != stream.ptr:
+            self._stream.synchronize()
+        self._stream = stream
+
+    def wait(self) -> None:
+        self._stream.synchronize()
 
 
 Allocator = Callable[[int], object]

@@ -17,6 +17,7 @@ from typing import Dict, List, Tuple
 
 from mpi4py import MPI
 
+from ..runtime.failures import abandon, is_process_failure, wait_all
 from .ops import ReduceOp
 from .transfer import DirectTransfer
 
@@ -74,25 +75,32 @@ def ring_allreduce(comm: MPI.Intracomm, x, out, op: ReduceOp, transfer: DirectTr
             # The chunk lands where a send of step (step+1-size) read from: finish those first.
             while waited_sends < step + 1 - size:
                 waited_sends += 1
-                MPI.Request.Waitall(sends.pop(waited_sends, []))
+                wait_all(sends.pop(waited_sends, []))
             buffers = [transfer.gathered(a, b) for a, b in ranges]
         receives[step] = [(a, b, buf, comm.Irecv(buf, left, TAG)) for (a, b), buf in zip(ranges, buffers)]
 
-    post_receives(0)
-    post_receives(1)
-    for step in range(steps):
-        reducing = step < size - 1
-        forwards = sends.setdefault(step + 1, [])
-        for a, b, buffer, request in receives.pop(step):
-            request.Wait()
-            if reducing:
-                transfer.combine(op, a, b, buffer)
-            if step + 1 < steps:
-                source = transfer.outgoing(out, a, b) if reducing else transfer.gathered(a, b)
-                forwards.append(comm.Isend(source, right, TAG))
-        post_receives(step + 2)
-    for step in sorted(sends):
-        MPI.Request.Waitall(sends[step])
+    try:
+        post_receives(0)
+        post_receives(1)
+        for step in range(steps):
+            reducing = step < size - 1
+            forwards = sends.setdefault(step + 1, [])
+            for a, b, buffer, request in receives[step]:
+                request.Wait()
+                if reducing:
+                    transfer.combine(op, a, b, buffer)
+                if step + 1 < steps:
+                    source = transfer.outgoing(out, a, b) if reducing else transfer.gathered(a, b)
+                    forwards.append(comm.Isend(source, right, TAG))
+            del receives[step]
+            post_receives(step + 2)
+        for step in sorted(sends):
+            wait_all(sends[step])
+    except MPI.Exception as error:
+        if is_process_failure(error):
+            pending = [r for group in sends.values() for r in group]
+            abandon(comm, pending + [entry[3] for group in receives.values() for entry in group])
+        raise
     transfer.finish()
     return _span(chunk, (rank - s for s in range(steps))) * x.itemsize, \
         _span(chunk, (rank - s - 1 for s in range(steps))) * x.itemsize

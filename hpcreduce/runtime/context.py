@@ -95,6 +95,7 @@ def init(*, ft: Optional[bool] = None, cuda_aware: Optional[bool] = None) -> Con
     global _default
     if _default is not None:
         return _default
+    start_mpi()
     settings = launch_settings(ft=ft, cuda_aware=cuda_aware)
     from ..ft.growth import merge_with_parent
     comm = merge_with_parent()
@@ -104,6 +105,13 @@ def init(*, ft: Optional[bool] = None, cuda_aware: Optional[bool] = None) -> Con
         comm.Set_errhandler(MPI.ERRORS_RETURN)
     _default = Context(comm, joined=joined, **settings)
     return _default
+
+
+def start_mpi() -> None:
+    """Initialise MPI (with MPI_THREAD_MULTIPLE) if the importer of mpi4py did not:
+    the ``hpcreduce`` command defers it to the commands that run as ranks."""
+    if not MPI.Is_initialized():
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
 
 
 def launch_settings(*, ft: Optional[bool] = None, cuda_aware: Optional[bool] = None) -> Dict[str, Any]:

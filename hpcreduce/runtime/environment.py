@@ -10,6 +10,8 @@ import ctypes
 import os
 from typing import Mapping, Optional
 
+from ..errors import ConfigurationError
+
 LAUNCHERS = ("srun", "mpirun", "none")
 
 
@@ -75,28 +77,40 @@ def failure_detection_problem(env: Optional[Mapping[str, str]] = None) -> Option
     return None
 
 
+CUDA_AWARE_VARIABLE = "HPCREDUCE_CUDA_AWARE"
+_FORCED = {"1": True, "true": True, "yes": True, "on": True,
+           "0": False, "false": False, "no": False, "off": False}
+MPIX_GPU_SUPPORT_CUDA = 0  # MPICH's mpi.h: the gpu_type of MPIX_GPU_query_support
+
+
 def cuda_aware(MPI, env: Optional[Mapping[str, str]] = None) -> bool:
     """Whether MPI accepts device (CUDA) buffers directly.
 
-    ``HPCREDUCE_CUDA_AWARE=1|0`` forces the answer; otherwise the library is asked
-    (Open MPI's ``MPIX_Query_cuda_support``, MPICH's ``MPIX_GPU_query_support``).
+    ``HPCREDUCE_CUDA_AWARE=1|0`` forces the answer (``auto`` or unset: detect). Otherwise
+    the MPI library loaded into this process is asked at run time: Open MPI's (and
+    MPICH's) ``MPIX_Query_cuda_support()``, else MPICH's
+    ``MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA)``; a library with neither (Intel MPI,
+    say) counts as not CUDA-aware. Needs an initialised MPI.
     """
     env = os.environ if env is None else env
-    forced = env.get("HPCREDUCE_CUDA_AWARE", "").strip().lower()
-    if forced in ("0", "1", "true", "false", "yes", "no", "on", "off"):
-        return _truthy(forced)
+    forced = env.get(CUDA_AWARE_VARIABLE, "").strip().lower()
+    if forced in _FORCED:
+        return _FORCED[forced]
+    if forced not in ("", "auto"):
+        raise ConfigurationError(f"{CUDA_AWARE_VARIABLE}={env[CUDA_AWARE_VARIABLE]!r}: use 1 (MPI reads device "
+                         f"memory), 0 (stage through host memory) or auto (ask the MPI library)")
     lib = _mpi_library()
     if lib is None:
         return False
     query = getattr(lib, "MPIX_Query_cuda_support", None)
     if query is not None:
-        query.restype = ctypes.c_int
+        query.restype, query.argtypes = ctypes.c_int, []
         return bool(query())
     query = getattr(lib, "MPIX_GPU_query_support", None)
     if query is not None:
+        query.restype, query.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
         supported = ctypes.c_int(0)
-        mpix_gpu_support_cuda = 1
-        return query(mpix_gpu_support_cuda, ctypes.byref(supported)) == 0 and bool(supported.value)
+        return query(MPIX_GPU_SUPPORT_CUDA, ctypes.byref(supported)) == 0 and bool(supported.value)
     return False
 
 
@@ -120,3 +134,8 @@ def _mpi_library() -> Optional[ctypes.CDLL]:
 def _library_has(symbol: str) -> bool:
     lib = _mpi_library()
     return lib is not None and hasattr(lib, symbol)
+
+
+def mpi_library(MPI) -> str:
+    """The first line of the MPI library's version string (without the C string's NUL)."""
+    return MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]

@@ -1,7 +1,7 @@
 """Recognising ULFM's reports of dead peers, and leaving no request behind after one."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, List, Optional
 
 from mpi4py import MPI
 
@@ -9,9 +9,39 @@ FAILURE_CLASSES = frozenset({MPI.ERR_PROC_FAILED, MPI.ERR_REVOKED,
                              getattr(MPI, "ERR_PROC_FAILED_PENDING", MPI.ERR_PROC_FAILED)})
 
 
-def is_process_failure(error: BaseException) -> bool:
-    """Whether ``error`` is ULFM's report of a dead peer or a revoked communicator."""
-    return isinstance(error, MPI.Exception) and error.Get_error_class() in FAILURE_CLASSES
+def is_process_failure(error: BaseException, comm: Optional[MPI.Comm] = None) -> bool:
+    """Whether ``error`` is ULFM's report of a dead peer or a revoked communicator.
+
+    With ``comm``, any MPI error counts when ``comm`` is revoked or knows a failed peer:
+    Open MPI 5.0 has reported a spawned peer's death as ``ERR_OTHER`` on some ranks.
+    """
+    if not isinstance(error, MPI.Exception):
+        return False
+    if error.Get_error_class() in FAILURE_CLASSES:
+        return True
+    if comm is None:
+        return False
+    try:
+        if comm.Is_revoked():
+            return True
+        failed = comm.Get_failed()
+        known = failed.Get_size()
+        failed.Free()
+        return known > 0
+    except MPI.Exception:
+        return True
+
+
+def wait_all(requests: List[MPI.Request]) -> None:
+    """``MPI_Waitall``, reporting a failed request's own error class (not ``ERR_IN_STATUS``)."""
+    statuses = [MPI.Status() for _ in requests]
+    try:
+        MPI.Request.Waitall(requests, statuses)
+    except MPI.Exception as error:
+        if error.Get_error_class() != MPI.ERR_IN_STATUS:
+            raise
+        codes = [s.Get_error() for s in statuses if s.Get_error() not in (MPI.SUCCESS, MPI.ERR_PENDING)]
+        raise MPI.Exception(codes[0] if codes else error.Get_error_code()) from None
 
 
 def abandon(comm: MPI.Comm, requests: Iterable[MPI.Request]) -> None:

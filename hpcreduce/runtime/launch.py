@@ -98,11 +98,27 @@ def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,
     return LaunchPlan(argv, env)
 
 
-def run_plan(plan: LaunchPlan, *, echo: bool = True) -> int:
-    """Print the plan, run it, pass SIGINT/SIGTERM on to mpirun, return its exit code."""
+def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0) -> int:
+    """Print the plan, run it, pass SIGINT/SIGTERM on to mpirun, return its exit code.
+
+    With ``restarts`` R, a failed job (non-zero exit) is started again up to R times,
+    with ``HPCREDUCE_ATTEMPT`` set to the attempt's number (0 first): a job with
+    ``--checkpoint-dir`` resumes from its latest checkpoint, with however many ranks
+    the relaunch has. This is the fallback where MPI has no ULFM.
+    """
     if echo:
         print(f"hpcreduce: {plan.shell()}", file=sys.stderr, flush=True)
-    child = subprocess.Popen(plan.argv, env={**os.environ, **plan.env})
+    for attempt in range(restarts + 1):
+        code = _run_once(plan, attempt)
+        if code == 0 or attempt == restarts:
+            return code
+        print(f"hpcreduce: the job failed (exit code {code}); restart {attempt + 1} of {restarts}",
+              file=sys.stderr, flush=True)
+    return code
+
+
+def _run_once(plan: LaunchPlan, attempt: int) -> int:
+    child = subprocess.Popen(plan.argv, env={**os.environ, **plan.env, "HPCREDUCE_ATTEMPT": str(attempt)})
 
     def forward(signum, _frame):
         child.send_signal(signum)

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import importlib
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from ..ft.elastic import ElasticRing
 from ..runtime.context import Context, resolve
 from .config import TrainConfig
 from .data import Dataset
 from .evaluation import evaluate
 from .model import Model
+from .observe import RING_PHASES, Observer
 from .results import (StepLog, build_result, checksum, final_line, json_path_problem,
                       staleness_summary, write_json)
 from .ring import RingTrainer
@@ -39,13 +41,16 @@ def ps_unavailable() -> Optional[str]:
 
 def config_problems(config: TrainConfig, ctx: Context) -> List[str]:
     """What stops ``config`` running on ``ctx``'s ranks, the same list on every rank:
-    ``config.problems``, a missing parameter server for ``ps`` mode, and a ``json_path``
-    rank 0 cannot write (checked before training rather than lost after it)."""
+    ``config.problems``, a missing parameter server for ``ps`` mode, and an output file
+    (--json, --metrics, --timeline) rank 0 cannot write (checked before training rather
+    than lost after it)."""
     problems = config.problems(ctx.size)
     if config.mode == "ps" and not problems:
         problems.append(ps_unavailable())
-    if config.json_path:
-        problems.append(ctx.comm.bcast(json_path_problem(config.json_path) if ctx.rank == 0 else None))
+    outputs = config.output_paths()
+    if outputs and not ctx.joined:  # a newcomer's first collective belongs to the job
+        problems += ctx.comm.bcast([json_path_problem(path, flag) for flag, path in outputs.items()]
+                                   if ctx.rank == 0 else None)
     return [problem for problem in problems if problem]
 
 
@@ -66,37 +71,39 @@ def train(model: Model, dataset: Dataset, config: Optional[TrainConfig] = None, 
     problems = config_problems(config, ctx)
     if problems:
         raise ValueError("; ".join(problems))
-    echo: Callable[[str], None] = (lambda line: print(line, flush=True)) \
-        if verbose and ctx.rank == 0 else (lambda line: None)
+    observer = Observer(ctx, config, verbose=verbose, reporter=config.servers if config.mode == "ps" else 0)
     if config.mode == "ps":
         from ..ps.training import run_ps_training
-        result = run_ps_training(ctx, config, model, dataset)
+        result = run_ps_training(ctx, config, model, dataset, observer)
     else:
-        result = train_ring(ctx, config, model, dataset, echo)
-    echo(final_line(result))
+        result = train_ring(ctx, config, model, dataset, observer)
+    observer.finish()
+    observer.echo(final_line(result))
     if config.json_path and ctx.rank == 0:
         write_json(config.json_path, result)
     return result
 
 
 def train_ring(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset,
-               echo: Callable[[str], None]) -> Dict[str, Any]:
-    """Ring AllReduce training from the model's initial parameters to the held-out result."""
+               observer: Observer) -> Dict[str, Any]:
+    """Ring AllReduce training to the held-out result, through failures and growth
+    (``hpcreduce.ft.elastic``) when the launch and ``config.fault`` ask for them."""
     started = time.perf_counter()
-    trainer = RingTrainer(ctx, config, model, dataset)
-    state = trainer.initial_state()
+    trainer = observer.timed(RingTrainer(ctx, config, model, dataset), RING_PHASES, collective=("reduce",))
+    elastic = ElasticRing(ctx, trainer, config.fault, config.seed, observer.echo)
     log = StepLog(ctx, config.steps)
-    while state.step < config.steps:
-        metrics = trainer.step(state)
+
+    def on_step(metrics) -> None:
         log.record(metrics.step, metrics.loss, metrics.accuracy, metrics.examples)
-        line = log.progress_line()
-        if line:
-            echo(line)
+        observer.step_done(log)
+
+    state = elastic.run(config.steps, on_step)
     train_s = time.perf_counter() - log.started
     loss, accuracy = evaluate(ctx, model, state.params, dataset)
-    in_sync = np.zeros(config.steps * ctx.size, np.int64)  # one read and one push per rank per step
+    in_sync = np.zeros(len(log.rows) * ctx.size, np.int64)  # one read and one push per rank per step
     return build_result(config=config, ctx=ctx, workers=ctx.size, model=model, dataset=dataset,
                         log=log, traffic=log.gather_traffic(),
                         staleness=staleness_summary(in_sync, in_sync), loss=loss, accuracy=accuracy,
                         params_checksum=checksum(state.params), train_s=train_s,
-                        wall_s=time.perf_counter() - started, params=state.params)
+                        wall_s=time.perf_counter() - started, params=state.params,
+                        recovery=elastic.events.as_dicts())

@@ -1,13 +1,15 @@
 """Settings of one training run, shared by the ring and parameter-server trainers."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional
 
+from ..ft.options import FaultConfig
 from .optimizers import OPTIMIZERS
 
 MODES = ("ring", "ps")
 CONSISTENCIES = ("bsp", "ssp", "asp")
+PROGRESS = ("auto", "bar", "lines", "none")
 
 
 @dataclass
@@ -32,6 +34,10 @@ class TrainConfig:
     fetch_every: int = 1
     push_every: int = 1
     json_path: Optional[str] = None
+    progress: str = "auto"
+    metrics_path: Optional[str] = None
+    timeline_path: Optional[str] = None
+    fault: FaultConfig = field(default_factory=FaultConfig)
 
     def problems(self, size: int) -> list:
         """What is wrong with these settings for a job of ``size`` ranks (empty when fine)."""
@@ -48,6 +54,8 @@ class TrainConfig:
             found.append(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.seed < 0:
             found.append(f"--seed must be >= 0, got {self.seed}")
+        if self.progress not in PROGRESS:
+            found.append(f"--progress must be one of {', '.join(PROGRESS)}, got {self.progress!r}")
         if self.mode == "ring" and (self.consistency != "bsp" or self.staleness or self.servers != 1
                                     or self.fetch_every != 1 or self.push_every != 1):
             found.append("--servers, --consistency, --staleness, --fetch-every and --push-every "
@@ -64,6 +72,12 @@ class TrainConfig:
             if self.fetch_every < 1 or self.push_every < 1:
                 found.append("--fetch-every and --push-every must be at least 1")
         return found
+
+    def output_paths(self) -> Dict[str, str]:
+        """The files rank 0 or the reporting rank will write, by flag: --json, --metrics, --timeline."""
+        paths = (("--json", self.json_path), ("--metrics", self.metrics_path),
+                 ("--timeline", self.timeline_path))
+        return {flag: path for flag, path in paths if path}
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)

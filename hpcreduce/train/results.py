@@ -153,15 +153,16 @@ def final_line(result: Mapping[str, Any]) -> str:
             f"{result['samples_per_s']:.0f} samples/s on {result['workers']} workers")
 
 
-def json_path_problem(path: str) -> Optional[str]:
-    """Why ``write_json`` could not write ``path`` (its folder is created if missing), or None."""
+def json_path_problem(path: str, flag: str = "--json") -> Optional[str]:
+    """Why ``write_json`` (or any writer of the file ``flag`` names) could not write
+    ``path`` (its folder is created if missing), or None."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as err:
-        return f"--json {path}: cannot create its folder: {err.strerror}"
+        return f"{flag} {path}: cannot create its folder: {err.strerror}"
     if os.path.isdir(path) or not os.access(folder, os.W_OK):
-        return f"--json {path}: not a writable file path"
+        return f"{flag} {path}: not a writable file path"
     return None
 
 

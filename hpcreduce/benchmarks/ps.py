@@ -1,0 +1,229 @@
+"""``hpcreduce bench ps``: parameter-server pulls and pushes against raw Send/Recv.
+
+For each number of servers K (``--servers``, default every K from 1 to N-1), ranks
+0..K-1 serve an ASP parameter server with SGD and the other N-K ranks are workers.
+
+- dense: every worker pushes a float32 table of each ``--sizes`` and pulls it back
+  (both requests in flight together), then clocks. The peer is raw point-to-point:
+  each worker sends the same bytes to the same servers (the table's pieces), which
+  send them back, with ``Isend``/``Irecv``/``Waitall`` and nothing else.
+- sparse: ``pull_rows`` and ``push_rows`` of ``--rows`` random rows of a
+  ``--table-rows`` x ``--width`` float32 table; the peer moves the same bytes
+  (ids and rows) between the same pairs.
+
+Blocks of calls rotate (PS, raw, raw+update), (raw, raw+update, PS), ... so machine
+drift hits all alike. A block's time is the slowest worker's; figures are medians over
+blocks. ``ratio`` = raw time / PS time (1.0: PS costs nothing over moving the bytes).
+For dense tables, ``raw+update`` is the raw exchange in which the server also does
+what a PS server must do with a push (the NaN/Inf check and the SGD update) before
+sending back; ``ratio_same_arithmetic`` = its time / PS time isolates the protocol's
+own cost (headers, probes, queues) from the arithmetic.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ..ps import Consistency, Server, start
+from ..ps.inbox import all_finite
+from ..runtime.context import Context
+from ..train.model import ParamSpec
+from ..train.optimizers import make_optimizer
+from .timing import format_size, launch_facts, sizes_argument
+
+NAME = "ps"
+HELP = "parameter-server pull/push bandwidth and rows/s against raw Send/Recv, by servers K"
+DEFAULT_SIZES = "64K,1M,4M,16M"
+TAG_RAW = 7401
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--servers", type=int, default=None,
+                        help="number of server ranks K (default: every K from 1 to N-1)")
+    parser.add_argument("--sizes", type=sizes_argument, default=sizes_argument(DEFAULT_SIZES),
+                        help=f"dense table sizes in bytes (default {DEFAULT_SIZES})")
+    parser.add_argument("--rows", type=int, default=4096, help="rows per pull_rows/push_rows")
+    parser.add_argument("--width", type=int, default=16, help="float32 elements per sparse row")
+    parser.add_argument("--table-rows", type=int, default=1 << 18, help="rows of the sparse table")
+    parser.add_argument("--rounds", type=int, default=5, help="PS and raw blocks per case")
+
+
+def run(context: Context, args) -> Dict[str, object]:
+    comm, size = context.comm, context.size
+    counts = [args.servers] if args.servers is not None else list(range(1, size))
+    rows: List[Dict[str, object]] = []
+    for servers in counts:
+        rows += measure(context, servers, args)
+    return {"benchmark": NAME, **launch_facts(comm), "rows": rows}
+
+
+def measure(context: Context, servers: int, args) -> List[Dict[str, object]]:
+    """Every case for one K; collective over all ranks (a bad K raises PSConfigError on each)."""
+    specs = [ParamSpec(f"dense{n}", (max(1, n // 4),)) for n in args.sizes]
+    specs.append(ParamSpec("sparse", (args.table_rows, args.width), sparse=True))
+    role = start(context, specs, lambda: {s.name: np.zeros(s.shape, s.dtype) for s in specs},
+                 servers=servers, consistency=Consistency("asp"), optimizer="sgd", lr=1e-6)
+    bench = Bench(context.comm, role, args)
+    rows = []
+    for spec in specs[:-1]:
+        table, pulled = np.ones(spec.shape, np.float32), np.empty(spec.shape, np.float32)
+        pieces = {bench.rank_of(p.shard): p.size * 4 for p in role.layout.placement.pieces[
+            role.layout.table_ids[spec.name]]}
+
+        def dense_ps(worker, grad=table, out=pulled, name=spec.name):
+            push, pull = worker.push_async(name, grad), worker.pull_async(name, out=out)
+            push.wait()
+            pull.wait()
+        seconds = bench.compare(dense_ps, lambda _w, p=pieces: {r: (n, n) for r, n in p.items()},
+                                reps=reps_for(table.nbytes), kinds=("ps", "raw", "raw_update"))
+        rows.append({"servers": servers, "workers": bench.workers, "case": "dense push+pull",
+                     "bytes": table.nbytes, **seconds,
+                     **{f"{kind}_GBps": 2 * table.nbytes * bench.workers / seconds[f"{kind}_s"] / 1e9
+                        for kind in ("ps", "raw", "raw_update")}})
+    rows += bench.sparse_cases(servers)
+    bench.worker_comm.Free()
+    return rows
+
+
+def written(nbytes: int) -> np.ndarray:
+    """A buffer whose pages are all written (an untouched one maps the zero page, which
+    would flatter raw transfers): float32 ones, as bytes."""
+    return np.ones(-(-nbytes // 4), np.float32).view(np.uint8)[:nbytes]
+
+
+def reps_for(nbytes: int) -> int:
+    return int(min(50, max(3, (64 << 20) // max(nbytes, 1))))
+
+
+class Bench:
+    """Alternating PS and raw blocks on one layout."""
+
+    def __init__(self, comm: MPI.Intracomm, role, args):
+        self.comm, self.role, self.args = comm, role, args
+        self.is_server = isinstance(role, Server)
+        self.workers = role.layout.workers
+        self.worker_comm = comm.Split(0 if not self.is_server else 1, comm.Get_rank())
+
+    def rank_of(self, shard: int) -> int:
+        return self.role.layout.shard_ranks[shard]
+
+    def compare(self, ps_call: Callable, raw_bytes: Callable, reps: int,
+                kinds: Sequence[str] = ("ps", "raw")) -> Dict[str, float]:
+        """Median time per call of each kind, blocks in rotating order: ``ps`` calls
+        ``ps_call(worker)``; ``raw`` moves the (up, down) bytes per server rank that
+        ``raw_bytes(worker_id)`` gives; ``raw_update`` also runs the server's arithmetic
+        (NaN check and SGD update) on what it received and sends the parameters back."""
+        times: Dict[str, List[float]] = {kind: [] for kind in kinds}
+        for round_index in range(self.args.rounds + 1):
+            for shift in range(len(kinds)):
+                kind = kinds[(round_index + shift) % len(kinds)]
+                elapsed = self._block(kind, ps_call, raw_bytes, reps)
+                if round_index:
+                    times[kind].append(elapsed / reps)
+        medians = np.array([np.median(times[kind]) for kind in kinds])
+        self.comm.Allreduce(MPI.IN_PLACE, medians, op=MPI.MAX)
+        found = {f"{kind}_s": float(m) for kind, m in zip(kinds, medians)}
+        found["ratio"] = found["raw_s"] / found["ps_s"]
+        if "raw_update" in kinds:
+            found["ratio_same_arithmetic"] = found["raw_update_s"] / found["ps_s"]
+        return found
+
+    def _block(self, kind: str, ps_call: Callable, raw_bytes: Callable, reps: int) -> float:
+        if self.is_server:
+            if kind == "ps":
+                self.role.serve()
+            else:
+                self._raw_server(raw_bytes, reps, arithmetic=kind == "raw_update")
+            return 0.0
+        worker = self.role
+        self.worker_comm.Barrier()
+        began = time.perf_counter()
+        if kind == "ps":
+            for _ in range(reps):
+                ps_call(worker)
+                worker.clock()
+        else:
+            self._raw_worker(raw_bytes(worker.id), reps)
+        elapsed = time.perf_counter() - began
+        if kind == "ps":
+            worker.release()
+        return elapsed
+
+    def _raw_worker(self, pairs: Dict[int, Tuple[int, int]], reps: int) -> None:
+        up = {rank: written(n) for rank, (n, _) in pairs.items()}
+        down = {rank: written(n) for rank, (_, n) in pairs.items()}
+        for _ in range(reps):
+            requests = [self.comm.Isend(up[rank], rank, TAG_RAW) for rank in pairs]
+            requests += [self.comm.Irecv(down[rank], rank, TAG_RAW) for rank in pairs]
+            MPI.Request.Waitall(requests)
+
+    def _raw_server(self, raw_bytes: Callable, reps: int, *, arithmetic: bool) -> None:
+        me = self.comm.Get_rank()
+        mine = {rank: raw_bytes(w).get(me) for w, rank in enumerate(self.role.layout.worker_ranks)}
+        mine = {rank: pair for rank, pair in mine.items() if pair is not None}
+        up = {rank: written(n) for rank, (n, _) in mine.items()}
+        down = {rank: written(n) for rank, (_, n) in mine.items()}
+        optimizer = make_optimizer("sgd", 1e-6)
+        for _ in range(reps):
+            MPI.Request.Waitall([self.comm.Irecv(up[rank], rank, TAG_RAW) for rank in mine])
+            if arithmetic:
+                for rank in mine:
+                    grad, param = up[rank].view(np.float32), down[rank].view(np.float32)
+                    if all_finite(grad):
+                        optimizer.update(param, grad, {}, 1)
+            MPI.Request.Waitall([self.comm.Isend(down[rank], rank, TAG_RAW) for rank in mine])
+
+    def sparse_cases(self, servers: int) -> List[Dict[str, object]]:
+        """pull_rows and push_rows of the same random rows, against raw transfers of their bytes."""
+        args, layout = self.args, self.role.layout
+        table = layout.table_ids["sparse"]
+        row_bytes = args.width * 4
+
+        def ids_of(worker_id: int) -> np.ndarray:
+            rng = np.random.default_rng([worker_id, args.rows])
+            return np.sort(rng.choice(args.table_rows, size=min(args.rows, args.table_rows), replace=False))
+
+        def per_server(worker_id: int) -> Dict[int, int]:
+            owners = layout.placement.row_owners(table, ids_of(worker_id))
+            keys, counts = np.unique(owners, return_counts=True)
+            return {self.rank_of(int(k)): int(c) for k, c in zip(keys, counts)}
+
+        grads = np.full((len(ids_of(0)), args.width), 1e-3, np.float32)
+        cases = {
+            "pull_rows": (lambda w: w.pull_rows("sparse", ids_of(w.id)),
+                          lambda w: {r: (8 * c, row_bytes * c) for r, c in per_server(w).items()}),
+            "push_rows": (lambda w: w.push_rows("sparse", ids_of(w.id), grads),
+                          lambda w: {r: ((8 + row_bytes) * c, 0) for r, c in per_server(w).items()}),
+        }
+        rows = []
+        for case, (ps_call, raw_bytes) in cases.items():
+            seconds = self.compare(ps_call, raw_bytes, reps=20)
+            rate = len(grads) * self.workers
+            rows.append({"servers": servers, "workers": self.workers, "case": case,
+                         "rows": len(grads), "width": args.width, **seconds,
+                         "ps_rows_per_s": rate / seconds["ps_s"], "raw_rows_per_s": rate / seconds["raw_s"]})
+        return rows
+
+
+def render(result: Dict[str, object]) -> str:
+    """The console table: PS and raw rates, PS/raw, and (dense) PS against raw transfers
+    that also do the server's arithmetic (the protocol's own cost)."""
+    lines = [f"parameter server, float32, {result['ranks']} ranks on {result['cores']} cores"
+             f"{' (oversubscribed)' if result['oversubscribed'] else ''}, transport {result['transport']}",
+             f"{'K':>2} {'W':>2} {'case':<16} {'size':>9} {'PS':>16} {'raw Send/Recv':>16} {'PS/raw':>7}"
+             f" {'PS/(raw+update)':>16}"]
+    for row in result["rows"]:
+        if "bytes" in row:
+            size, unit, key = format_size(row["bytes"]), "GB/s", "GBps"
+            scale = 1.0
+        else:
+            size, unit, key = f"{row['rows']}x{row['width']}", "Mrows/s", "rows_per_s"
+            scale = 1e-6
+        ps, raw = (f"{row[f'{kind}_{key}'] * scale:.3f} {unit}" for kind in ("ps", "raw"))
+        same = f"{row['ratio_same_arithmetic']:.2f}x" if "ratio_same_arithmetic" in row else "-"
+        lines.append(f"{row['servers']:>2} {row['workers']:>2} {row['case']:<16} {size:>9} "
+                     f"{ps:>16} {raw:>16} {row['ratio']:>6.2f}x {same:>16}")
+    return "\n".join(lines)

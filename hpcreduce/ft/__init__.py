@@ -1,0 +1,1 @@
+"""Fault tolerance and elastic growth, ULFM-style: detect, revoke, shrink, agree, rebuild, go on."""

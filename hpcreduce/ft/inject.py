@@ -1,0 +1,91 @@
+"""Fault injection: real SIGKILLs on a schedule of (rank, step), or at random.
+
+Ranks are named by their stable id: the rank in the launch's MPI_COMM_WORLD for
+ranks started by mpirun/srun, the next free number for ranks that joined later. A kill
+fires at a phase of its step: ``step`` (its start, before any communication),
+``recovery`` (inside a recovery that happens at that step, between revoke and
+shrink) or ``checkpoint`` (half way through writing that step's checkpoint); phase
+``hang`` stops the rank (SIGSTOP) at the start of the step instead of killing it: a hung
+peer that MPI never reports, for the deadline watchdog. Before
+dying, the victim appends the time to ``HPCREDUCE_KILL_LOG`` (if set) so that
+benchmarks can measure from the kill itself. Kills fire in a launch's first attempt
+only (``HPCREDUCE_ATTEMPT`` unset or 0): a relaunched job resumes, it is not killed again.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+from typing import Iterable, List, Sequence
+
+PHASES = ("step", "recovery", "checkpoint", "hang")
+
+
+@dataclass(frozen=True)
+class Kill:
+    rank: int
+    step: int
+    phase: str = "step"
+
+
+def parse_kill(text: str) -> Kill:
+    """``RANK@STEP`` or ``RANK@STEP:PHASE``."""
+    try:
+        rank, rest = text.split("@", 1)
+        step, _, phase = rest.partition(":")
+        kill = Kill(int(rank), int(step), phase or "step")
+    except ValueError:
+        raise ValueError(f"--kill {text!r}: expected RANK@STEP or RANK@STEP:PHASE "
+                         f"(PHASE one of {', '.join(PHASES)})") from None
+    if kill.phase not in PHASES or kill.rank < 0 or kill.step < 0:
+        raise ValueError(f"--kill {text!r}: rank and step must be >= 0 and PHASE one of {', '.join(PHASES)}")
+    return kill
+
+
+class KillSchedule:
+    """Decides, identically on every rank, whether this rank dies now."""
+
+    def __init__(self, kills: Iterable[Kill] = (), random_probability: float = 0.0, seed: int = 0,
+                 protected: Sequence[int] = (0,)):
+        self.kills: List[Kill] = list(kills)
+        self.random_probability = random_probability
+        self.seed = seed
+        self.protected = set(protected)
+        self.enabled = int(os.environ.get("HPCREDUCE_ATTEMPT", "0")) == 0
+
+    def victims(self, phase: str, step: int, alive: Sequence[int]) -> List[int]:
+        """Stable ids to kill at this phase of this step, among ``alive`` ones.
+
+        Random kills draw at most one victim per step from a generator seeded by the
+        step, so every rank draws the same; ``protected`` ids (rank 0 by default, which
+        reports) and the last two ranks standing are never drawn.
+        """
+        if not self.enabled:
+            return []
+        chosen = [k.rank for k in self.kills if k.step == step and k.phase == phase and k.rank in alive]
+        if phase == "step" and self.random_probability > 0:
+            draw = random.Random(self.seed * 1_000_003 + step)
+            candidates = [r for r in alive if r not in self.protected and r not in chosen]
+            if draw.random() < self.random_probability and len(alive) - len(chosen) > 2 and candidates:
+                chosen.append(draw.choice(candidates))
+        return chosen
+
+    def strike(self, phase: str, step: int, me: int, alive: Sequence[int]) -> None:
+        """SIGKILL this process if it is a victim now."""
+        if me in self.victims(phase, step, alive):
+            die(f"{phase} of step {step}")
+        if phase == "step" and me in self.victims("hang", step, alive):
+            die(f"hang at step {step}", signal.SIGSTOP)
+
+
+def die(reason: str, how: int = signal.SIGKILL) -> None:
+    """Record the moment, then SIGKILL (or stop) this very process."""
+    log = os.environ.get("HPCREDUCE_KILL_LOG")
+    if log:
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(f"{time.time():.6f} {os.getpid()} {reason}\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+    os.kill(os.getpid(), how)

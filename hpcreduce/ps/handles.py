@@ -1,0 +1,100 @@
+"""Requests in flight: a worker's non-blocking call returns a ``Handle`` to ``wait()`` on."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ..runtime.context import Traffic
+from .errors import PSRefusedError
+from .protocol import HEADER_LEN, Rep, Status, refusal
+
+
+class PushResult(NamedTuple):
+    """How many shard pieces a push went to, and how many of them had already applied it."""
+
+    pieces: int
+    duplicates: int
+
+
+@dataclass
+class Part:
+    """One request to one server: its sends, the reply receives, the reply header."""
+
+    rank: int
+    requests: List[MPI.Request]
+    buffers: List[np.ndarray]
+    reply: np.ndarray = field(default_factory=lambda: np.zeros(HEADER_LEN, dtype=np.int64))
+    received: int = 0
+
+
+class Handle:
+    """One worker call in flight to one or more servers; ``wait()`` returns its result.
+
+    ``wait`` completes every part before looking at the replies, so a refused part
+    never leaves a receive posted; it then raises ``PSRefusedError`` naming the
+    servers and their reasons, or returns ``finish()``'s result.
+    """
+
+    def __init__(self, what: str, parts: List[Part], finish: Callable[[List[Part]], Any],
+                 traffic: Traffic):
+        self.what = what
+        self.parts = parts
+        self._finish = finish
+        self._traffic = traffic
+        self._outcome: Optional[Tuple[Any, Optional[PSRefusedError]]] = None
+
+    def wait(self) -> Any:
+        if self._outcome is None:
+            self._outcome = self._complete()
+        result, error = self._outcome
+        if error is not None:
+            raise error
+        return result
+
+    def _complete(self) -> Tuple[Any, Optional[PSRefusedError]]:
+        MPI.Request.Waitall([request for part in self.parts for request in part.requests])
+        reasons = [(part, refusal(int(part.reply[Rep.STATUS]), int(part.reply[Rep.DETAIL])))
+                   for part in self.parts]
+        self._traffic.add(0, sum(part.received for part, reason in reasons if not reason))
+        problems = [f"server rank {part.rank}: {reason}" for part, reason in reasons if reason]
+        if problems:
+            return None, PSRefusedError(f"{self.what} refused by " + "; ".join(problems))
+        return self._finish(self.parts), None
+
+
+def push_result(parts: List[Part]) -> PushResult:
+    """A finished push's result, from its parts' replies."""
+    return PushResult(len(parts), sum(int(part.reply[Rep.STATUS] == Status.DUPLICATE) for part in parts))
+
+
+def wait_all(handles: List[Optional[Handle]]) -> List[Any]:
+    """Wait for every handle (None skipped), then raise the first refusal, if any."""
+    results, first_error = [], None
+    for handle in handles:
+        try:
+            results.append(None if handle is None else handle.wait())
+        except PSRefusedError as error:
+            results.append(None)
+            first_error = first_error or error
+    if first_error is not None:
+        raise first_error
+    return results
+
+
+def issue_all(starts: Iterable[Callable[[], Handle]]) -> List[Handle]:
+    """Start every request; if one cannot start (bad input), finish those already
+    started so no reply is left unreceived, then raise."""
+    handles: List[Handle] = []
+    try:
+        for begin in starts:
+            handles.append(begin())
+    except Exception:
+        try:
+            wait_all(handles)
+        except PSRefusedError:
+            pass  # the input error is the one to report
+        raise
+    return handles

@@ -1,0 +1,154 @@
+"""A server receives one request: its header, its payloads, and what is wrong with it.
+
+Every payload the header announces is received, into a buffer of the expected size
+when it fits and into a scratch buffer otherwise, so a bad request never leaves
+bytes behind that would be mistaken for the next request's. Problems that do not
+depend on the server's state (op, table, kind, dtype, sizes, ids, NaN/Inf) are found
+here; the server refuses the request when its turn comes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from .layout import Layout
+from .placement import row_width
+from .protocol import (DTYPES, HEADER_LEN, PAYLOADS_IN, PUSHES, SPARSE_OPS, TAG_PAYLOAD,
+                       TAG_REQUEST, Op, Req, Status)
+from .state import ShardState
+from .updates import local_rows
+
+Problem = Tuple[Status, int]
+TakeBuffer = Callable[[int], np.ndarray]
+
+
+@dataclass
+class Request:
+    """One received request: its header (and the header's fields as ints), payloads and
+    problem. ``local``: the owned-row positions of its sparse ids; ``borrowed``: the
+    server's spare buffer its dense gradient was received into."""
+
+    source: int
+    worker: int
+    header: np.ndarray
+    payloads: List[np.ndarray] = field(default_factory=list)
+    problem: Optional[Problem] = None
+    local: Optional[np.ndarray] = None
+    borrowed: Optional[np.ndarray] = None
+    nbytes: int = 0
+
+    def __post_init__(self):
+        fields = self.header.tolist()
+        self.op, self.table, self.clock = fields[Req.OP], fields[Req.TABLE], fields[Req.CLOCK]
+        self.count, self.fields = fields[Req.COUNT], fields
+
+
+def receive(comm: MPI.Intracomm, source: int, layout: Layout, state: ShardState,
+            take_buffer: TakeBuffer) -> Request:
+    """Receive the request ``source`` sent (its header is waiting) and check it.
+
+    ``take_buffer(table)`` lends a buffer for a dense gradient of that table's piece.
+    """
+    header = np.empty(HEADER_LEN, dtype=np.int64)
+    comm.Recv(header, source, TAG_REQUEST)
+    request = Request(source, layout.worker_of(source), header)
+    request.problem = header_problem(request, layout, state)
+    status = MPI.Status()
+    for index in range(max(0, request.fields[Req.PAYLOADS])):
+        comm.Probe(source, TAG_PAYLOAD, status)
+        nbytes = status.Get_count(MPI.BYTE)
+        buffer = None if request.problem else _expected_buffer(request, index, nbytes, layout, state,
+                                                               take_buffer)
+        if buffer is None:
+            buffer = np.empty(nbytes, dtype=np.uint8)
+            request.problem = request.problem or (Status.BAD_SIZE, nbytes)
+        comm.Recv(buffer, source, TAG_PAYLOAD)
+        request.payloads.append(buffer)
+        request.nbytes += nbytes
+    if request.problem is None:
+        request.problem = content_problem(request, layout, state)
+    return request
+
+
+def header_problem(request: Request, layout: Layout, state: ShardState) -> Optional[Problem]:
+    """What is wrong with the header alone, if anything."""
+    fields = request.fields
+    try:
+        op = Op(request.op)
+    except ValueError:
+        return Status.UNKNOWN_OP, request.op
+    if request.worker < 0 or fields[Req.WORKER] != request.worker:
+        return Status.WRONG_WORKER, fields[Req.WORKER]
+    if fields[Req.PAYLOADS] != PAYLOADS_IN[op]:
+        return Status.BAD_SIZE, fields[Req.PAYLOADS]
+    if op in (Op.CLOCK, Op.RELEASE):
+        return None
+    table = request.table
+    if not 0 <= table < len(layout.specs):
+        return Status.UNKNOWN_TABLE, table
+    spec = layout.specs[table]
+    if (op in SPARSE_OPS) != spec.sparse:
+        return Status.WRONG_KIND, table
+    if table not in state.tables:
+        return Status.NOT_OWNER, table
+    if not 0 <= fields[Req.DTYPE] < len(DTYPES) or DTYPES[fields[Req.DTYPE]] != np.dtype(spec.dtype):
+        return Status.BAD_DTYPE, fields[Req.DTYPE]
+    count = request.count
+    if spec.sparse:
+        if count < 0 or fields[Req.WIDTH] != row_width(spec):
+            return Status.BAD_SIZE, fields[Req.WIDTH]
+    elif count != state.tables[table].values.size:
+        return Status.BAD_SIZE, count
+    return None
+
+
+def _expected_buffer(request: Request, index: int, nbytes: int, layout: Layout, state: ShardState,
+                     take_buffer: TakeBuffer) -> Optional[np.ndarray]:
+    """A buffer for payload ``index`` when its size is the one the header implies."""
+    spec = layout.specs[request.table]
+    count = request.count
+    itemsize = np.dtype(spec.dtype).itemsize
+    if request.op == Op.PUSH:
+        if nbytes != count * itemsize:
+            return None
+        request.borrowed = take_buffer(request.table)
+        return request.borrowed
+    if index == 0:
+        return np.empty(count, dtype=np.int64) if nbytes == count * 8 else None
+    row_shape = state.tables[request.table].values.shape[1:]
+    if nbytes != count * row_width(spec) * itemsize:
+        return None
+    return np.empty((count,) + row_shape, dtype=spec.dtype)
+
+
+def content_problem(request: Request, layout: Layout, state: ShardState) -> Optional[Problem]:
+    """Ids out of range or not owned here, push ids not sorted-unique, NaN/Inf gradients."""
+    op = request.op
+    if op in SPARSE_OPS:
+        ids = request.payloads[0]
+        rows = layout.specs[request.table].shape[0]
+        if len(ids):
+            bad = ids[(ids < 0) | (ids >= rows)]
+            if len(bad):
+                return Status.BAD_IDS, int(bad[0])
+            if op == Op.PUSH_ROWS and not np.all(ids[1:] > ids[:-1]):
+                return Status.BAD_IDS, int(ids[np.argmin(ids[1:] > ids[:-1]) + 1])
+        request.local, foreign = local_rows(state.tables[request.table], ids)
+        if foreign is not None:
+            return Status.NOT_OWNER, foreign
+    if op in PUSHES and not all_finite(request.payloads[-1]):
+        return Status.NONFINITE, 0
+    return None
+
+
+def all_finite(values: np.ndarray) -> bool:
+    """No NaN or Inf. One BLAS pass (the dot product with itself is finite exactly when
+    every element is, short of overflow); the elementwise check only when it is not."""
+    flat = values.reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if flat.dtype != np.float16 and np.isfinite(np.dot(flat, flat)):
+            return True
+    return bool(np.isfinite(flat).all())

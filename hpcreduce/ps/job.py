@@ -1,0 +1,83 @@
+"""Start a parameter-server job: every rank learns its role and gets its server or worker.
+
+    role = start(ctx, model.param_specs(), lambda: model.init_params(seed),
+                 servers=2, consistency=Consistency("ssp", 2), optimizer="adam", lr=1e-3)
+    if isinstance(role, Server): role.serve()       # until every worker released it
+    else: ... role.pull(...), role.push(...), role.clock() ... role.release()
+
+Servers initialise their shard from ``initial()`` (the model's seeded values) and
+workers pull it. Setting up ends with one small allgather, so that a setup failure
+on any rank (bad settings, a model whose init_params lacks a table) raises on every
+rank instead of leaving workers waiting for a server that is not there.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from ..runtime.context import Context
+from ..train.model import ParamSpec
+from ..train.optimizers import Optimizer, make_optimizer
+from .consistency import Consistency
+from .errors import PSConfigError, PSTrainingError
+from .layout import Layout, servers_problem
+from .server import Server
+from .state import ShardState
+from .worker import PSWorker
+
+Initial = Callable[[], Mapping[str, np.ndarray]]
+
+
+def table_optimizers(specs: Sequence[ParamSpec], name: str, lr: float,
+                     table_lr: Optional[Mapping[str, float]] = None) -> Dict[int, Optimizer]:
+    """One optimizer per table: ``name`` with ``table_lr[table]`` or else ``lr``."""
+    table_lr = dict(table_lr or {})
+    unknown = sorted(set(table_lr) - {spec.name for spec in specs})
+    if unknown:
+        raise PSConfigError(f"learning rates given for unknown tables {unknown}")
+    try:
+        return {t: make_optimizer(name, table_lr.get(spec.name, lr)) for t, spec in enumerate(specs)}
+    except ValueError as err:
+        raise PSConfigError(str(err)) from None
+
+
+def start(ctx: Context, specs: Sequence[ParamSpec], initial: Initial, *, servers: int,
+          consistency: Consistency, optimizer: str = "sgd", lr: float = 0.1,
+          table_lr: Optional[Mapping[str, float]] = None) -> Union[Server, PSWorker]:
+    """This rank's part of a PS job on ``ctx``: a ``Server`` on ranks 0..servers-1, else a
+    ``PSWorker``. Collective; raises the same kind of error on every rank on bad input."""
+    problem = servers_problem(servers, ctx.size)
+    if problem:
+        raise PSConfigError(problem)
+    layout = Layout.initial(specs, ctx.size, servers)
+    optimizers = table_optimizers(layout.specs, optimizer, lr, table_lr)
+    role: Union[Server, PSWorker, None] = None
+    caught: Optional[Exception] = None
+    try:
+        if layout.is_server(ctx.rank):
+            state = ShardState.create(layout, layout.shard_of(ctx.rank), _checked(initial(), specs),
+                                      optimizers)
+            role = Server(ctx.comm, layout, state, optimizers, consistency, ctx.traffic)
+        else:
+            role = PSWorker(ctx.comm, layout, ctx.traffic)
+    except Exception as err:  # reported on every rank below
+        caught = err
+    failures = ctx.comm.allgather(f"{type(caught).__name__}: {caught}" if caught else None)
+    culprits = [(rank, text) for rank, text in enumerate(failures) if text]
+    if culprits:
+        rank, text = culprits[0]
+        raise PSTrainingError(f"parameter server setup failed on rank {rank}: {text}") from caught
+    return role
+
+
+def _checked(values: Mapping[str, np.ndarray], specs: Sequence[ParamSpec]) -> Mapping[str, np.ndarray]:
+    """``values`` if it has every table with the declared shape, else a PSConfigError."""
+    for spec in specs:
+        if spec.name not in values:
+            raise PSConfigError(f"init_params gave no value for table {spec.name!r}")
+        shape = tuple(np.shape(values[spec.name]))
+        if shape != tuple(spec.shape):
+            raise PSConfigError(f"init_params gave table {spec.name!r} shape {shape}, "
+                                f"its ParamSpec says {tuple(spec.shape)}")
+    return values

@@ -1,0 +1,62 @@
+"""Who is who in a PS job: server ranks, worker ranks, and where each table lives.
+
+With K servers on N ranks, ranks 0..K-1 are the servers (shard key k on rank k at
+start) and ranks K..N-1 the workers (worker id = rank - K). After a failure the
+fault-tolerance layer builds a new layout with ``rebuilt``: the surviving shard keys,
+their new ranks and a recomputed placement; workers re-route by it.
+"""
+from __future__ import annotations
+
+from typing import Dict, Mapping, Sequence, Tuple
+
+from ..train.model import ParamSpec
+from .errors import PSConfigError
+from .placement import Placement, place
+
+
+def servers_problem(servers: int, size: int) -> str:
+    """Why ``servers`` servers cannot run on ``size`` ranks ('' when they can)."""
+    if not 1 <= servers < size:
+        return (f"--servers K needs 1 <= K < ranks: got K={servers} with {size} ranks "
+                f"(at least one server and one worker)")
+    return ""
+
+
+class Layout:
+    """Roles and placement shared by every rank of one PS job."""
+
+    def __init__(self, specs: Sequence[ParamSpec], shard_ranks: Mapping[int, int],
+                 worker_ranks: Sequence[int]):
+        self.specs: Tuple[ParamSpec, ...] = tuple(specs)
+        self.shard_ranks: Dict[int, int] = dict(shard_ranks)
+        self.worker_ranks: Tuple[int, ...] = tuple(worker_ranks)
+        self.placement: Placement = place(self.specs, sorted(self.shard_ranks))
+        self.table_ids: Dict[str, int] = {spec.name: t for t, spec in enumerate(self.specs)}
+        self._shard_of_rank = {rank: key for key, rank in self.shard_ranks.items()}
+        self._worker_of_rank = {rank: w for w, rank in enumerate(self.worker_ranks)}
+
+    @classmethod
+    def initial(cls, specs: Sequence[ParamSpec], size: int, servers: int) -> "Layout":
+        """K servers on ranks 0..K-1, workers on the rest; raises PSConfigError otherwise."""
+        problem = servers_problem(servers, size)
+        if problem:
+            raise PSConfigError(problem)
+        return cls(specs, {k: k for k in range(servers)}, range(servers, size))
+
+    def rebuilt(self, shard_ranks: Mapping[int, int], worker_ranks: Sequence[int]) -> "Layout":
+        """The layout over other shards and ranks (after a failure); placement recomputed."""
+        return Layout(self.specs, shard_ranks, worker_ranks)
+
+    @property
+    def workers(self) -> int:
+        return len(self.worker_ranks)
+
+    def is_server(self, rank: int) -> bool:
+        return rank in self._shard_of_rank
+
+    def shard_of(self, rank: int) -> int:
+        return self._shard_of_rank[rank]
+
+    def worker_of(self, rank: int) -> int:
+        """The worker id of ``rank``, or -1 if it is not a worker."""
+        return self._worker_of_rank.get(rank, -1)

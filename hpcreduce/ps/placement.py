@@ -1,0 +1,132 @@
+"""Where every parameter lives: one pure function shared by servers and workers.
+
+Dense tables are laid end to end (in ``param_specs`` order) and the byte range is cut
+into ``len(shards)`` equal parts; a table at least ``SPLIT_BYTES`` large is cut at
+the part boundaries (rounded to whole elements), so one big tensor spreads over several
+shards, while a smaller one goes whole to the part holding its middle byte, so small
+tensors are packed together. Sparse rows go to shards by rendezvous hashing of
+(table, row id, shard key): every shard scores every row and the highest score owns it.
+
+Shards are named by *keys*, stable integers (the server index at start), not by rank,
+so the placement can be recomputed for another set of shards (``place(specs,
+surviving_keys)``, the fault-tolerance layer's rebalance): dense ranges are re-cut
+over the survivors, and a sparse row moves only if its owner left (rendezvous hashing).
+Cost: O(tables + shards) to place; O(rows x shards) hash evaluations to find owners.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from ..train.model import ParamSpec
+
+SPLIT_BYTES = 64 * 1024
+HASH_CHUNK = 1 << 20
+
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclass(frozen=True, order=True)
+class Piece:
+    """Elements ``[start, stop)`` of dense table ``table`` (flattened), held by shard ``shard``."""
+
+    table: int
+    shard: int
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+def numel(spec: ParamSpec) -> int:
+    return int(np.prod(spec.shape, dtype=np.int64))
+
+
+def row_width(spec: ParamSpec) -> int:
+    """Elements per row of a sparse table (1 for a one-dimensional table)."""
+    return int(np.prod(spec.shape[1:], dtype=np.int64))
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijective scramble of uint64 values (wraps mod 2^64)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _MIX1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+class Placement:
+    """The pieces of every dense table and the owners of sparse rows, over ``shards``."""
+
+    def __init__(self, specs: Sequence[ParamSpec], shards: Sequence[int]):
+        if not shards:
+            raise ValueError("a placement needs at least one shard")
+        if len(set(shards)) != len(shards):
+            raise ValueError(f"shard keys must be distinct, got {list(shards)}")
+        self.specs: Tuple[ParamSpec, ...] = tuple(specs)
+        self.shards: Tuple[int, ...] = tuple(int(k) for k in shards)
+        self.pieces: Dict[int, Tuple[Piece, ...]] = _cut_dense(self.specs, self.shards)
+        with np.errstate(over="ignore"):
+            self._salts = {t: _mix64(np.array(self.shards, dtype=np.uint64) * _GOLDEN + np.uint64(t + 1))
+                           for t, spec in enumerate(self.specs) if spec.sparse}
+
+    def pieces_on(self, shard: int) -> List[Piece]:
+        """The dense pieces shard ``shard`` holds, in table order."""
+        return [p for pieces in self.pieces.values() for p in pieces if p.shard == shard]
+
+    def row_owners(self, table: int, ids: np.ndarray) -> np.ndarray:
+        """The shard key owning each row id of sparse table ``table`` (ids in range)."""
+        salts = self._salts[table]
+        keys = np.array(self.shards, dtype=np.int64)
+        if len(keys) == 1:
+            return np.full(len(ids), keys[0], dtype=np.int64)
+        owners = np.empty(len(ids), dtype=np.int64)
+        with np.errstate(over="ignore"):
+            for begin in range(0, len(ids), HASH_CHUNK):
+                chunk = np.asarray(ids[begin:begin + HASH_CHUNK]).astype(np.uint64)
+                scores = _mix64(chunk[None, :] ^ salts[:, None])
+                owners[begin:begin + len(chunk)] = keys[np.argmax(scores, axis=0)]
+        return owners
+
+    def rows_on(self, table: int, shard: int) -> np.ndarray:
+        """The sorted row ids of sparse table ``table`` that shard ``shard`` owns."""
+        ids = np.arange(self.specs[table].shape[0], dtype=np.int64)
+        return ids[self.row_owners(table, ids) == shard]
+
+
+def _cut_dense(specs: Sequence[ParamSpec], shards: Sequence[int]) -> Dict[int, Tuple[Piece, ...]]:
+    dense = [(t, spec) for t, spec in enumerate(specs) if not spec.sparse]
+    sizes = [numel(spec) * np.dtype(spec.dtype).itemsize for _, spec in dense]
+    total = sum(sizes)
+    parts = len(shards)
+    bounds = [k * total // parts for k in range(parts + 1)]
+    pieces: Dict[int, Tuple[Piece, ...]] = {}
+    offset = 0
+    for (table, spec), nbytes in zip(dense, sizes):
+        n = numel(spec)
+        if nbytes >= SPLIT_BYTES:
+            itemsize = np.dtype(spec.dtype).itemsize
+            edges = [min(n, max(0, -(-(b - offset) // itemsize))) for b in bounds]
+            found = [Piece(table, shards[k], edges[k], edges[k + 1])
+                     for k in range(parts) if edges[k + 1] > edges[k]]
+        elif n:
+            middle = offset + nbytes // 2
+            part = min(parts - 1, max(k for k in range(parts) if bounds[k] <= middle))
+            found = [Piece(table, shards[part], 0, n)]
+        else:
+            found = []
+        pieces[table] = tuple(found)
+        offset += nbytes
+    return pieces
+
+
+def place(specs: Sequence[ParamSpec], shards: Sequence[int]) -> Placement:
+    """The placement of ``specs`` over the shards named ``shards`` (see module docstring)."""
+    return Placement(specs, shards)

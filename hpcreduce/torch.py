@@ -1,0 +1,198 @@
+"""PyTorch interop (``pip install 'hpcreduce[torch]'``): data-parallel torch models over MPI ranks.
+
+    import hpcreduce.torch as hpt
+    hpt.broadcast_parameters(model)          # every rank starts from rank 0's weights
+    for x, y in my_shard:
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        hpt.allreduce_gradients(model)       # mean gradient over all ranks, in place
+        optimizer.step()
+
+or with parameter servers (the servers run hpcreduce's optimizer, see docs/parameter-server.md):
+
+    role = hpt.start_parameter_server(model, servers=1, optimizer="sgd", lr=0.1)
+    if isinstance(role, hpcreduce.ps.Server):
+        role.serve()
+    else:
+        for x, y in my_shard:
+            role.pull()                      # the servers' parameters into the model
+            model.zero_grad(); loss_fn(model(x), y).backward()
+            role.push()                      # gradients to the servers
+            role.clock()
+        role.release()
+
+Tensors are not copied where it can be helped: a CPU tensor is reduced through its numpy
+view (``tensor.numpy()`` shares its memory), a CUDA tensor through a cupy view
+(DLPack, zero-copy; needs cupy). Every rank must pass the same parameters in the same
+order; a parameter without a gradient counts as zeros (as Horovod does). Bad input
+(different models on different ranks, a dtype hpcreduce does not reduce, sparse
+gradients) raises on every rank before any data moves.
+Cost: ``allreduce_gradients`` is one ``allreduce_many`` of all gradients (see
+docs/algorithms.md); ``broadcast_parameters`` one small pickled signature broadcast and
+an allgather of verdicts, then one ``MPI_Bcast`` per tensor (any dtype, as bytes);
+``pull``/``push``: one PS pull or push per parameter, all in flight together.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from .collectives import allreduce_many
+from .errors import HpcreduceError, InputMismatchError, UnsupportedInputError
+from .runtime.context import resolve
+
+DTYPES = {torch.float16: "float16", torch.float32: "float32", torch.float64: "float64",
+          torch.int32: "int32", torch.int64: "int64"}
+UNSUPPORTED = np.empty(0, dtype=object)  # flagged by allreduce_many's check on every rank
+
+Parameters = Union[torch.nn.Module, Iterable[Tuple[str, torch.Tensor]]]
+
+
+def named(parameters: Parameters) -> List[Tuple[str, torch.Tensor]]:
+    """(name, parameter) pairs of a module, or the pairs given."""
+    if isinstance(parameters, torch.nn.Module):
+        return list(parameters.named_parameters())
+    return list(parameters)
+
+
+def array_view(tensor: torch.Tensor) -> Tuple[Any, Optional[str]]:
+    """A numpy (CPU) or cupy (CUDA) array sharing ``tensor``'s memory, or a reason it cannot be."""
+    if tensor.is_sparse:
+        return None, "sparse gradients are not supported (use a dense layer, or the parameter server's rows)"
+    if tensor.dtype not in DTYPES:
+        return None, f"dtype {tensor.dtype} is not supported (supported: {', '.join(DTYPES.values())})"
+    tensor = tensor.detach()
+    if tensor.device.type == "cpu":
+        return tensor.numpy(), None
+    if tensor.device.type == "cuda":
+        try:
+            import cupy
+        except ImportError:
+            return None, "CUDA tensors need cupy (pip install 'hpcreduce[gpu]')"
+        return cupy.from_dlpack(tensor), None
+    return None, f"tensors on {tensor.device.type} are not supported (CPU or CUDA only)"
+
+
+def allreduce_gradients(parameters: Parameters, op: str = "mean", *, comm=None) -> None:
+    """Reduce every parameter's ``.grad`` over all ranks, in place (``op`` "mean" by default,
+    or "sum"); a missing gradient is created as zeros first. Collective; raises
+    ``InputMismatchError``/``UnsupportedInputError`` on every rank on bad input."""
+    views, problems = [], []
+    for name, param in named(parameters):
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        view, problem = array_view(param.grad)
+        if problem:
+            problems.append(f"{name}: {problem}")
+        views.append(UNSUPPORTED if problem else view)
+    try:
+        allreduce_many(views, op, comm=comm, inplace=True)
+    except HpcreduceError as err:
+        if problems:
+            raise UnsupportedInputError(f"hpcreduce.torch: {'; '.join(problems)}") from err
+        raise
+
+
+def state_tensors(module: Union[torch.nn.Module, Dict[str, torch.Tensor]]) -> List[Tuple[str, torch.Tensor]]:
+    """Parameters and buffers (a module's ``state_dict``, sharing its storage), by name."""
+    state = module.state_dict() if isinstance(module, torch.nn.Module) else module
+    return sorted(state.items())
+
+
+def broadcast_parameters(module: Union[torch.nn.Module, Dict[str, torch.Tensor]], root: int = 0, *,
+                         comm=None) -> None:
+    """Give every rank ``root``'s parameters and buffers (a module or a state dict), in place.
+    Collective; ranks whose tensors differ in names, shapes or dtypes get
+    ``InputMismatchError`` on every rank before anything is overwritten."""
+    context = resolve(comm)
+    tensors = state_tensors(module)
+    signature = [(name, tuple(t.shape), str(t.dtype)) for name, t in tensors]
+    theirs = context.comm.bcast(signature if context.rank == root else None, root=root)
+    verdict = None
+    if theirs != signature:
+        different = next((f"{mine} here, {other} on rank {root}" for mine, other in zip(signature, theirs)
+                          if mine != other), f"{len(signature)} tensors here, {len(theirs)} on rank {root}")
+        verdict = f"rank {context.rank}: {different}"
+    verdicts = [v for v in context.comm.allgather(verdict) if v]
+    if verdicts:
+        raise InputMismatchError("broadcast_parameters: the ranks' modules differ: " + "; ".join(verdicts))
+    for _name, tensor in tensors:
+        with torch.no_grad():
+            broadcast_tensor(context, tensor, root)
+
+
+def broadcast_tensor(context, tensor: torch.Tensor, root: int) -> None:
+    """``MPI_Bcast`` of one tensor's bytes (any dtype) into itself: in its own memory when
+    MPI can read it (CPU, or CUDA with a CUDA-aware MPI), else through a host copy."""
+    direct = tensor.is_contiguous() and (tensor.device.type == "cpu" or context.cuda_aware)
+    buffer = tensor.detach() if direct else tensor.detach().contiguous().cpu()
+    raw = buffer.reshape(-1).view(torch.uint8)
+    if raw.device.type == "cuda":
+        import cupy
+        context.comm.Bcast(cupy.from_dlpack(raw), root=root)
+    else:
+        context.comm.Bcast(raw.numpy(), root=root)
+    if not direct:
+        tensor.copy_(buffer)
+
+
+class TorchPSWorker:
+    """A torch module's parameters through a parameter-server worker (``hpcreduce.ps.PSWorker``):
+    ``pull`` reads them from the servers into the module, ``push`` sends its gradients."""
+
+    def __init__(self, module: torch.nn.Module, worker):
+        self.module, self.worker = module, worker
+        self.params = named(module)
+
+    def pull(self) -> None:
+        """Every parameter from the servers, into the module's tensors (CPU: no copy)."""
+        handles = []
+        for name, param in self.params:
+            direct = param.device.type == "cpu" and param.is_contiguous()
+            out = param.detach().numpy() if direct else None
+            handles.append((param, self.worker.pull_async(name, out=out), direct))
+        for param, handle, direct in handles:
+            values = handle.wait()
+            if not direct:
+                with torch.no_grad():
+                    param.copy_(torch.from_numpy(values))
+
+    def push(self, scale: Optional[float] = None) -> list:
+        """Every parameter's gradient times ``scale`` (default 1/workers, so that under BSP
+        the servers' sum is the workers' mean gradient) to the servers; returns their
+        ``PushResult``s. A missing gradient is pushed as zeros."""
+        scale = 1.0 / self.worker.layout.workers if scale is None else scale
+        handles = []
+        for name, param in self.params:
+            grad = param.grad if param.grad is not None else torch.zeros_like(param)
+            values = (grad.detach() * scale).cpu().numpy()
+            handles.append(self.worker.push_async(name, values))
+        return [handle.wait() for handle in handles]
+
+    def clock(self) -> int:
+        return self.worker.clock()
+
+    def release(self) -> None:
+        self.worker.release()
+
+
+def start_parameter_server(module: torch.nn.Module, *, servers: int = 1, consistency: str = "bsp",
+                           staleness: int = 0, optimizer: str = "sgd", lr: float = 0.01, comm=None):
+    """Start a PS job for ``module`` (collective): ranks 0..servers-1 get a ``Server``
+    (call ``serve()``) holding shards initialised from their own copy of the module (build
+    it identically everywhere, or ``broadcast_parameters`` first); the others get a
+    ``TorchPSWorker``. Only dense float parameters (PS tables)."""
+    from .ps import Consistency, Server, start
+    from .train.model import ParamSpec
+    context = resolve(comm)
+    params = named(module)
+    for name, param in params:
+        if param.dtype not in DTYPES or not param.is_floating_point():
+            raise UnsupportedInputError(f"start_parameter_server: {name} has dtype {param.dtype}; "
+                                        "parameter-server tables are float16, float32 or float64")
+    specs = [ParamSpec(name, tuple(param.shape), DTYPES[param.dtype]) for name, param in params]
+    role = start(context, specs, lambda: {name: param.detach().cpu().numpy() for name, param in params},
+                 servers=servers, consistency=Consistency(consistency, staleness), optimizer=optimizer, lr=lr)
+    return role if isinstance(role, Server) else TorchPSWorker(module, role)

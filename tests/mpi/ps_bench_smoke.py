@@ -1,0 +1,21 @@
+"""``bench ps`` runs end to end on tiny cases and reports every row (no speed asserted).
+
+Run under mpirun with 3 ranks.
+"""
+import argparse
+
+import hpcreduce
+from hpcreduce.benchmarks import ps
+
+ctx = hpcreduce.init()
+parser = argparse.ArgumentParser()
+ps.add_arguments(parser)
+args = parser.parse_args(["--sizes", "4K,96K", "--rows", "64", "--table-rows", "1000", "--rounds", "2"])
+result = ps.run(ctx, args)
+cases = [(row["servers"], row["case"]) for row in result["rows"]]
+assert cases == [(k, c) for k in (1, 2) for c in ("dense push+pull", "dense push+pull",
+                                                   "pull_rows", "push_rows")], cases
+assert all(row["ps_s"] > 0 and row["raw_s"] > 0 and row["ratio"] > 0 for row in result["rows"])
+if ctx.rank == 0:
+    print(ps.render(result))
+    print("ps bench smoke: ok", flush=True)

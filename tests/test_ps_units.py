@@ -1,0 +1,165 @@
+"""Parameter-server pieces that need no MPI: placement, layout, settings, state, row sums."""
+import pickle
+
+import numpy as np
+import pytest
+
+from hpcreduce.ps import Consistency, Layout, PSConfigError, ShardState, place
+from hpcreduce.ps.inbox import all_finite
+from hpcreduce.ps.job import table_optimizers
+from hpcreduce.ps.placement import SPLIT_BYTES, numel
+from hpcreduce.ps.updates import local_rows, sum_rows
+from hpcreduce.train.model import ParamSpec
+
+
+def random_specs(rng, count):
+    specs = []
+    for i in range(count):
+        kind = rng.integers(4)
+        if kind == 0:
+            shape = ()                                              # a scalar
+        elif kind == 1:
+            shape = (int(rng.integers(0, 40)),)                     # tiny, maybe empty
+        elif kind == 2:
+            shape = (int(rng.integers(1, 300)), int(rng.integers(1, 300)))   # up to ~350 KiB
+        else:
+            shape = (int(rng.integers(50_000, 400_000)),)            # large: split
+        dtype = ("float32", "float64", "float16")[int(rng.integers(3))]
+        specs.append(ParamSpec(f"t{i}", shape, dtype))
+    specs.append(ParamSpec("rows", (int(rng.integers(1, 5000)), 3), "float32", sparse=True))
+    return specs
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_dense_pieces_cover_every_element_once_and_balance_bytes(seed):
+    rng = np.random.default_rng(seed)
+    specs = random_specs(rng, int(rng.integers(1, 12)))
+    for shards in (1, 2, 3, 5, 8, 13):
+        placement = place(specs, list(range(shards)))
+        held = np.zeros(shards, dtype=np.int64)
+        for t, spec in enumerate(specs):
+            if spec.sparse:
+                assert t not in placement.pieces
+                continue
+            covered = np.zeros(numel(spec), dtype=np.int64)
+            for piece in placement.pieces[t]:
+                assert 0 <= piece.start < piece.stop <= numel(spec) and piece.table == t
+                covered[piece.start:piece.stop] += 1
+                held[piece.shard] += piece.size * np.dtype(spec.dtype).itemsize
+            assert (covered == 1).all(), (spec, shards)
+            if numel(spec) * np.dtype(spec.dtype).itemsize < SPLIT_BYTES:
+                assert len(placement.pieces[t]) <= 1, "small tables are never cut"
+        fair = held.sum() / shards
+        assert np.abs(held - fair).max() <= SPLIT_BYTES, (held, fair)
+        assert sorted(p for s in range(shards) for p in placement.pieces_on(s)) == \
+            sorted(p for pieces in placement.pieces.values() for p in pieces)
+
+
+def test_large_tensor_spreads_over_shards_and_small_ones_pack_together():
+    specs = [ParamSpec("big", (1 << 20,)), ParamSpec("a", (10,)), ParamSpec("b", (3, 3))]
+    placement = place(specs, [0, 1, 2, 3])
+    assert [p.shard for p in placement.pieces[0]] == [0, 1, 2, 3]
+    assert {p.shard for p in placement.pieces[1] + placement.pieces[2]} == {3}
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 7])
+def test_sparse_rows_have_exactly_one_owner_and_spread_evenly(shards):
+    specs = [ParamSpec("emb", (20_000, 4), sparse=True), ParamSpec("w", (5,))]
+    placement = place(specs, list(range(shards)))
+    owned = [placement.rows_on(0, s) for s in range(shards)]
+    together = np.sort(np.concatenate(owned))
+    assert np.array_equal(together, np.arange(20_000))
+    assert all(np.array_equal(placement.row_owners(0, ids), np.full(len(ids), s))
+               for s, ids in enumerate(owned))
+    sizes = np.array([len(ids) for ids in owned])
+    assert sizes.min() > 0.8 * 20_000 / shards
+
+
+def test_recomputed_placement_only_moves_what_the_lost_shard_held():
+    specs = [ParamSpec("emb", (50_000, 2), sparse=True), ParamSpec("big", (300_000,)),
+             ParamSpec("bias", (7,))]
+    before = place(specs, [0, 1, 2, 3])
+    after = place(specs, [0, 1, 3])                 # shard 2 died; keys stay the same
+    ids = np.arange(50_000)
+    old, new = before.row_owners(0, ids), after.row_owners(0, ids)
+    assert np.array_equal(old[old != 2], new[old != 2]), "rows of live shards stay put"
+    assert set(np.unique(new)) == {0, 1, 3}
+    for t in (1, 2):
+        covered = np.zeros(numel(specs[t]), dtype=np.int64)
+        for piece in after.pieces[t]:
+            assert piece.shard in (0, 1, 3)
+            covered[piece.start:piece.stop] += 1
+        assert (covered == 1).all()
+
+
+def test_layout_roles_and_bad_server_counts():
+    specs = [ParamSpec("w", (4,))]
+    layout = Layout.initial(specs, size=5, servers=2)
+    assert [layout.is_server(r) for r in range(5)] == [True, True, False, False, False]
+    assert [layout.worker_of(r) for r in range(5)] == [-1, -1, 0, 1, 2]
+    moved = layout.rebuilt({0: 0, 1: 3}, [1, 2, 4])
+    assert moved.shard_ranks == {0: 0, 1: 3} and moved.worker_of(4) == 2
+    for servers in (0, -1, 5, 6):
+        with pytest.raises(PSConfigError, match="--servers K needs 1 <= K < ranks"):
+            Layout.initial(specs, size=5, servers=servers)
+
+
+def test_consistency_settings():
+    assert Consistency("bsp").bound == 0 and Consistency("ssp", 3).bound == 3
+    assert Consistency("asp").bound is None and Consistency("asp").may_read(100, 0)
+    ssp = Consistency("ssp", 2)
+    assert ssp.may_read(5, 3) and not ssp.may_read(6, 3)
+    for kind, staleness, fragment in (("bsp", 2, "only applies to ssp"), ("ssp", -1, ">= 0"),
+                                      ("sync", 0, "must be one of")):
+        with pytest.raises(PSConfigError, match=fragment):
+            Consistency(kind, staleness)
+    with pytest.raises(PSConfigError, match="unknown tables"):
+        table_optimizers([ParamSpec("w", (2,))], "sgd", 0.1, {"v": 0.2})
+    with pytest.raises(PSConfigError, match="unknown optimizer"):
+        table_optimizers([ParamSpec("w", (2,))], "lbfgs", 0.1)
+    optimizers = table_optimizers([ParamSpec("w", (2,)), ParamSpec("v", (2,))], "adam", 0.1, {"v": 0.5})
+    assert (optimizers[0].lr, optimizers[1].lr, optimizers[1].name) == (0.1, 0.5, "adam")
+
+
+def test_shard_state_holds_its_share_and_survives_pickling():
+    specs = [ParamSpec("emb", (100, 3), sparse=True), ParamSpec("big", (40_000,))]
+    layout = Layout.initial(specs, size=4, servers=2)
+    initial = {"emb": np.arange(300, dtype=np.float32).reshape(100, 3),
+               "big": np.arange(40_000, dtype=np.float32)}
+    optimizers = table_optimizers(specs, "adam", 0.1)
+    states = [ShardState.create(layout, k, initial, optimizers) for k in (0, 1)]
+    assert sum(s.tables[0].values.shape[0] for s in states) == 100
+    for state in states:
+        table = state.tables[0]
+        assert np.array_equal(table.values, initial["emb"][table.ids])
+        assert set(table.slots) == {"m", "v"}
+        big = state.tables[1]
+        assert np.array_equal(big.values, initial["big"][big.start:big.start + big.values.size])
+    copy = pickle.loads(pickle.dumps(states[0].snapshot()))
+    assert np.array_equal(copy.tables[1].values, states[0].tables[1].values)
+    assert copy.tables[1].values is not states[0].tables[1].values
+
+
+def test_row_sums_and_ownership():
+    ids, grads = sum_rows([(np.array([1, 4]), np.array([[1.0], [2.0]])),
+                           (np.array([0, 4]), np.array([[3.0], [5.0]]))])
+    assert ids.tolist() == [0, 1, 4] and grads[:, 0].tolist() == [3.0, 1.0, 7.0]
+    specs = [ParamSpec("emb", (50, 1), sparse=True)]
+    layout = Layout.initial(specs, size=3, servers=2)
+    state = ShardState.create(layout, 0, {"emb": np.zeros((50, 1), np.float32)},
+                              table_optimizers(specs, "sgd", 0.1))
+    mine = state.tables[0].ids
+    local, foreign = local_rows(state.tables[0], mine[::2])
+    assert foreign is None and np.array_equal(mine[local], mine[::2])
+    theirs = np.setdiff1d(np.arange(50), mine)
+    assert local_rows(state.tables[0], np.array([mine[0], theirs[0]]))[1] == theirs[0]
+
+
+def test_nonfinite_gradients_are_spotted():
+    assert all_finite(np.ones((3, 4), np.float32)) and all_finite(np.full(4, 1e30, np.float32))
+    assert all_finite(np.ones(3, np.float16)) and all_finite(np.zeros(0))
+    for bad in (np.nan, np.inf, -np.inf):
+        for dtype in (np.float16, np.float32, np.float64):
+            values = np.ones(1000, dtype)
+            values[777] = bad
+            assert not all_finite(values)
