@@ -5,8 +5,9 @@ by call in one run, algbw = bytes / time and busbw = algbw * 2(N-1)/N (the nccl-
 definition), and busbw relative to the peer.
 
 - ``--device cpu`` (numpy, 4 KiB to 64 MiB by default): ``native`` (MPI_Allreduce, the
-  peer), ``ring``, ``auto`` (what users get: input checks on) and ``auto_nocheck`` (the
-  algorithm alone). The fusion case reduces 100 arrays of 10,000 float32 with one
+  peer), ``ring``, ``rdoubling`` (recursive doubling), ``auto`` (what users get: input
+  checks on) and ``auto_nocheck`` (the algorithm alone). The crossovers of ``auto``
+  (``collectives/selection.py``) are read from these rows. The fusion case reduces 100 arrays of 10,000 float32 with one
   ``allreduce_many`` against 100 native calls.
 - ``--device gpu`` (cupy, 4 KiB to 256 MiB): ``ring``, ``auto``, ``native`` (MPI_Allreduce
   on the device arrays where MPI is CUDA-aware, else on pinned host copies) and
@@ -27,7 +28,7 @@ from .timing import format_size, interleaved_medians, iterations_for, launch_fac
 NAME = "allreduce"
 HELP = "ring and auto allreduce against native MPI_Allreduce (and NCCL on GPUs), by message size"
 DEFAULT_SIZES = {"cpu": "4K,16K,64K,256K,1M,4M,16M,64M", "gpu": "4K,64K,1M,16M,64M,256M"}
-CANDIDATES = ("native", "ring", "auto", "auto_nocheck")
+CANDIDATES = ("native", "ring", "rdoubling", "auto", "auto_nocheck")
 
 
 def add_arguments(parser) -> None:
@@ -54,6 +55,8 @@ def run(context: Context, args) -> Dict[str, object]:
         candidates = {
             "native": lambda: comm.Allreduce(x, out, op=MPI.SUM),
             "ring": lambda: allreduce(x, algorithm="ring", comm=context, out=out, check=False),
+            "rdoubling": lambda: allreduce(x, algorithm="recursive_doubling", comm=context, out=out,
+                                           check=False),
             "auto": lambda: allreduce(x, comm=context, out=out, check=True),
             "auto_nocheck": lambda: allreduce(x, comm=context, out=out, check=False),
         }

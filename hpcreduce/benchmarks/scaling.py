@@ -117,7 +117,8 @@ class Launcher:
     def plan(self, ranks: int, command: Sequence[str]) -> LaunchPlan:
         if self.args.launcher == "srun":
             return LaunchPlan(["srun", "-n", str(ranks), *self.extra, *command])
-        return build_mpirun(ranks, command, hostfile=self.args.hostfile, extra_args=self.extra)
+        return build_mpirun(ranks, command, ft=self.args.ft, hostfile=self.args.hostfile,
+                            extra_args=self.extra)
 
     def oversubscribed(self, ranks: int) -> bool:
         if self.args.launcher == "mpirun":
@@ -126,14 +127,17 @@ class Launcher:
         nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
         return ranks > (slots or (os.cpu_count() or 1) * nodes)
 
-    def run(self, ranks: int, command: Sequence[str], log: Path) -> None:
-        """Run the job with its output in ``log``; LaunchError naming it when it fails."""
+    def run(self, ranks: int, command: Sequence[str], log: Path,
+            env: Optional[Dict[str, str]] = None) -> None:
+        """Run the job (with ``env`` added) with its output in ``log``; LaunchError naming
+        it when it fails."""
         plan = self.plan(ranks, command)
         with open(log, "w", encoding="utf-8") as out:
             out.write(f"$ {plan.shell()}\n")
             out.flush()
             child = subprocess.Popen(plan.argv, stdout=out, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **plan.env}, start_new_session=True)
+                                     env={**os.environ, **plan.env, **(env or {})},
+                                     start_new_session=True)
             code = None
             try:
                 code = child.wait(timeout=self.args.timeout)

@@ -10,10 +10,11 @@ import sys
 
 from ..benchmarks import allreduce as allreduce_bench
 from ..benchmarks import ps as ps_bench
+from ..benchmarks import recovery as recovery_bench
 from ..benchmarks import scaling as scaling_bench
 from .ranks import add_rank_options, relaunch_outside_mpi
 
-BENCHMARKS = (allreduce_bench, ps_bench, scaling_bench)
+BENCHMARKS = (allreduce_bench, ps_bench, scaling_bench, recovery_bench)
 
 
 def register(subcommands) -> None:

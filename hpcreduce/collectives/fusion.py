@@ -52,7 +52,7 @@ def allreduce_many(arrays: Sequence, op: str = "sum", *, algorithm: str = "auto"
     Same ops, dtypes and ``comm`` as ``allreduce``; arrays may differ in shape and dtype
     from each other and need not be contiguous, but every rank must pass the same list.
     ``inplace=True`` writes each result back into its input array and returns them;
-    otherwise the results of one fused buffer are views into one new array.
+    otherwise each result is a new array.
     """
     context = resolve(comm)
     arrays = list(arrays)
@@ -84,16 +84,15 @@ def allreduce_many(arrays: Sequence, op: str = "sum", *, algorithm: str = "auto"
         kind = "device" if is_device_array(first) else "host"
         fused = workspace(context.cache, kind).get("fusion", first.dtype, total)
         xp.concatenate([arrays[i].reshape(-1) for i in bucket], out=fused)
-        reduced = fused if inplace else xp.empty(total, dtype=first.dtype)
-        reduce_flat(context, fused, reduced, reduce_op, algorithm)
+        reduce_flat(context, fused, fused, reduce_op, algorithm)
         offset = 0
         for i in bucket:
             x = arrays[i]
-            piece = reduced[offset:offset + x.size].reshape(x.shape)
+            piece = fused[offset:offset + x.size].reshape(x.shape)
             if inplace:
                 x[...] = piece
             else:
-                results[i] = piece
+                results[i] = piece.copy()
             offset += x.size
     return results
 

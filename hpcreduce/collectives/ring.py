@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from ..runtime.failures import abandon, is_process_failure, wait_all
 from .ops import ReduceOp
-from .transfer import DirectTransfer
+from .transfer import DirectTransfer, StagedTransfer
 
 TAG = 0x5249  # "RI"
 DEFAULT_SEGMENT_BYTES = 1 << 20
@@ -58,7 +58,9 @@ def ring_allreduce(comm: MPI.Intracomm, x, out, op: ReduceOp, transfer: DirectTr
 
     sends: Dict[int, List[MPI.Request]] = {0: [comm.Isend(transfer.outgoing(x, a, b), right, TAG)
                                                for a, b in chunk[rank]]}
-    waited_sends = -1
+    # Step 0 sends from x; the allgather receives into out: only when those share memory
+    # (in place, or a staged mirror) must step 0's sends finish before those receives.
+    waited_sends = -1 if out is x or isinstance(transfer, StagedTransfer) else 0
     receives: Dict[int, List[Tuple[int, int, object, MPI.Request]]] = {}
 
     def post_receives(step: int) -> None:

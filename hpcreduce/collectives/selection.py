@@ -4,8 +4,11 @@ Each row is (largest message in bytes, algorithm); the first row that covers the
 message wins. The crossovers come from ``hpcreduce bench allreduce`` (native
 ``MPI_Allreduce``, the ring and recursive doubling interleaved call by call) on the
 2-core reference machine, 2 and 4 ranks, shared-memory and tcp transports; see
-docs/algorithms.md for the table they were read from. Re-measure on your cluster
-and set ``HPCREDUCE_AUTO_TABLE`` (e.g. ``"65536:native,inf:ring"``) to override.
+docs/algorithms.md for the table they were read from. There the ring overtook native
+from 4 MiB up at 2 ranks (16 MiB at 4 oversubscribed ranks), and recursive doubling never
+beat native at small sizes (Python's per-step cost is larger than the library's whole
+small-message allreduce), so it has no row. Re-measure on your cluster and set
+``HPCREDUCE_AUTO_TABLE`` (e.g. ``"65536:recursive_doubling,4194304:native,inf:ring"``).
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from typing import Optional, Sequence, Tuple
 Table = Sequence[Tuple[float, str]]
 
 AUTO_TABLE: Table = (
-    (512 * 1024, "native"),
+    (4 * 1024 * 1024, "native"),
     (float("inf"), "ring"),
 )
 

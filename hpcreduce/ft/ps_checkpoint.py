@@ -1,0 +1,150 @@
+"""Checkpoints of parameter-server shards, and restoring a shard from them.
+
+Each server writes its own shard to ``DIR/ps-shard-KEY/ckpt-STEP.npz`` (atomically, the
+last two kept: ``checkpoint.save``) when the slowest worker's clock reaches a multiple of
+``--checkpoint-every``: the values and optimizer state of its pieces, their exactly-once
+bookkeeping and the shard's push counters. Under BSP a checkpoint of step C holds
+exactly the steps below C (gradients buffered for step C are left out, and with them
+the record of their pushes), so the shards written at C form one consistent state.
+Checkpoint C is *complete* when every shard of the placement it was written under has
+written it. A shard lost together with its replica (K = 1, or two neighbours on the
+ring) is rebuilt from the latest complete checkpoint, whatever the placement is now:
+every file is cut along the current placement (``ps_fragments``) and the lost
+shard's ranges are assembled. Cost: the shard's bytes to disk every checkpoint; a
+restore reads every file of one checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..ps.placement import Placement
+from ..ps.state import ShardState, TableShard
+from ..train.model import ParamSpec
+from ..train.optimizers import Optimizer
+from . import checkpoint
+from .ps_fragments import assemble, cut, merge_counters, new_state
+
+FOLDER = re.compile(r"^ps-shard-(\d+)$")
+
+
+def folder(directory: str, key: int) -> str:
+    return os.path.join(directory, f"ps-shard-{key}")
+
+
+def save_shard(directory: str, step: int, state: ShardState, keys: Sequence[int], bsp: bool, *,
+               halfway: Callable[[], None] = lambda: None) -> str:
+    """Write shard ``state`` as checkpoint ``step`` (``keys``: the shards of the placement)."""
+    arrays: Dict[str, np.ndarray] = {}
+    tables = {}
+    for t, table in state.tables.items():
+        last_push = np.minimum(table.last_push, step - 1) if bsp else table.last_push
+        arrays.update({f"t{t}.values": table.values, f"t{t}.last_push": last_push,
+                       f"t{t}.read_version": table.read_version})
+        arrays.update({f"t{t}.slot.{name}": slot for name, slot in table.slots.items()})
+        if table.sparse:
+            arrays[f"t{t}.ids"] = table.ids
+        tables[str(t)] = {"sparse": table.sparse, "start": table.start, "version": table.version}
+    arrays.update({name: getattr(state, name) for name in ("applied", "duplicates", "refused")})
+    metadata = {"key": state.shard, "keys": sorted(int(k) for k in keys), "slots": state.workers,
+                "applied_steps": min(state.applied_steps, step) if bsp else state.applied_steps,
+                "tables": tables, "refusals": dict(state.refusals),
+                "read_staleness": _plain(state.read_staleness), "update_lag": _plain(state.update_lag)}
+    return checkpoint.save(folder(directory, state.shard), step, arrays, metadata, halfway=halfway)
+
+
+def _plain(histogram: Counter) -> Dict[str, int]:
+    return {str(k): int(v) for k, v in histogram.items()}
+
+
+def latest_complete(directory: Optional[str]) -> Optional[int]:
+    """The newest step every shard of its placement wrote a checkpoint of, or None."""
+    if not directory or not os.path.isdir(directory):
+        return None
+    steps: Dict[int, Dict[int, str]] = {}
+    for name in os.listdir(directory):
+        match = FOLDER.match(name)
+        if match:
+            for step, path in checkpoint.checkpoints(os.path.join(directory, name)):
+                steps.setdefault(step, {})[int(match.group(1))] = path
+    for step in sorted(steps, reverse=True):
+        metadata = _metadata(next(iter(steps[step].values())))
+        if metadata is not None and set(metadata["keys"]) <= set(steps[step]):
+            return step
+    return None
+
+
+def _metadata(path: str) -> Optional[dict]:
+    try:
+        with np.load(path) as stored:
+            return json.loads(stored[checkpoint.METADATA_KEY].tobytes().decode())
+    except (OSError, ValueError, KeyError, EOFError):
+        return None
+
+
+def load_states(directory: str, step: int, specs: Sequence[ParamSpec],
+                optimizers: Mapping[int, Optimizer]) -> List[ShardState]:
+    """Every shard state written as checkpoint ``step`` (counters included)."""
+    metadata = _metadata(_path(directory, None, step))
+    return [_load(_path(directory, key, step), specs, optimizers) for key in metadata["keys"]]
+
+
+def _path(directory: str, key: Optional[int], step: int) -> str:
+    if key is None:
+        for name in sorted(os.listdir(directory)):
+            path = checkpoint.path_for(os.path.join(directory, name), step)
+            if FOLDER.match(name) and os.path.exists(path):
+                return path
+        raise FileNotFoundError(f"no parameter-server checkpoint of step {step} in {directory}")
+    return checkpoint.path_for(folder(directory, key), step)
+
+
+def _load(path: str, specs: Sequence[ParamSpec], optimizers: Mapping[int, Optimizer]) -> ShardState:
+    with np.load(path) as stored:
+        metadata = json.loads(stored[checkpoint.METADATA_KEY].tobytes().decode())
+        slots = int(metadata["slots"])
+        tables = {}
+        for name, info in metadata["tables"].items():
+            t = int(name)
+            table = TableShard(t, info["sparse"], stored[f"t{t}.values"],
+                               {slot: stored[f"t{t}.slot.{slot}"] for slot in optimizers[t].slots}, slots,
+                               start=info["start"], version=info["version"],
+                               last_push=stored[f"t{t}.last_push"], read_version=stored[f"t{t}.read_version"])
+            if table.sparse:
+                table.ids = stored[f"t{t}.ids"]
+                table.position = np.full(specs[t].shape[0], -1, dtype=np.int64)
+                table.position[table.ids] = np.arange(len(table.ids))
+            tables[t] = table
+        state = new_state(int(metadata["key"]), tables, slots, int(metadata["applied_steps"]))
+        for name in ("applied", "duplicates", "refused"):
+            getattr(state, name)[:] = stored[name]
+    state.refusals.update(metadata["refusals"])
+    state.read_staleness.update({int(k): v for k, v in metadata["read_staleness"].items()})
+    state.update_lag.update({int(k): v for k, v in metadata["update_lag"].items()})
+    return state
+
+
+def restore(saved: List[ShardState], key: int, specs: Sequence[ParamSpec], placement: Placement,
+            optimizers: Mapping[int, Optimizer], slots: int, counted: Sequence[int]) -> ShardState:
+    """Shard ``key`` of ``placement`` as it was in the checkpoint ``saved``, with the
+    counters of the saved shards whose keys are in ``counted``."""
+    fragments = [f for state in saved for f in cut(state, placement).get(key, [])]
+    restored = new_state(key, assemble(key, specs, placement, fragments, optimizers, slots), slots,
+                         max(state.applied_steps for state in saved))
+    merge_counters(restored, [state for state in saved if state.shard in counted])
+    return restored
+
+
+def last_pushes(saved: List[ShardState]) -> Dict[int, Dict[int, np.ndarray]]:
+    """Per saved shard key and table: the last step each worker slot had pushed to it."""
+    return {state.shard: {t: table.last_push for t, table in state.tables.items()} for state in saved}
+
+
+def describe(saved: List[ShardState]) -> Tuple[int, int]:
+    """(shards, bytes) of a loaded checkpoint, for the recovery event."""
+    return len(saved), sum(t.values.nbytes for s in saved for t in s.tables.values())

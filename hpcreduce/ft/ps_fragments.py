@@ -1,0 +1,154 @@
+"""Shard state in table coordinates: cut by one placement, reassembled by another.
+
+A *fragment* is part of one table held by a shard, with everything the update rule
+needs about it: values and optimizer state, and the exactly-once bookkeeping (the
+table piece's update count and, per worker slot, the last step pushed and the version
+last read). Dense fragments are element ranges ``[start, start + size)`` of the
+flattened table; sparse ones are rows named by their ids. ``cut`` splits a shard's
+state along another placement; ``assemble`` builds a shard's tables from the fragments
+that cover it. Rebalancing after a failure and checkpoints (``ps_checkpoint``) both
+move fragments, so the state survives any change of the set of shards.
+Merging: values concatenate; the bookkeeping takes the largest value (at the quiescent
+point recovery merges at, every live worker has pushed each table up to the same step
+on every piece, and a dead worker never pushes again). Counters are not in fragments:
+they stay with the server that counted them (``merge_counters``), so their sums over
+servers stay exact. Cost: one copy of the bytes that change owner.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ..ps.placement import Placement
+from ..ps.state import ShardState, TableShard
+from ..train.model import ParamSpec
+from ..train.optimizers import Optimizer
+
+
+@dataclass
+class Fragment:
+    """Part of table ``table``: elements from ``start`` (dense) or rows ``ids`` (sparse)."""
+
+    table: int
+    values: np.ndarray
+    slots: Dict[str, np.ndarray]
+    version: int
+    last_push: np.ndarray
+    read_version: np.ndarray
+    start: int = 0
+    ids: Optional[np.ndarray] = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.nbytes + sum(slot.nbytes for slot in self.slots.values())
+
+
+def cut(state: ShardState, placement: Placement) -> Dict[int, List[Fragment]]:
+    """``state``'s tables split along ``placement``: the fragments each shard key gets."""
+    out: Dict[int, List[Fragment]] = {}
+    for table_id, table in state.tables.items():
+        if table.sparse:
+            owners = placement.row_owners(table_id, table.ids)
+            for key in np.unique(owners):
+                mask = owners == key
+                out.setdefault(int(key), []).append(_fragment(table, mask, ids=table.ids[mask]))
+            continue
+        low, high = table.start, table.start + table.values.size
+        for piece in placement.pieces[table_id]:
+            begin, end = max(low, piece.start), min(high, piece.stop)
+            if begin < end:
+                out.setdefault(piece.shard, []).append(
+                    _fragment(table, slice(begin - low, end - low), start=begin))
+    return out
+
+
+def _fragment(table: TableShard, where, *, start: int = 0, ids: Optional[np.ndarray] = None) -> Fragment:
+    return Fragment(table.table, table.values[where].copy(),
+                    {name: slot[where].copy() for name, slot in table.slots.items()}, table.version,
+                    table.last_push.copy(), table.read_version.copy(), start, ids)
+
+
+def assemble(key: int, specs: Sequence[ParamSpec], placement: Placement, fragments: Iterable[Fragment],
+             optimizers: Mapping[int, Optimizer], slots: int) -> Dict[int, TableShard]:
+    """Shard ``key``'s tables under ``placement``, from fragments that cover them exactly."""
+    by_table: Dict[int, List[Fragment]] = {}
+    for fragment in fragments:
+        by_table.setdefault(fragment.table, []).append(fragment)
+    tables: Dict[int, TableShard] = {}
+    for piece in placement.pieces_on(key):
+        parts = sorted(by_table.get(piece.table, []), key=lambda f: f.start)
+        edges = [piece.start] + [f.start + f.values.size for f in parts]
+        if [f.start for f in parts] != edges[:-1] or edges[-1] != piece.stop:
+            raise RuntimeError(f"shard {key}: the fragments of table {specs[piece.table].name!r} do not "
+                               f"cover [{piece.start}, {piece.stop}) exactly")
+        tables[piece.table] = _merged(piece.table, parts, slots, optimizers, start=piece.start)
+    for table_id, spec in enumerate(specs):
+        if spec.sparse:
+            parts = by_table.get(table_id, [])
+            if not parts:
+                empty = np.empty((0,) + tuple(spec.shape[1:]), dtype=spec.dtype)
+                parts = [Fragment(table_id, empty, optimizers[table_id].init_state(empty), 0,
+                                  np.full(slots, -1, np.int64), np.zeros(slots, np.int64),
+                                  ids=np.empty(0, np.int64))]
+            tables[table_id] = _merged(table_id, parts, slots, optimizers, rows=spec.shape[0])
+    return tables
+
+
+def _merged(table_id: int, parts: List[Fragment], slots: int, optimizers: Mapping[int, Optimizer], *,
+            start: int = 0, rows: Optional[int] = None) -> TableShard:
+    order = None
+    ids = None
+    if rows is not None:
+        ids = np.concatenate([f.ids for f in parts])
+        order = np.argsort(ids, kind="stable")
+        ids = ids[order]
+
+    def joined(arrays: List[np.ndarray]) -> np.ndarray:
+        whole = np.concatenate(arrays) if len(arrays) > 1 else arrays[0].copy()
+        return whole[order] if order is not None else whole
+
+    values = joined([f.values for f in parts])
+    names = optimizers[table_id].slots
+    table = TableShard(table_id, rows is not None, values, {n: joined([f.slots[n] for f in parts]) for n in names},
+                       slots, start=start, version=max(f.version for f in parts),
+                       last_push=_widest(parts, "last_push", slots, -1),
+                       read_version=_widest(parts, "read_version", slots, 0))
+    if rows is not None:
+        table.ids = ids
+        table.position = np.full(rows, -1, dtype=np.int32 if rows < 2**31 else np.int64)
+        table.position[ids] = np.arange(len(ids))
+    return table
+
+
+def _widest(parts: List[Fragment], name: str, slots: int, fill: int) -> np.ndarray:
+    """Per slot, the largest value among the fragments (padded to ``slots``)."""
+    merged = np.full(slots, fill, dtype=np.int64)
+    for fragment in parts:
+        values = getattr(fragment, name)
+        np.maximum(merged[:len(values)], values[:slots], out=merged[:len(values)])
+    return merged
+
+
+def merge_counters(target: ShardState, sources: Iterable[ShardState]) -> None:
+    """Add the push counters, histograms and traffic of ``sources`` into ``target``."""
+    for source in sources:
+        for name in ("applied", "duplicates", "refused"):
+            mine, theirs = getattr(target, name), getattr(source, name)
+            mine[:len(theirs)] += theirs
+        for name in ("refusals", "read_staleness", "update_lag"):
+            getattr(target, name).update(getattr(source, name))
+        for step, cell in source.traffic.items():
+            mine = target.traffic.setdefault(step, [0, 0])
+            mine[0] += cell[0]
+            mine[1] += cell[1]
+
+
+def new_state(key: int, tables: Dict[int, TableShard], slots: int, applied_steps: int) -> ShardState:
+    """An empty-counter shard state around ``tables``."""
+    def zeros() -> np.ndarray:
+        return np.zeros(slots, dtype=np.int64)
+    return ShardState(key, slots, tables, zeros(), zeros(), zeros(), zeros(), Counter(), Counter(),
+                      Counter(), {}, applied_steps, {})
