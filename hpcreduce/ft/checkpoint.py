@@ -52,7 +52,7 @@ def save(directory: str, step: int, arrays: Dict[str, np.ndarray], metadata: Dic
             os.unlink(temporary)
         raise
     _sync_directory(directory)
-    for old_step, old_path in checkpoints(directory)[:-keep]:
+    for _step, old_path in checkpoints(directory)[:-keep]:
         os.unlink(old_path)
     return final
 

@@ -136,7 +136,7 @@ def build_result(*, config: TrainConfig, ctx: Context, workers: int, model: Mode
         "staleness": dict(staleness),
         "wall_s": wall_s,
         "train_s": train_s,
-        "samples_per_s": config.steps * config.batch / max(train_s, 1e-9),
+        "samples_per_s": len(log.rows) * config.batch / max(train_s, 1e-9),
         "final": {"loss": loss, "accuracy": accuracy, "checksum": params_checksum},
         **extra,
     }
