@@ -90,6 +90,15 @@ def test_random_kills_never_hang(tmp_path, reference, seed):
     assert_same_training(data, reference)
 
 
+def test_random_kills_during_native_allreduces_never_hang(tmp_path):
+    # The MLP's gradients are small, so they go through MPI_Allreduce rather than the ring:
+    # a rank that sees the failure must revoke, or peers could wait in the collective forever.
+    result, data = train(tmp_path, "native", "--model", "mlp", "--kill-random", "0.1", "--kill-seed", "2",
+                         ranks=5)
+    assert result.returncode == 0, result
+    assert len(failures(data)) >= 1 and data["ranks"] == 5 - sum(len(e["lost"]) for e in failures(data))
+
+
 def test_a_hung_peer_ends_the_job_with_a_clear_error(tmp_path):
     result, _ = train(tmp_path, "hung", "--kill", "1@5:hang", "--deadline", "3", ranks=3)
     assert result.returncode != 0

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 from mpi4py import MPI
 
 from ..runtime.context import Context
-from ..runtime.failures import is_process_failure
+from ..runtime.failures import is_process_failure, revoke
 from ..runtime.launch import this_program
 from . import checkpoint
 from .events import EventLog, RecoveryEvent
@@ -70,7 +70,11 @@ class ElasticRing:
         return state
 
     def _attempt(self):
-        """The step's reduced gradients once every rank has them, else None (a rank failed)."""
+        """The step's reduced gradients once every rank has them, else None (a rank failed).
+
+        A rank that sees a failure revokes the communicator, so no peer stays blocked in
+        a collective waiting for it; then every rank ends the attempt with one agreement.
+        """
         total, ok = None, True
         try:
             with watchdog.guard(f"step {self.state.step + 1} (compute and allreduce)"):
@@ -80,6 +84,7 @@ class ElasticRing:
                 raise
             ok = False
             self.detected = self.detected or time.time()
+            revoke(self.ctx.comm)
         if not self.ctx.ft:
             return total
         with watchdog.guard(f"step {self.state.step + 1} (commit agreement)"):
@@ -89,7 +94,12 @@ class ElasticRing:
         return None
 
     def _recover(self) -> None:
-        """Shrink to the survivors, restore the committed state on all of them, go on."""
+        """Shrink to the survivors, restore the committed state on all of them, go on.
+
+        Each round ends, on every rank, with exactly one agreement (as each step does):
+        a rank whose restore failed must not start the next shrink while its peers are
+        still agreeing, since a shrink runs an agreement of its own.
+        """
         step = self.state.step + 1
         event = self.events.add(RecoveryEvent("failure", step, self.ctx.size, self.detected or time.time()))
         self.detected = None
@@ -101,14 +111,18 @@ class ElasticRing:
             event.lost += self.members.shrink(shrunk)
             event.rounds += shrunk.rounds
             event.shrink_s = time.time() - event.detected_at
+            restored = True
             try:
                 with watchdog.guard(f"recovery at step {step} (restore)"):
                     self._sync()
-                    if agree_all(self.ctx.comm, True):
-                        break
             except MPI.Exception as error:
                 if not is_process_failure(error, self.ctx.comm):
                     raise
+                restored = False
+                revoke(self.ctx.comm)
+            with watchdog.guard(f"recovery at step {step} (commit agreement)"):
+                if agree_all(self.ctx.comm, restored):
+                    break
         event.ranks_after = self.ctx.size
         event.restore_s = time.time() - event.detected_at - event.shrink_s
         if self.fault.replace and event.lost:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from .growth import parse_grow
 from .inject import Kill, KillSchedule, parse_kill
@@ -46,9 +46,11 @@ class FaultConfig:
             found.append(f"--deadline must be positive, got {self.deadline_s}")
         return found
 
-    def schedule(self, seed: int) -> KillSchedule:
-        """The kill schedule; random kills draw from ``kill_seed``, else the run's ``seed``."""
-        return KillSchedule(self.kills, self.kill_random, seed if self.kill_seed is None else self.kill_seed)
+    def schedule(self, seed: int, protected: Sequence[int] = (0,)) -> KillSchedule:
+        """The kill schedule; random kills draw from ``kill_seed``, else the run's ``seed``,
+        and never pick the ids in ``protected``."""
+        return KillSchedule(self.kills, self.kill_random, seed if self.kill_seed is None else self.kill_seed,
+                            protected)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

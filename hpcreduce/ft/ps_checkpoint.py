@@ -19,7 +19,7 @@ import json
 import os
 import re
 from collections import Counter
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -144,7 +144,3 @@ def last_pushes(saved: List[ShardState]) -> Dict[int, Dict[int, np.ndarray]]:
     """Per saved shard key and table: the last step each worker slot had pushed to it."""
     return {state.shard: {t: table.last_push for t, table in state.tables.items()} for state in saved}
 
-
-def describe(saved: List[ShardState]) -> Tuple[int, int]:
-    """(shards, bytes) of a loaded checkpoint, for the recovery event."""
-    return len(saved), sum(t.values.nbytes for s in saved for t in s.tables.values())

@@ -46,11 +46,18 @@ class Fragment:
         return self.values.nbytes + sum(slot.nbytes for slot in self.slots.values())
 
 
-def cut(state: ShardState, placement: Placement) -> Dict[int, List[Fragment]]:
-    """``state``'s tables split along ``placement``: the fragments each shard key gets."""
+def cut(state: ShardState, placement: Placement, *, rows_stay: bool = False) -> Dict[int, List[Fragment]]:
+    """``state``'s tables split along ``placement``: the fragments each shard key gets.
+
+    ``rows_stay``: no shard key was added since ``state`` was placed, so if its own key is
+    still placed its sparse rows stay with it (rendezvous hashing) and need no hashing.
+    """
     out: Dict[int, List[Fragment]] = {}
     for table_id, table in state.tables.items():
         if table.sparse:
+            if rows_stay and state.shard in placement.shards:
+                out.setdefault(state.shard, []).append(_fragment(table, slice(None), ids=table.ids))
+                continue
             owners = placement.row_owners(table_id, table.ids)
             for key in np.unique(owners):
                 mask = owners == key
@@ -66,9 +73,9 @@ def cut(state: ShardState, placement: Placement) -> Dict[int, List[Fragment]]:
 
 
 def _fragment(table: TableShard, where, *, start: int = 0, ids: Optional[np.ndarray] = None) -> Fragment:
-    return Fragment(table.table, table.values[where].copy(),
-                    {name: slot[where].copy() for name, slot in table.slots.items()}, table.version,
-                    table.last_push.copy(), table.read_version.copy(), start, ids)
+    """A view of (or, for a mask, a copy of) part of ``table``; ``assemble`` copies what it keeps."""
+    return Fragment(table.table, table.values[where], {name: slot[where] for name, slot in table.slots.items()},
+                    table.version, table.last_push, table.read_version, start, ids)
 
 
 def assemble(key: int, specs: Sequence[ParamSpec], placement: Placement, fragments: Iterable[Fragment],

@@ -45,7 +45,8 @@ def assemble_params(comm: MPI.Intracomm, layout: Layout,
 
 def merge_summaries(summaries: List[Optional[Mapping[str, object]]], workers: int) -> Dict[str, object]:
     """The servers' ``ShardState.summary()`` (None from workers) merged: push counters per
-    worker summed over shards, refusal reasons, and the staleness histograms."""
+    worker slot (``workers`` slots) summed over shards, refusal reasons, and the staleness
+    histograms."""
     merged = {"applied": np.zeros(workers, np.int64), "duplicates": np.zeros(workers, np.int64),
               "refused": np.zeros(workers, np.int64)}
     refusals: Counter = Counter()

@@ -1,6 +1,7 @@
 """Requests in flight: a worker's non-blocking call returns a ``Handle`` to ``wait()`` on."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Tuple
 
@@ -8,6 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.context import Traffic
+from ..runtime.failures import wait_all as wait_requests
 from .errors import PSRefusedError
 from .protocol import HEADER_LEN, Rep, Status, refusal
 
@@ -35,15 +37,20 @@ class Handle:
 
     ``wait`` completes every part before looking at the replies, so a refused part
     never leaves a receive posted; it then raises ``PSRefusedError`` naming the
-    servers and their reasons, or returns ``finish()``'s result.
+    servers and their reasons, or returns ``finish()``'s result. ``guard(what)`` wraps
+    the blocking wait (the fault-tolerance watchdog). An MPI error (a failed server)
+    leaves the handle unfinished, to be abandoned (``PSWorker.abandon``).
     """
 
     def __init__(self, what: str, parts: List[Part], finish: Callable[[List[Part]], Any],
-                 traffic: Traffic):
+                 traffic: Traffic, guard: Callable[[str], Any] = lambda what: nullcontext(),
+                 table: int = -1):
         self.what = what
+        self.table = table
         self.parts = parts
         self._finish = finish
         self._traffic = traffic
+        self._guard = guard
         self._outcome: Optional[Tuple[Any, Optional[PSRefusedError]]] = None
 
     def wait(self) -> Any:
@@ -54,8 +61,17 @@ class Handle:
             raise error
         return result
 
+    @property
+    def requests(self) -> List[MPI.Request]:
+        return [request for part in self.parts for request in part.requests]
+
+    @property
+    def done(self) -> bool:
+        return self._outcome is not None
+
     def _complete(self) -> Tuple[Any, Optional[PSRefusedError]]:
-        MPI.Request.Waitall([request for part in self.parts for request in part.requests])
+        with self._guard(f"waiting for the {self.what}"):
+            wait_requests(self.requests)
         reasons = [(part, refusal(int(part.reply[Rep.STATUS]), int(part.reply[Rep.DETAIL])))
                    for part in self.parts]
         self._traffic.add(0, sum(part.received for part, reason in reasons if not reason))

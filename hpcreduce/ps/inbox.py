@@ -16,8 +16,8 @@ from mpi4py import MPI
 
 from .layout import Layout
 from .placement import row_width
-from .protocol import (DTYPES, HEADER_LEN, PAYLOADS_IN, PUSHES, SPARSE_OPS, TAG_PAYLOAD,
-                       TAG_REQUEST, Op, Req, Status)
+from .protocol import (DTYPES, HEADER_LEN, PAYLOADS_IN, PUSHES, SPARSE_OPS, TAG_FORWARD,
+                       TAG_FORWARD_PAYLOAD, TAG_PAYLOAD, TAG_REQUEST, WORKER_OPS, Op, Req, Status)
 from .state import ShardState
 from .updates import local_rows
 
@@ -47,25 +47,29 @@ class Request:
 
 
 def receive(comm: MPI.Intracomm, source: int, layout: Layout, state: ShardState,
-            take_buffer: TakeBuffer) -> Request:
+            take_buffer: TakeBuffer, *, forwarded: bool = False) -> Request:
     """Receive the request ``source`` sent (its header is waiting) and check it.
 
     ``take_buffer(table)`` lends a buffer for a dense gradient of that table's piece.
+    ``forwarded``: a push a primary server forwarded to this backup (``TAG_FORWARD``), on
+    behalf of the worker slot its header names.
     """
+    header_tag, payload_tag = (TAG_FORWARD, TAG_FORWARD_PAYLOAD) if forwarded else (TAG_REQUEST, TAG_PAYLOAD)
     header = np.empty(HEADER_LEN, dtype=np.int64)
-    comm.Recv(header, source, TAG_REQUEST)
-    request = Request(source, layout.worker_of(source), header)
-    request.problem = header_problem(request, layout, state)
+    comm.Recv(header, source, header_tag)
+    worker = int(header[Req.WORKER]) if forwarded else layout.worker_of(source)
+    request = Request(source, worker, header)
+    request.problem = header_problem(request, layout, state, tuple(Op) if forwarded else WORKER_OPS)
     status = MPI.Status()
     for index in range(max(0, request.fields[Req.PAYLOADS])):
-        comm.Probe(source, TAG_PAYLOAD, status)
+        comm.Probe(source, payload_tag, status)
         nbytes = status.Get_count(MPI.BYTE)
         buffer = None if request.problem else _expected_buffer(request, index, nbytes, layout, state,
                                                                take_buffer)
         if buffer is None:
             buffer = np.empty(nbytes, dtype=np.uint8)
             request.problem = request.problem or (Status.BAD_SIZE, nbytes)
-        comm.Recv(buffer, source, TAG_PAYLOAD)
+        comm.Recv(buffer, source, payload_tag)
         request.payloads.append(buffer)
         request.nbytes += nbytes
     if request.problem is None:
@@ -73,18 +77,21 @@ def receive(comm: MPI.Intracomm, source: int, layout: Layout, state: ShardState,
     return request
 
 
-def header_problem(request: Request, layout: Layout, state: ShardState) -> Optional[Problem]:
-    """What is wrong with the header alone, if anything."""
+def header_problem(request: Request, layout: Layout, state: ShardState,
+                   allowed=WORKER_OPS) -> Optional[Problem]:
+    """What is wrong with the header alone, if anything (``allowed``: the ops accepted)."""
     fields = request.fields
     try:
         op = Op(request.op)
     except ValueError:
         return Status.UNKNOWN_OP, request.op
-    if request.worker < 0 or fields[Req.WORKER] != request.worker:
+    if op not in allowed:
+        return Status.UNKNOWN_OP, request.op
+    if not 0 <= request.worker < state.workers or fields[Req.WORKER] != request.worker:
         return Status.WRONG_WORKER, fields[Req.WORKER]
     if fields[Req.PAYLOADS] != PAYLOADS_IN[op]:
         return Status.BAD_SIZE, fields[Req.PAYLOADS]
-    if op in (Op.CLOCK, Op.RELEASE):
+    if op not in SPARSE_OPS + (Op.PULL, Op.PUSH):
         return None
     table = request.table
     if not 0 <= table < len(layout.specs):

@@ -12,7 +12,7 @@ rank instead of leaving workers waiting for a server that is not there.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Mapping, Optional, Sequence, Union
+from typing import Callable, Dict, Mapping, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from .state import ShardState
 from .worker import PSWorker
 
 Initial = Callable[[], Mapping[str, np.ndarray]]
+T = TypeVar("T")
 
 
 def table_optimizers(specs: Sequence[ParamSpec], name: str, lr: float,
@@ -52,15 +53,22 @@ def start(ctx: Context, specs: Sequence[ParamSpec], initial: Initial, *, servers
         raise PSConfigError(problem)
     layout = Layout.initial(specs, ctx.size, servers)
     optimizers = table_optimizers(layout.specs, optimizer, lr, table_lr)
-    role: Union[Server, PSWorker, None] = None
-    caught: Optional[Exception] = None
-    try:
+
+    def make() -> Union[Server, PSWorker]:
         if layout.is_server(ctx.rank):
-            state = ShardState.create(layout, layout.shard_of(ctx.rank), _checked(initial(), specs),
+            state = ShardState.create(layout, layout.shard_of(ctx.rank), checked(initial(), specs),
                                       optimizers)
-            role = Server(ctx.comm, layout, state, optimizers, consistency, ctx.traffic)
-        else:
-            role = PSWorker(ctx.comm, layout, ctx.traffic)
+            return Server(ctx.comm, layout, state, optimizers, consistency, ctx.traffic)
+        return PSWorker(ctx.comm, layout, ctx.traffic)
+    return everywhere(ctx, make)
+
+
+def everywhere(ctx: Context, make: Callable[[], T]) -> T:
+    """``make()`` on every rank; if it fails anywhere, ``PSTrainingError`` naming the first
+    rank that failed, on every rank (one small allgather)."""
+    made, caught = None, None
+    try:
+        made = make()
     except Exception as err:  # reported on every rank below
         caught = err
     failures = ctx.comm.allgather(f"{type(caught).__name__}: {caught}" if caught else None)
@@ -68,10 +76,10 @@ def start(ctx: Context, specs: Sequence[ParamSpec], initial: Initial, *, servers
     if culprits:
         rank, text = culprits[0]
         raise PSTrainingError(f"parameter server setup failed on rank {rank}: {text}") from caught
-    return role
+    return made
 
 
-def _checked(values: Mapping[str, np.ndarray], specs: Sequence[ParamSpec]) -> Mapping[str, np.ndarray]:
+def checked(values: Mapping[str, np.ndarray], specs: Sequence[ParamSpec]) -> Mapping[str, np.ndarray]:
     """``values`` if it has every table with the declared shape, else a PSConfigError."""
     for spec in specs:
         if spec.name not in values:

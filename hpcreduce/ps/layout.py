@@ -1,13 +1,16 @@
 """Who is who in a PS job: server ranks, worker ranks, and where each table lives.
 
 With K servers on N ranks, ranks 0..K-1 are the servers (shard key k on rank k at
-start) and ranks K..N-1 the workers (worker id = rank - K). After a failure the
-fault-tolerance layer builds a new layout with ``rebuilt``: the surviving shard keys,
-their new ranks and a recomputed placement; workers re-route by it.
+start) and ranks K..N-1 the workers. A worker is named by its *slot*, a stable number
+(rank - K at start; a worker that joins later gets the next unused one, and a slot
+is never reused), which indexes the servers' per-worker counters; its *index* is its
+position among the live workers, which picks its share of each batch. After a failure
+the fault-tolerance layer builds a new layout with ``rebuilt``: the surviving shard
+keys, their new ranks, the live workers and a recomputed placement; workers re-route by it.
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from ..train.model import ParamSpec
 from .errors import PSConfigError
@@ -23,17 +26,28 @@ def servers_problem(servers: int, size: int) -> str:
 
 
 class Layout:
-    """Roles and placement shared by every rank of one PS job."""
+    """Roles and placement shared by every rank of one PS job.
+
+    ``worker_slots[i]`` is the slot of the worker on ``worker_ranks[i]`` (default: i);
+    ``slot_count`` is the number of slots ever handed out (the length of per-worker arrays).
+    """
 
     def __init__(self, specs: Sequence[ParamSpec], shard_ranks: Mapping[int, int],
-                 worker_ranks: Sequence[int]):
+                 worker_ranks: Sequence[int], worker_slots: Optional[Sequence[int]] = None,
+                 slot_count: Optional[int] = None):
         self.specs: Tuple[ParamSpec, ...] = tuple(specs)
         self.shard_ranks: Dict[int, int] = dict(shard_ranks)
         self.worker_ranks: Tuple[int, ...] = tuple(worker_ranks)
+        self.worker_slots: Tuple[int, ...] = tuple(range(len(self.worker_ranks)) if worker_slots is None
+                                                   else worker_slots)
+        if len(self.worker_slots) != len(self.worker_ranks):
+            raise ValueError("one slot per worker rank")
+        self.slot_count = max(self.worker_slots, default=-1) + 1 if slot_count is None else slot_count
         self.placement: Placement = place(self.specs, sorted(self.shard_ranks))
         self.table_ids: Dict[str, int] = {spec.name: t for t, spec in enumerate(self.specs)}
         self._shard_of_rank = {rank: key for key, rank in self.shard_ranks.items()}
-        self._worker_of_rank = {rank: w for w, rank in enumerate(self.worker_ranks)}
+        self._worker_of_rank = dict(zip(self.worker_ranks, self.worker_slots))
+        self._index_of_rank = {rank: i for i, rank in enumerate(self.worker_ranks)}
 
     @classmethod
     def initial(cls, specs: Sequence[ParamSpec], size: int, servers: int) -> "Layout":
@@ -43,12 +57,15 @@ class Layout:
             raise PSConfigError(problem)
         return cls(specs, {k: k for k in range(servers)}, range(servers, size))
 
-    def rebuilt(self, shard_ranks: Mapping[int, int], worker_ranks: Sequence[int]) -> "Layout":
+    def rebuilt(self, shard_ranks: Mapping[int, int], worker_ranks: Sequence[int],
+                worker_slots: Optional[Sequence[int]] = None,
+                slot_count: Optional[int] = None) -> "Layout":
         """The layout over other shards and ranks (after a failure); placement recomputed."""
-        return Layout(self.specs, shard_ranks, worker_ranks)
+        return Layout(self.specs, shard_ranks, worker_ranks, worker_slots, slot_count)
 
     @property
     def workers(self) -> int:
+        """Live workers: the number the global batch is split over."""
         return len(self.worker_ranks)
 
     def is_server(self, rank: int) -> bool:
@@ -58,5 +75,9 @@ class Layout:
         return self._shard_of_rank[rank]
 
     def worker_of(self, rank: int) -> int:
-        """The worker id of ``rank``, or -1 if it is not a worker."""
+        """The worker slot of ``rank``, or -1 if it is not a worker."""
         return self._worker_of_rank.get(rank, -1)
+
+    def worker_index(self, rank: int) -> int:
+        """The position of ``rank`` among the live workers (its share of a batch), or -1."""
+        return self._index_of_rank.get(rank, -1)

@@ -1,8 +1,8 @@
 """A PS worker's training loop: pull, compute its share, push, clock.
 
-Step t (from 0) of worker w of W:
+Step t (from 0) of the worker at index i of W live workers:
 
-1. its examples: ``partition.worker_batch(t, w, W)``, the same split as ring mode;
+1. its examples: ``partition.worker_batch(t, i, W)``, the same split as ring mode;
 2. ``read``: every dense table (on steps where t % fetch_every == 0; otherwise the last
    copy is reused) and the sparse rows the batch touches, all requests in flight at once;
 3. ``compute``: ``model.loss_and_grads`` on the share; gradients scaled by 1/global
@@ -11,18 +11,21 @@ Step t (from 0) of worker w of W:
    since the last push, every table at once, then wait for the acknowledgements;
 5. ``clock()``.
 
+The loop is a small state machine (``step``, ``stage``) so that the fault-tolerance
+layer can resume it after a recovery: a read is simply redone; a push in flight is
+kept (``outgoing``) until every piece is acknowledged, and re-pushed after a recovery
+(servers drop what they already have); BSP recovery restarts the loop at a step
+(``restart``). Every acknowledged piece is logged in ``pushed`` as (step, table, shard
+key), which is what exactly-once is checked against.
 Each step is recorded in a ``StepLog`` (this worker's share: loss, accuracy, bytes, and
-the read staleness the servers reported) and handed to the run's observer, if any
-(progress, metrics file, timeline; ``read``/``compute``/``push`` are its phases).
-Any error stops the loop; the worker still releases the servers, and the error is
-reported on every rank afterwards (``training``), so nobody waits for it.
+the read staleness the servers reported) and handed to the run's observer, if any.
 Cost per step: see ``PSWorker`` (one header each way per request, payloads once).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -38,6 +41,8 @@ from .updates import sum_rows
 from .worker import PSWorker
 
 PHASES = {"read": "communication", "compute": "compute", "push": "communication"}
+READ, PUSH, CLOCK = "read", "push", "clock"
+RowGrads = Tuple[np.ndarray, np.ndarray]
 
 
 @dataclass
@@ -50,54 +55,89 @@ class WorkerLog:
     failure: Optional[str] = None
 
 
-class WorkerLoop:
-    """Runs ``config.steps`` steps of ``model`` on ``dataset`` through ``worker``."""
+@dataclass
+class Outgoing:
+    """A push not yet acknowledged everywhere: its step and the gradients it carries."""
 
-    def __init__(self, worker: PSWorker, config: TrainConfig, model: Model, dataset: Dataset):
+    step: int
+    dense: Dict[str, np.ndarray] = field(default_factory=dict)
+    rows: Dict[str, RowGrads] = field(default_factory=dict)
+
+
+class WorkerLoop:
+    """Runs ``config.steps`` steps of ``model`` on ``dataset`` through ``worker``.
+
+    ``before_step(step)`` runs at the start of every step (from 1) the first time it is
+    reached (fault injection).
+    """
+
+    def __init__(self, worker: PSWorker, config: TrainConfig, model: Model, dataset: Dataset,
+                 ctx: Context):
         self.worker, self.config, self.model, self.dataset = worker, config, model, dataset
         self.specs = model.param_specs()
         self.dense = {spec.name: np.empty(spec.shape, spec.dtype) for spec in self.specs
                       if not spec.sparse}
         self.summed: Dict[str, np.ndarray] = {}
-        self.summed_rows: Dict[str, List[Tuple[np.ndarray, np.ndarray]]] = {}
+        self.summed_rows: Dict[str, List[RowGrads]] = {}
+        self.result = WorkerLog(np.zeros((config.steps, 3)), StepLog(ctx, config.steps))
+        self.step, self.stage = 0, READ
+        self.outgoing: Optional[Outgoing] = None
+        self.pushed: List[Tuple[int, int, int]] = []
+        self.refetch = False
+        self.before_step: Callable[[int], None] = lambda step: None
+        self._current: Tuple[np.ndarray, int] = (np.zeros(3), 0)
 
     def run(self, ctx: Context, observer: Optional[Any] = None) -> WorkerLog:
         """Every step, then release the servers; errors end up in ``failure``."""
-        steps = self.config.steps
-        result = WorkerLog(np.zeros((steps, 3)), StepLog(ctx, steps))
-        phases = observer.timed(self, PHASES) if observer is not None else self
         try:
-            for step in range(steps):
-                stats, staleness = self.step(step, phases)
-                result.stats[step] = stats
-                loss_sum, correct, count = stats
-                result.log.record(step + 1, loss_sum / max(count, 1.0), correct / max(count, 1.0),
-                                  int(count), read_staleness=staleness)
-                if observer is not None:
-                    observer.step_done(result.log)
+            self.run_steps(observer)
         except Exception as err:  # reported on every rank by training.run_ps_training
-            result.failure = f"worker rank {ctx.rank} at step {self.worker.clock_value}: " \
-                             f"{type(err).__name__}: {err}"
+            self.fail(ctx, err)
         finally:
             self.worker.release()
-        return result
+        return self.result
 
-    def step(self, step: int, phases: Any) -> Tuple[np.ndarray, int]:
-        """One step through ``phases`` (this loop, or it timed); returns this worker's
-        [loss_sum, correct, count] and the largest read staleness the servers reported."""
-        config, worker = self.config, self.worker
-        indices = worker_batch(step, worker.id, worker.layout.workers, batch=config.batch,
-                               num_examples=self.dataset.size("train"), seed=config.seed)
-        stats, staleness = np.zeros(3), 0
-        if len(indices):
-            batch = self.dataset.batch("train", indices)
-            params, staleness = phases.read(batch, fetch_dense=step % config.fetch_every == 0)
-            output = phases.compute(params, batch)
-            stats[:] = (output.loss_sum, output.correct, output.count)
-        if (step + 1) % config.push_every == 0 or step + 1 == config.steps:
-            phases.push()
-        worker.clock()
-        return stats, staleness
+    def fail(self, ctx: Context, err: Exception) -> None:
+        self.result.failure = f"worker rank {ctx.rank} at step {self.worker.clock_value}: " \
+                              f"{type(err).__name__}: {err}"
+
+    def run_steps(self, observer: Optional[Any] = None) -> None:
+        """Go on from ``step``/``stage`` to the last step (MPI errors propagate)."""
+        phases = observer.timed(self, PHASES) if observer is not None else self
+        while self.step < self.config.steps:
+            self.advance(phases, observer)
+
+    def advance(self, phases: Any, observer: Optional[Any]) -> None:
+        """The current step from its current stage to its end."""
+        config, worker, step = self.config, self.worker, self.step
+        if self.stage == READ:
+            self.before_step(step + 1)
+            indices = worker_batch(step, worker.index, worker.layout.workers, batch=config.batch,
+                                   num_examples=self.dataset.size("train"), seed=config.seed)
+            stats, staleness = np.zeros(3), 0
+            if len(indices):
+                batch = self.dataset.batch("train", indices)
+                fetch = step % config.fetch_every == 0 or self.refetch
+                params, staleness = phases.read(batch, fetch_dense=fetch)
+                self.refetch = False
+                output = phases.compute(params, batch)
+                stats[:] = (output.loss_sum, output.correct, output.count)
+            self._current = (stats, staleness)
+            self.stage = PUSH
+        if self.stage == PUSH:
+            if (step + 1) % config.push_every == 0 or step + 1 == config.steps:
+                phases.push()
+            self.stage = CLOCK
+        if worker.clock_value <= step:
+            worker.clock()
+        stats, staleness = self._current
+        self.result.stats[step] = stats
+        loss_sum, correct, count = stats
+        self.result.log.record(step + 1, loss_sum / max(count, 1.0), correct / max(count, 1.0),
+                               int(count), read_staleness=staleness)
+        self.step, self.stage = step + 1, READ
+        if observer is not None:
+            observer.step_done(self.result.log)
 
     def read(self, batch, *, fetch_dense: bool) -> Tuple[Dict[str, object], int]:
         """The parameters the model reads for ``batch`` (dense tables, sparse rows), and
@@ -131,13 +171,40 @@ class WorkerLoop:
         return output
 
     def push(self) -> None:
-        """Push every waiting gradient, all tables at once, and wait for the acknowledgements."""
-        starts = [partial(self.worker.push_async, name, grad) for name, grad in self.summed.items()]
-        starts += [partial(self.worker.push_rows_async, name, *sum_rows(parts))
-                   for name, parts in self.summed_rows.items()]
-        self.summed.clear()
-        self.summed_rows.clear()
-        wait_all(issue_all(starts))
+        """Push every waiting gradient, all tables at once, and wait for the acknowledgements;
+        the push stays in ``outgoing`` until then."""
+        if self.outgoing is None:
+            self.outgoing = Outgoing(self.step, self.summed,
+                                     {name: sum_rows(parts) for name, parts in self.summed_rows.items()})
+            self.summed, self.summed_rows = {}, {}
+        out = self.outgoing
+        starts = [partial(self.worker.push_async, name, grad) for name, grad in out.dense.items()]
+        starts += [partial(self.worker.push_rows_async, name, ids, grads)
+                   for name, (ids, grads) in out.rows.items()]
+        handles = issue_all(starts)
+        wait_all(handles)
+        layout = self.worker.layout
+        self.acknowledged([(handle.table, layout.shard_of(part.rank))
+                           for handle in handles for part in handle.parts])
+
+    def acknowledged(self, pieces: List[Tuple[int, int]]) -> None:
+        """Every piece of ``outgoing`` is acknowledged: (table, shard key) of each, logged."""
+        self.pushed += [(self.outgoing.step, table, key) for table, key in pieces]
+        self.outgoing = None
+
+    def restart(self, step: int) -> None:
+        """BSP recovery: go back to the start of ``step``; everything pushed from it on is
+        dropped by the servers (and from the log), and the gradients not pushed are dropped."""
+        self.step, self.stage = step, READ
+        self.summed, self.summed_rows, self.outgoing = {}, {}, None
+        self.pushed = [entry for entry in self.pushed if entry[0] < step]
+        self.result.stats[step:] = 0
+        log = self.result.log
+        keep = sum(1 for row in log.rows if row["step"] <= step)
+        del log.rows[keep:], log.bytes_sent[keep:], log.bytes_received[keep:]
+        log._progress_mark = min(log._progress_mark, keep)
+        self.worker.clock_value = step
+        self.refetch = True
 
 
 def reported_staleness(handle: Handle, clock: int) -> int:

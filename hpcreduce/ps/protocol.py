@@ -15,6 +15,12 @@ receives when it sends and they match in order.
     PUSH_ROWS   ids (int64), row grads    -                 yes
     CLOCK       -                         -                 no
     RELEASE     -                         -                 no (the worker is done)
+
+With fault tolerance (``--ft``, K >= 2) a server forwards every push it accepts to its
+backup (the next shard key) on ``TAG_FORWARD`` (the worker's header, then its payloads on
+``TAG_FORWARD_PAYLOAD``), plus ``APPLY`` (BSP: the steps it applied) and ``DONE`` (it
+forwards no more); the backup answers each forwarded push with one header on
+``TAG_FORWARD_ACK``, and only then does the primary acknowledge the worker.
 """
 from __future__ import annotations
 
@@ -28,6 +34,9 @@ HEADER_BYTES = HEADER_LEN * 8
 TAG_REQUEST = 7301
 TAG_PAYLOAD = 7302
 TAG_REPLY = 7303
+TAG_FORWARD = 7304
+TAG_FORWARD_PAYLOAD = 7305
+TAG_FORWARD_ACK = 7306
 
 DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
@@ -39,9 +48,13 @@ class Op(IntEnum):
     PUSH_ROWS = 4
     CLOCK = 5
     RELEASE = 6
+    APPLY = 7      # primary -> backup only: BSP steps below CLOCK applied, COUNT = steps completed
+    DONE = 8       # primary -> backup only: nothing more will be forwarded
 
 
-PAYLOADS_IN = {Op.PULL: 0, Op.PUSH: 1, Op.PULL_ROWS: 1, Op.PUSH_ROWS: 2, Op.CLOCK: 0, Op.RELEASE: 0}
+PAYLOADS_IN = {Op.PULL: 0, Op.PUSH: 1, Op.PULL_ROWS: 1, Op.PUSH_ROWS: 2, Op.CLOCK: 0, Op.RELEASE: 0,
+               Op.APPLY: 0, Op.DONE: 0}
+WORKER_OPS = (Op.PULL, Op.PUSH, Op.PULL_ROWS, Op.PUSH_ROWS, Op.CLOCK, Op.RELEASE)
 REPLIED = (Op.PULL, Op.PUSH, Op.PULL_ROWS, Op.PUSH_ROWS)
 PULLS = (Op.PULL, Op.PULL_ROWS)
 PUSHES = (Op.PUSH, Op.PUSH_ROWS)
@@ -53,7 +66,7 @@ class Req(IntEnum):
 
     OP = 0
     TABLE = 1
-    WORKER = 2     # the worker's id (0..W-1)
+    WORKER = 2     # the worker's slot: a stable id (0..W-1 at start; newcomers get new ones)
     CLOCK = 3      # the worker's clock: steps it has finished; a push's step
     COUNT = 4      # elements (PULL, PUSH) or row ids (PULL_ROWS, PUSH_ROWS)
     DTYPE = 5      # index into DTYPES

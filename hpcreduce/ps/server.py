@@ -5,16 +5,19 @@ One loop per server rank: ``Probe`` for any worker's request, receive it whole
 queue head that may be answered. A read that consistency holds back blocks only its
 own worker's queue; other workers keep being served. Replies leave with ``Isend``; a
 dense pull's reply is sent straight from the parameters, so an update of that piece
-first waits for those sends to finish. Pushes are acknowledged once applied (ASP,
-SSP) or buffered for their step (BSP); the fault-tolerance layer will replicate the
-update to the next shard before that acknowledgement (``_acknowledge``).
+first waits for those sends to finish. What a push does to the shard is the update
+rule of ``engine.ShardEngine``. With fault tolerance (``replicate``), every accepted
+push is forwarded to the backup server first and acknowledged to its worker only once
+the backup has applied it (``replication.Replication``); the loop then also serves the
+forwards of the server whose backup it is.
 
 Cost per request: one header (64 B) each way plus the payloads; see docs/parameter-server.md.
 """
 from __future__ import annotations
 
 from collections import deque
-from typing import Deque, Dict, List, Mapping, Optional, Tuple
+from contextlib import nullcontext
+from typing import Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -23,58 +26,110 @@ from ..runtime.context import Traffic
 from ..train.optimizers import Optimizer
 from . import inbox, protocol
 from .consistency import Consistency
+from .engine import ShardEngine
 from .inbox import Request
 from .layout import Layout
-from .protocol import PULLS, TAG_REPLY, Op, Status
+from .protocol import PULLS, PUSHES, TAG_REPLY, TAG_REQUEST, Op, Status
 from .state import ShardState
-from .updates import apply_dense, apply_rows, sum_rows
 
 NOBODY_LIVE = np.iinfo(np.int64).max
 EMPTY = np.empty(0, dtype=np.uint8)
+Guard = Callable[[str], object]
 
 
 class Server:
-    """Serves one shard (``state``) to the workers of ``layout``."""
+    """Serves one shard (``state``) to the workers of ``layout``.
+
+    ``guard(what)``: a context manager around every blocking wait (the fault-tolerance
+    watchdog; none by default). ``on_progress(server, slowest)``: called whenever the
+    slowest live clock moves (fault injection, checkpoints, growth, recovery timing).
+    """
 
     def __init__(self, comm: MPI.Intracomm, layout: Layout, state: ShardState,
                  optimizers: Mapping[int, Optimizer], consistency: Consistency,
-                 traffic: Optional[Traffic] = None):
-        self.comm, self.layout, self.state = comm, layout, state
-        self.optimizers, self.consistency = optimizers, consistency
+                 traffic: Optional[Traffic] = None, *, guard: Guard = lambda what: nullcontext(),
+                 on_progress: Optional[Callable[["Server", int], None]] = None):
+        self.comm, self.layout, self.consistency = comm, layout, consistency
+        self.engine = ShardEngine(state, optimizers, consistency, before_update=self._wait_reads,
+                                  pinned=self._pinned)
         self.traffic = traffic if traffic is not None else Traffic()
-        self.queues: List[Deque[Request]] = [deque() for _ in range(layout.workers)]
-        self.released = np.zeros(layout.workers, dtype=bool)
+        self.guard, self.on_progress = guard, on_progress
+        self.replication = None
+        self.queues: Dict[int, Deque[Request]] = {slot: deque() for slot in layout.worker_slots}
+        self.live = np.zeros(layout.slot_count, dtype=bool)
+        self.live[list(layout.worker_slots)] = True
+        self.released = np.zeros(layout.slot_count, dtype=bool)
         self.outbox: List[Tuple[MPI.Request, np.ndarray, Optional[int]]] = []
-        self.spare: Dict[int, List[np.ndarray]] = {}
         self.clock_moved = False
+        self._waiting = f"server rank {comm.Get_rank()} waiting for requests"
+
+    @property
+    def state(self) -> ShardState:
+        return self.engine.state
+
+    @property
+    def optimizers(self) -> Mapping[int, Optimizer]:
+        return self.engine.optimizers
+
+    def replicate(self, backup_rank: int, primary_rank: int, replica: ShardState) -> None:
+        """Keep the shard's replica on ``backup_rank`` and the replica of the shard of
+        ``primary_rank`` here (fault tolerance with two or more servers)."""
+        from .replication import Replication
+        self.replication = Replication(self, backup_rank, primary_rank, replica)
 
     def serve(self) -> None:
-        """Answer requests until every worker has released this server."""
+        """Answer requests until every live worker has released this server (and, when
+        replicating, until the forwards both ways are finished)."""
         self.released[:] = False
         status = MPI.Status()
-        while not self.released.all():
-            self.comm.Probe(MPI.ANY_SOURCE, protocol.TAG_REQUEST, status)
-            request = inbox.receive(self.comm, status.Get_source(), self.layout, self.state,
-                                    self._take_buffer)
-            if request.worker < 0:
-                self._answer(request)
+        tag = MPI.ANY_TAG if self.replication else TAG_REQUEST
+        reported = None
+        while True:
+            slowest = self.slowest()
+            if self.on_progress is not None and slowest != reported:
+                reported = slowest
+                self.on_progress(self, slowest)
+            if self._finished():
+                break
+            with self.guard(self._waiting):
+                self.comm.Probe(MPI.ANY_SOURCE, tag, status)
+            source = status.Get_source()
+            if status.Get_tag() == TAG_REQUEST:
+                request = inbox.receive(self.comm, source, self.layout, self.state, self.engine.take_buffer)
+                if request.worker < 0 or request.worker not in self.queues:
+                    self._answer(request)
+                else:
+                    self.queues[request.worker].append(request)
+                    self._make_progress()
             else:
-                self.queues[request.worker].append(request)
-                self._make_progress()
+                self.replication.handle(status.Get_tag(), source)
             self._retire_sends()
-        MPI.Request.Waitall([entry[0] for entry in self.outbox])
+        with self.guard(f"server rank {self.comm.Get_rank()} finishing its replies"):
+            MPI.Request.Waitall([entry[0] for entry in self.outbox])
         self.outbox.clear()
 
     def slowest(self) -> int:
         """The smallest clock among live (unreleased) workers."""
-        live = self.state.clocks[~self.released]
+        live = self.state.clocks[self.live & ~self.released]
         return int(live.min()) if live.size else NOBODY_LIVE
+
+    def pending_requests(self) -> List[MPI.Request]:
+        """Every send still in flight (to be abandoned after a failure)."""
+        requests = [entry[0] for entry in self.outbox]
+        if self.replication is not None:
+            requests += self.replication.pending_requests()
+        return requests
+
+    def _finished(self) -> bool:
+        if not (self.released | ~self.live).all():
+            return False
+        return self.replication is None or self.replication.wind_down()
 
     def _make_progress(self) -> None:
         """Answer queue heads until nothing moves (a clock that moves may unblock reads)."""
         while True:
             self.clock_moved = False
-            for queue in self.queues:
+            for queue in self.queues.values():
                 while queue and self._answer(queue[0]):
                     queue.popleft()
             if not self.clock_moved:
@@ -86,6 +141,8 @@ class Server:
         if worker >= 0 and request.clock > self.state.clocks[worker]:
             self.state.clocks[worker] = request.clock
             self._clock_moved()
+        if request.op in PULLS and self.replication is not None and self.replication.holding(worker):
+            return False  # its earlier pushes are not acknowledged yet: replies stay in order
         if request.problem is not None:
             self._refuse(request)
         elif request.op == Op.RELEASE:
@@ -96,7 +153,7 @@ class Server:
             if not self.consistency.may_read(request.clock, slowest):
                 return False
             self._read(request, slowest)
-        elif request.op in (Op.PUSH, Op.PUSH_ROWS):
+        elif request.op in PUSHES:
             self._push(request)
         return True
 
@@ -105,7 +162,11 @@ class Server:
         away, so that no read is ever answered before its step's update."""
         self.clock_moved = True
         if self.consistency.aggregates:
-            self._apply_completed_steps()
+            slowest = self.slowest()
+            live = self.state.clocks[self.live]
+            completed = min(slowest, int(live.max()) if live.size else 0)
+            if self.engine.apply_completed(slowest, completed) and self.replication is not None:
+                self.replication.forward_apply(slowest, completed)
 
     def _read(self, request: Request, slowest: int) -> None:
         table = self.state.tables[request.table]
@@ -117,81 +178,46 @@ class Server:
             self._reply(request, Status.OK, table.values, reads=request.table)
 
     def _push(self, request: Request) -> None:
-        table = self.state.tables[request.table]
-        worker, step = request.worker, request.clock
-        if step <= table.last_push[worker]:
-            self.state.duplicates[worker] += 1
-            self._release_buffer(request)
-            self._reply(request, Status.DUPLICATE)
-            return
-        if self.consistency.aggregates and step < self.state.applied_steps:
-            request.problem = (Status.LATE, step)
+        replication = self.replication
+        if replication is not None:
+            replication.pin(request)
+        gradient = request.payloads[0] if request.op == Op.PUSH else (request.local, request.payloads[1])
+        status = self.engine.accept(request.worker, request.clock, request.table, gradient)
+        if status == Status.LATE:
+            if replication is not None:
+                replication.unpin(request)
+            request.problem = (Status.LATE, request.clock)
             self._refuse(request)
             return
-        table.last_push[worker] = step
-        grad = self._gradient(request)
-        if self.consistency.aggregates:
-            self.state.pending.setdefault(step, {}).setdefault(request.table, []).append((worker, grad))
-        else:
-            self._apply(request.table, [(worker, grad)], table.version + 1)
-        self._acknowledge(request)
-
-    def _gradient(self, request: Request):
-        if request.op == Op.PUSH:
-            return request.payloads[0]
-        return request.local, request.payloads[1]
-
-    def _acknowledge(self, request: Request) -> None:
-        """Acknowledge an accepted push (the fault-tolerance layer replicates first)."""
-        self._reply(request, Status.OK)
-
-    def _apply(self, table_id: int, contributions: List[Tuple[int, object]], step: int) -> None:
-        """One optimizer update of ``table_id`` from the contributions, summed in worker order."""
-        table = self.state.tables[table_id]
-        contributions = sorted(contributions, key=lambda c: c[0])
-        for worker, _ in contributions:
-            self.state.update_lag[int(table.version - table.read_version[worker])] += 1
-            self.state.applied[worker] += 1
-        optimizer = self.optimizers[table_id]
-        if table.sparse:
-            local, grads = sum_rows([grad for _, grad in contributions])
-            apply_rows(table, local, grads, optimizer, step)
-            return
-        total = contributions[0][1]
-        for _, grad in contributions[1:]:
-            total += grad
-        self._wait_reads(table_id)
-        apply_dense(table, total, optimizer, step)
-        for _, grad in contributions:
-            self.spare.setdefault(table_id, []).append(grad)
-
-    def _apply_completed_steps(self) -> None:
-        """BSP: apply every buffered step that all live workers have finished."""
-        slowest = self.slowest()
-        for step in sorted(s for s in self.state.pending if s < slowest):
-            for table_id, contributions in sorted(self.state.pending.pop(step).items()):
-                self._apply(table_id, contributions, step + 1)
-        completed = min(slowest, int(self.state.clocks.max()))
-        self.state.applied_steps = max(self.state.applied_steps, completed)
+        if status == Status.DUPLICATE:
+            self._release_buffer(request)
+        self._reply(request, status, forward=replication is not None)
 
     def _refuse(self, request: Request) -> None:
         status, detail = request.problem
         self._release_buffer(request)
-        if request.worker >= 0:
+        if 0 <= request.worker < self.state.workers:
             self.state.refused[request.worker] += 1
         self.state.refusals[status.name] += 1
         if request.op in protocol.REPLIED:
             self._reply(request, status, detail=detail)
 
     def _reply(self, request: Request, status: Status, payload: Optional[np.ndarray] = None, *,
-               reads: Optional[int] = None, detail: int = 0) -> None:
-        """Send the reply header and, for pulls, the payload (empty when refused)."""
+               reads: Optional[int] = None, detail: int = 0, forward: bool = False) -> None:
+        """Send the reply header and, for pulls, the payload (empty when refused). With
+        ``forward`` the push goes to the backup first and the reply waits for its
+        acknowledgement; a reply behind such a one waits its turn."""
         table = self.state.tables.get(request.table)
         header = protocol.reply(request.header, self.state.shard, status,
                                 version=table.version if table is not None else 0,
                                 count=0 if payload is None else payload.size, detail=detail,
                                 slowest=self.slowest())
-        self._send(header, request.source, None)
+        if forward:
+            self.replication.forward(request, header)
+        elif self.replication is not None and self.replication.holding(request.worker):
+            self.replication.hold(request, header)
+        else:
+            self._send(header, request.source, None)
         sent = 0
         if request.op in PULLS:
             body = EMPTY if payload is None else payload
@@ -200,8 +226,8 @@ class Server:
         self.traffic.add(sent, request.nbytes)
         self.state.count_traffic(request.clock, sent, request.nbytes)
 
-    def _send(self, buffer: np.ndarray, dest: int, reads: Optional[int]) -> None:
-        self.outbox.append((self.comm.Isend(buffer, dest, TAG_REPLY), buffer, reads))
+    def _send(self, buffer: np.ndarray, dest: int, reads: Optional[int], tag: int = TAG_REPLY) -> None:
+        self.outbox.append((self.comm.Isend(buffer, dest, tag), buffer, reads))
 
     def _retire_sends(self) -> None:
         if self.outbox:
@@ -213,18 +239,15 @@ class Server:
         """Finish the replies still reading ``table_id``'s values before they change."""
         waiting = [entry for entry in self.outbox if entry[2] == table_id]
         if waiting:
-            MPI.Request.Waitall([entry[0] for entry in waiting])
+            with self.guard(f"server rank {self.comm.Get_rank()} finishing reads of table {table_id}"):
+                MPI.Request.Waitall([entry[0] for entry in waiting])
             self.outbox = [entry for entry in self.outbox if entry[2] != table_id]
 
-    def _take_buffer(self, table_id: int) -> np.ndarray:
-        spare = self.spare.get(table_id)
-        if spare:
-            return spare.pop()
-        values = self.state.tables[table_id].values
-        return np.empty_like(values)
+    def _pinned(self, buffer: np.ndarray) -> bool:
+        return self.replication is not None and self.replication.is_pinned(buffer)
 
     def _release_buffer(self, request: Request) -> None:
         """Return a refused or duplicate push's gradient buffer to the spares."""
         if request.borrowed is not None:
-            self.spare.setdefault(request.table, []).append(request.borrowed)
+            self.engine.recycle(request.table, request.borrowed)
             request.borrowed = None

@@ -33,7 +33,7 @@ class TableShard:
     and ``position[id]`` is that i, or -1 for a row owned elsewhere (4 bytes per row of
     the table, for lookups in one gather).
     ``version`` counts the updates applied here; ``read_version[w]`` is the version
-    worker w last read, so an update's lag is ``version - read_version[w]``.
+    worker slot w last read, so an update's lag is ``version - read_version[w]``.
     """
 
     table: int
@@ -77,7 +77,7 @@ class ShardState:
     def create(cls, layout: Layout, shard: int, initial: Mapping[str, np.ndarray],
                optimizers: Mapping[int, Optimizer]) -> "ShardState":
         """Shard ``shard``'s part of the ``initial`` values, with zeroed optimizer state."""
-        workers = layout.workers
+        workers = layout.slot_count
         tables: Dict[int, TableShard] = {}
         for piece in layout.placement.pieces_on(shard):
             spec = layout.specs[piece.table]
@@ -98,6 +98,19 @@ class ShardState:
         def zeros() -> np.ndarray:
             return np.zeros(workers, dtype=np.int64)
         return cls(shard, workers, tables, zeros(), zeros(), zeros(), zeros())
+
+    def grow(self, slots: int) -> None:
+        """Make room for worker slots up to ``slots`` (workers that joined), counters at zero."""
+        extra = slots - self.workers
+        if extra <= 0:
+            return
+        for name in ("clocks", "applied", "duplicates", "refused"):
+            setattr(self, name, np.concatenate([getattr(self, name), np.zeros(extra, np.int64)]))
+        for table in self.tables.values():
+            table.last_push = np.concatenate([table.last_push, np.full(extra, -1, np.int64)])
+            table.read_version = np.concatenate([table.read_version, np.zeros(extra, np.int64)])
+            table.workers = slots
+        self.workers = slots
 
     def count_traffic(self, step: int, sent: int, received: int) -> None:
         """Payload bytes moved for a request of ``step`` (the worker's clock)."""

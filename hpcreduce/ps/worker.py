@@ -16,12 +16,14 @@ Cost per call: one 64 B header to each shard involved, the payload, and a 64 B r
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from contextlib import nullcontext
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from ..runtime.context import Traffic
+from ..runtime.failures import abandon
 from ..train.model import ParamSpec
 from . import protocol
 from .errors import PSInputError
@@ -32,16 +34,25 @@ from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op
 
 
 class PSWorker:
-    """One worker rank's client of the servers of ``layout``."""
+    """One worker rank's client of the servers of ``layout``.
 
-    def __init__(self, comm: MPI.Intracomm, layout: Layout, traffic: Optional[Traffic] = None):
+    ``id`` is the worker's slot (stable: it names the worker in every request);
+    ``index`` its position among the live workers (its share of a batch).
+    ``guard(what)`` wraps every blocking wait (the fault-tolerance watchdog).
+    """
+
+    def __init__(self, comm: MPI.Intracomm, layout: Layout, traffic: Optional[Traffic] = None, *,
+                 guard: Callable[[str], Any] = lambda what: nullcontext(), clock: int = 0):
         self.comm, self.layout = comm, layout
         self.id = layout.worker_of(comm.Get_rank())
+        self.index = layout.worker_index(comm.Get_rank())
         if self.id < 0:
             raise PSInputError(f"rank {comm.Get_rank()} is a server in this layout, not a worker")
         self.traffic = traffic if traffic is not None else Traffic()
-        self.clock_value = 0
+        self.guard = guard
+        self.clock_value = clock
         self._unanswered: List[Tuple[MPI.Request, np.ndarray]] = []
+        self._open: List[Handle] = []
 
     # -- dense tables ------------------------------------------------------------------
     def pull_async(self, table: str, out: Optional[np.ndarray] = None) -> Handle:
@@ -57,7 +68,7 @@ class PSWorker:
             rank = self.layout.shard_ranks[piece.shard]
             header = self._header(Op.PULL, t, piece.size, spec)
             parts.append(self._request(rank, header, [], [flat[piece.start:piece.stop]]))
-        return Handle(f"pull of table {table!r}", parts, lambda _: out, self.traffic)
+        return self._handle(f"pull of table {table!r}", parts, lambda _: out, t)
 
     def pull(self, table: str, out: Optional[np.ndarray] = None) -> np.ndarray:
         return self.pull_async(table, out).wait()
@@ -72,8 +83,7 @@ class PSWorker:
             rank = self.layout.shard_ranks[piece.shard]
             header = self._header(Op.PUSH, t, piece.size, spec)
             parts.append(self._request(rank, header, [flat[piece.start:piece.stop]], []))
-        return Handle(f"push to table {table!r} at step {self.clock_value}", parts, push_result,
-                      self.traffic)
+        return self._handle(f"push to table {table!r} at step {self.clock_value}", parts, push_result, t)
 
     def push(self, table: str, grad: np.ndarray) -> PushResult:
         return self.push_async(table, grad).wait()
@@ -97,7 +107,7 @@ class PSWorker:
                 for part, (_, where) in zip(done, groups):
                     out[where] = part.buffers[-1]
             return out
-        return Handle(f"pull_rows of table {table!r}", parts, scatter, self.traffic)
+        return self._handle(f"pull_rows of table {table!r}", parts, scatter, t)
 
     def pull_rows(self, table: str, ids) -> np.ndarray:
         return self.pull_rows_async(table, ids).wait()
@@ -117,8 +127,8 @@ class PSWorker:
         for rank, where in self._by_shard(t, ids):
             header = self._header(Op.PUSH_ROWS, t, len(where), spec)
             parts.append(self._request(rank, header, [ids[where], grads[where]], []))
-        return Handle(f"push_rows to table {table!r} at step {self.clock_value}", parts, push_result,
-                      self.traffic)
+        return self._handle(f"push_rows to table {table!r} at step {self.clock_value}", parts,
+                            push_result, t)
 
     def push_rows(self, table: str, ids, grads: np.ndarray) -> PushResult:
         return self.push_rows_async(table, ids, grads).wait()
@@ -134,7 +144,16 @@ class PSWorker:
         """Tell every server this worker is done (it stops counting in consistency);
         a server's ``serve()`` returns once every worker has released it."""
         self._tell_servers(Op.RELEASE)
-        MPI.Request.Waitall([request for request, _ in self._unanswered])
+        with self.guard(f"worker slot {self.id} releasing the servers"):
+            MPI.Request.Waitall([request for request, _ in self._unanswered])
+        self._unanswered.clear()
+
+    def abandon(self) -> None:
+        """After a process failure: revoke the communicator and complete every request
+        still in flight (with an error), so no late receive lands in a reused buffer."""
+        requests = [request for handle in self._open if not handle.done for request in handle.requests]
+        abandon(self.comm, requests + [request for request, _ in self._unanswered])
+        self._open.clear()
         self._unanswered.clear()
 
     # -- internals ---------------------------------------------------------------------
@@ -148,6 +167,12 @@ class PSWorker:
             use = "pull_rows/push_rows" if spec.sparse else "pull/push"
             raise PSInputError(f"table {name!r} is {'sparse' if spec.sparse else 'dense'}: use {use}")
         return t, spec
+
+    def _handle(self, what: str, parts: List[Part], finish, table: int) -> Handle:
+        handle = Handle(what, parts, finish, self.traffic, self.guard, table)
+        self._open = [h for h in self._open if not h.done]
+        self._open.append(handle)
+        return handle
 
     def _header(self, op: Op, table: int, count: int, spec: ParamSpec) -> np.ndarray:
         width = row_width(spec) if spec.sparse else 1

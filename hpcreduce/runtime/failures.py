@@ -44,13 +44,19 @@ def wait_all(requests: List[MPI.Request]) -> None:
         raise MPI.Exception(codes[0] if codes else error.Get_error_code()) from None
 
 
-def abandon(comm: MPI.Comm, requests: Iterable[MPI.Request]) -> None:
-    """After a process failure: revoke ``comm`` so every pending request completes (with an
-    error), then complete them, so no receive can later write into a reused buffer."""
+def revoke(comm: MPI.Comm) -> None:
+    """Revoke ``comm`` (ignoring that a peer already did): every rank blocked in it, or
+    about to block, returns ``ERR_REVOKED`` instead of waiting for a rank that gave up."""
     try:
         comm.Revoke()
     except MPI.Exception:
         pass
+
+
+def abandon(comm: MPI.Comm, requests: Iterable[MPI.Request]) -> None:
+    """After a process failure: revoke ``comm`` so every pending request completes (with an
+    error), then complete them, so no receive can later write into a reused buffer."""
+    revoke(comm)
     for request in requests:
         try:
             request.Wait()

@@ -1,0 +1,129 @@
+"""What a parameter-server recovery does, decided identically on every survivor.
+
+Every survivor reports what it holds (``Report``: shard states and their applied BSP
+steps, the replica it keeps, its worker slot and clock, whether a push of its is in
+flight); the reports are gathered to everyone, and ``make_plan`` turns them, with the
+last committed layout, into the same ``Plan`` on every rank: which live server takes
+over each shard (its own, the replica it holds of a dead neighbour, or a checkpoint
+when shard and replica both died), who is promoted to server when none is left, the
+step BSP restarts from, the workers' clocks, and the next layout. It is a pure
+function, so a recovery interrupted by another failure is simply planned again.
+Cost: O(ranks + shards), no communication (the reports come from one allgather).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from ..ps.layout import Layout
+
+
+@dataclass
+class Report:
+    """One survivor's account (pickled; a few hundred bytes)."""
+
+    member: int
+    own_key: Optional[int] = None
+    active: Dict[int, int] = field(default_factory=dict)     # shard key -> applied BSP steps
+    replica: Optional[Tuple[int, int]] = None                # (shard key, applied BSP steps)
+    slot: Optional[int] = None
+    clock: int = 0
+    outgoing: bool = False
+    detected_at: Optional[float] = None
+    growth: Tuple[int, int] = (0, 0)                         # (newcomers wanted, before step)
+    checkpoint: Optional[int] = None
+
+
+@dataclass
+class Committed:
+    """What every rank agreed on at the last commit: the layout, the next unused shard key,
+    and the growth done so far (growth for steps up to ``grown_before``)."""
+
+    layout: Layout
+    next_key: int
+    grown_before: int = 0
+
+
+@dataclass
+class Plan:
+    """The recovery every survivor carries out (see the module docstring)."""
+
+    server_ranks: List[int]
+    own_keys: Dict[int, int]                 # server rank -> its key in the new layout
+    holders: Dict[int, int]                  # committed shard key -> rank holding its state now
+    adopted: List[int]                       # keys taken over from a replica
+    restored: List[int]                      # keys rebuilt from a checkpoint (held by rank 0)
+    checkpoint: Optional[int]
+    promoted: Optional[int]                  # rank of a worker turned server
+    workers: List[Tuple[int, int]]           # (rank, slot) of the live workers
+    clocks: Dict[int, int]                   # slot -> clock after the recovery
+    restart: Optional[int]                   # BSP: the step everybody restarts from
+    step: int                                # the step the most advanced worker is on (from 1)
+    detected_at: float
+    growth: Tuple[int, int]
+    next_key: int
+    fatal: Optional[str] = None
+
+    @property
+    def resume_step(self) -> int:
+        """The step (from 1) the slowest worker is on after the recovery."""
+        return (self.restart if self.restart is not None else min(self.clocks.values(), default=0)) + 1
+
+    @property
+    def rollback(self) -> bool:
+        """BSP with a shard rebuilt from a checkpoint: every shard goes back to it."""
+        return self.restart is not None and bool(self.restored)
+
+    def layout(self, committed: Layout) -> Layout:
+        """The layout after the recovery (before any growth)."""
+        return committed.rebuilt({key: rank for rank, key in self.own_keys.items()},
+                                 [rank for rank, _ in self.workers], [slot for _, slot in self.workers],
+                                 committed.slot_count)
+
+
+def make_plan(reports: List[Report], committed: Committed, bsp: bool, now: float) -> Plan:
+    """The plan for these reports (``reports[r]`` from the rank that is now ``r``)."""
+    servers = [rank for rank, report in enumerate(reports) if report.own_key is not None]
+    workers = [(rank, report.slot) for rank, report in enumerate(reports) if report.slot is not None]
+    holders = {key: rank for rank, report in enumerate(reports) for key in report.active}
+    lost = [key for key in sorted(committed.layout.shard_ranks) if key not in holders]
+    adopted = []
+    for key in lost:
+        keeper = [rank for rank, report in enumerate(reports) if report.replica and report.replica[0] == key]
+        if keeper:
+            holders[key] = keeper[0]
+            adopted.append(key)
+    restored = [key for key in lost if key not in holders]
+    checkpoint = reports[0].checkpoint
+    own_keys = {rank: reports[rank].own_key for rank in servers}
+    promoted, next_key = None, committed.next_key
+    if not servers and workers:
+        promoted = workers.pop(0)[0]
+        own_keys, servers, next_key = {promoted: next_key}, [promoted], next_key + 1
+    for key in restored:
+        holders[key] = servers[0] if servers else 0
+    clocks = {report.slot: report.clock for report in reports if report.slot is not None}
+    restart = None
+    if bsp:
+        applied = [steps for report in reports for steps in report.active.values()]
+        applied += [report.replica[1] for report in reports if report.replica and report.replica[0] in adopted]
+        restart = checkpoint if restored and checkpoint is not None else max(applied, default=0)
+        clocks = {slot: restart for _, slot in workers}
+    detected = [report.detected_at for report in reports if report.detected_at is not None]
+    plan = Plan(servers, own_keys, holders, adopted, restored, checkpoint, promoted, workers, clocks,
+                restart, max(report.clock for report in reports) + 1 if workers else 1,
+                min(detected, default=now), max(report.growth for report in reports), next_key)
+    plan.fatal = _fatal(plan)
+    return plan
+
+
+def _fatal(plan: Plan) -> Optional[str]:
+    """Why the job cannot go on, or None."""
+    if not plan.workers:
+        return "every worker is gone: nobody is left to train"
+    if plan.restored and plan.checkpoint is None:
+        return (f"parameter-server shard(s) {plan.restored} died together with their replica "
+                f"(K=1 keeps none; with K >= 2 two neighbouring servers died) and there is no "
+                f"complete checkpoint to restore them from: give --checkpoint-dir and "
+                f"--checkpoint-every (and --servers >= 2 for replicas)")
+    return None
