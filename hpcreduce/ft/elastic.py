@@ -107,7 +107,7 @@ class ElasticRing:
             with watchdog.guard(f"recovery at step {step} (revoke, shrink, agree)"):
                 shrunk = shrink_and_rebuild(self.ctx.comm, before_shrink=lambda: self.kills.strike(
                     "recovery", step, self.members.me, self.members.ids))
-            self._replace_comm(shrunk.comm)
+            self.ctx.replace_comm(shrunk.comm)
             event.lost += self.members.shrink(shrunk)
             event.rounds += shrunk.rounds
             event.shrink_s = time.time() - event.detected_at
@@ -148,7 +148,7 @@ class ElasticRing:
         event = self.events.add(RecoveryEvent(kind, step, self.ctx.size, time.time()))
         with watchdog.guard(f"{kind} at step {step} (spawn and merge)"):
             merged = spawn_and_merge(self.ctx.comm, count, this_program())
-        self._replace_comm(merged)
+        self.ctx.replace_comm(merged)
         event.joined = self.members.grow(count)
         started = time.time()
         with watchdog.guard(f"{kind} at step {step} (state to newcomers)"):
@@ -163,14 +163,6 @@ class ElasticRing:
         self.state.step = comm.bcast(self.state.step, root=0)
         for _name, array in self.state.arrays():
             comm.Bcast(array, root=0)
-
-    def _replace_comm(self, comm: MPI.Intracomm) -> None:
-        old = self.ctx.comm
-        self.ctx.replace_comm(comm)
-        try:
-            old.Free()
-        except MPI.Exception:
-            pass
 
     def _checkpoint(self) -> None:
         every, folder, step = self.fault.checkpoint_every, self.fault.checkpoint_dir, self.state.step

@@ -233,14 +233,6 @@ class ElasticPS:
             self.kills.strike("recovery", at, self.members.me, self.members.ids)
         self.struck_recovery = max(self.struck_recovery, step)
 
-    def replace_comm(self, comm: MPI.Intracomm) -> None:
-        old = self.ctx.comm
-        self.ctx.replace_comm(comm)
-        try:
-            old.Free()
-        except MPI.Exception:
-            pass
-
     # -- after a recovery ---------------------------------------------------------------
     def _install(self, event: PSRecoveryEvent, settled: Settled) -> None:
         plan, layout = settled.plan, settled.layout
@@ -340,7 +332,7 @@ class ElasticPS:
         event = self.events.add(PSRecoveryEvent(kind, plan.resume_step, ctx.size, time.time()))
         with watchdog.guard(f"{kind}: spawn and merge"):
             merged = spawn_and_merge(ctx.comm, count, this_program())
-        self.replace_comm(merged)
+        self.ctx.replace_comm(merged)
         event.joined = self.members.grow(count)
         old = self.committed.layout
         slots = list(range(old.slot_count, old.slot_count + count))

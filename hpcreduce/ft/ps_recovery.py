@@ -104,7 +104,7 @@ def recover(run: Any) -> Tuple[PSRecoveryEvent, Settled]:
     while True:
         with watchdog.guard("PS recovery (revoke, shrink, agree)"):
             shrunk = shrink_and_rebuild(ctx.comm)
-        run.replace_comm(shrunk.comm)
+        run.ctx.replace_comm(shrunk.comm)
         for identity in run.members.shrink(shrunk):
             event.lost.append(identity)
             (event.lost_servers if identity in server_ids else event.lost_workers).append(identity)

@@ -55,14 +55,16 @@ class Context:
         return self.comm.Get_size()
 
     def replace_comm(self, comm: MPI.Intracomm) -> None:
-        """Make ``comm`` this context's communicator (after shrink or growth).
-
-        Drops everything cached for the old communicator; the caller frees the old one.
-        """
+        """Make ``comm`` this context's communicator (after shrink or growth), and free
+        the old one (revoked or not) and everything cached for it."""
         if self.ft:
             comm.Set_errhandler(MPI.ERRORS_RETURN)
-        self.comm = comm
+        old, self.comm = self.comm, comm
         self.cache.clear()
+        try:
+            old.Free()
+        except MPI.Exception:
+            pass  # a revoked communicator may refuse; it is dropped all the same
 
     def describe(self) -> Dict[str, Any]:
         """Facts about this launch, as ``hpcreduce info`` reports them."""
