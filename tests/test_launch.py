@@ -1,6 +1,5 @@
 """The mpirun command hpcreduce builds, and the CLI started as a user starts it."""
 import json
-import os
 
 import pytest
 
