@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 import hpcreduce
 from hpcreduce.collectives.ops import DTYPES, OPS
+from mpi_checks import sample
 
 context = hpcreduce.init()
 world = MPI.COMM_WORLD
@@ -16,15 +17,6 @@ rank, size = world.Get_rank(), world.Get_size()
 ALGORITHMS = ("ring", "recursive_doubling", "native", "auto")
 SIZES = sorted({0, 1, max(size - 1, 0), size + 1, 1_000_003})
 TOLERANCE = {"float16": 2e-2, "float32": 1e-5, "float64": 1e-12}
-
-
-def sample(dtype: np.dtype, op: str, n: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if op == "prod":
-        values = rng.uniform(0.5, 2.0, n) if dtype.kind == "f" else rng.integers(-3, 4, n)
-    else:
-        values = rng.uniform(-50, 50, n) if dtype.kind == "f" else rng.integers(-50, 50, n)
-    return values.astype(dtype)
 
 
 def expected(x: np.ndarray, op: str) -> np.ndarray:

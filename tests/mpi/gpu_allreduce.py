@@ -19,6 +19,7 @@ import hpcreduce
 from hpcreduce.collectives.ops import DTYPES, OPS
 from hpcreduce.collectives.transfer import transfer_kind
 from hpcreduce.runtime.devices import select_device
+from mpi_checks import expect_raised, sample
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -49,15 +50,6 @@ def reference(x, op):
     if op == "mean":
         want = (want / size if x.dtype.kind == "f" else want // size).astype(x.dtype)
     return want
-
-
-def sample(dtype, op, n, seed):
-    rng = np.random.default_rng(seed)
-    if op == "prod":
-        values = rng.uniform(0.5, 2.0, n) if dtype.kind == "f" else rng.integers(-3, 4, n)
-    else:
-        values = rng.uniform(-50, 50, n) if dtype.kind == "f" else rng.integers(-50, 50, n)
-    return values.astype(dtype)
 
 
 def close(got, want, dtype):
@@ -133,12 +125,7 @@ def check_fusion_mixed_arrays():
 
 def check_bad_device_input():
     def expect(error, fragment, call):
-        try:
-            call()
-        except error as err:
-            assert fragment in str(err), f"{fragment!r} not in {err}"
-        else:
-            raise AssertionError(f"rank {rank}: no {error.__name__} for {fragment!r}")
+        expect_raised(error, fragment, call, rank)
         assert float(hpcreduce.allreduce(cupy.ones(3))[0]) == size  # nothing was lost
     x = cupy.ones(6, dtype=cupy.float32)
     expect(hpcreduce.InputMismatchError, "out=", lambda: hpcreduce.allreduce(x, out=np.empty(6, np.float32)))
