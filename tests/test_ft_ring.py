@@ -6,6 +6,8 @@ of a step does not depend on the number of ranks, so the survivors' result diffe
 the reference only by floating-point summation order (checked to 1e-5 relative).
 """
 import json
+import subprocess
+import time
 
 import pytest
 
@@ -103,6 +105,9 @@ def test_a_hung_peer_ends_the_job_with_a_clear_error(tmp_path):
     result, _ = train(tmp_path, "hung", "--kill", "1@5:hang", "--deadline", "3", ranks=3)
     assert result.returncode != 0
     assert "DeadlineExceededError" in result.output and "a peer is hung" in result.output
+    time.sleep(1)  # the launcher's kills of the aborted job's ranks land
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes of the aborted job outlived it: {left}"
 
 
 def test_without_ulfm_a_kill_is_recovered_by_relaunch_from_the_checkpoint(tmp_path, reference):

@@ -5,8 +5,10 @@ ranks started by mpirun/srun, the next free number for ranks that joined later. 
 fires at a phase of its step: ``step`` (its start, before any communication),
 ``recovery`` (inside a recovery that happens at that step, between revoke and
 shrink) or ``checkpoint`` (half way through writing that step's checkpoint); phase
-``hang`` stops the rank (SIGSTOP) at the start of the step instead of killing it: a hung
-peer that MPI never reports, for the deadline watchdog. Before
+``hang`` makes the rank stop at the start of the step instead of dying: a hung peer that MPI
+never reports, for the deadline watchdog. It sleeps until its launcher is gone, then exits:
+Open MPI 5.0.11's mpirun, aborted with ULFM enabled, left hung ranks (stopped or sleeping)
+running after the job, so the injected one cleans up after itself. Before
 dying, the victim appends the time to ``HPCREDUCE_KILL_LOG`` (if set) so that
 benchmarks can measure from the kill itself. Kills fire in a launch's first attempt
 only (``HPCREDUCE_ATTEMPT`` unset or 0): a relaunched job resumes, it is not killed again.
@@ -73,19 +75,28 @@ class KillSchedule:
         return chosen
 
     def strike(self, phase: str, step: int, me: int, alive: Sequence[int]) -> None:
-        """SIGKILL this process if it is a victim now."""
+        """SIGKILL this process (or hang it) if it is a victim now."""
         if me in self.victims(phase, step, alive):
             die(f"{phase} of step {step}")
         if phase == "step" and me in self.victims("hang", step, alive):
-            die(f"hang at step {step}", signal.SIGSTOP)
+            record(f"hang at step {step}")
+            launcher = os.getppid()
+            while os.getppid() == launcher:
+                time.sleep(0.2)
+            os._exit(1)
 
 
-def die(reason: str, how: int = signal.SIGKILL) -> None:
-    """Record the moment, then SIGKILL (or stop) this very process."""
+def record(reason: str) -> None:
+    """Append the moment and ``reason`` to ``HPCREDUCE_KILL_LOG``, if set."""
     log = os.environ.get("HPCREDUCE_KILL_LOG")
     if log:
         with open(log, "a", encoding="utf-8") as handle:
             handle.write(f"{time.time():.6f} {os.getpid()} {reason}\n")
             handle.flush()
             os.fsync(handle.fileno())
-    os.kill(os.getpid(), how)
+
+
+def die(reason: str) -> None:
+    """Record the moment, then SIGKILL this very process."""
+    record(reason)
+    os.kill(os.getpid(), signal.SIGKILL)
