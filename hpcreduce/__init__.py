@@ -21,7 +21,7 @@ _EXPORTS = {
     **{name: "hpcreduce.errors" for name in (
         "HpcreduceError", "InputMismatchError", "UnsupportedInputError",
         "FaultToleranceUnavailableError", "LaunchError", "ConfigurationError",
-        "ProcessFailedError", "DeadlineExceededError")},
+        "DeadlineExceededError")},
 }
 
 __all__ = [*_EXPORTS, "__version__"]

@@ -41,15 +41,6 @@ class LaunchError(HpcreduceError, RuntimeError):
     """The MPI launcher could not be found or the launch request is inconsistent."""
 
 
-class ProcessFailedError(HpcreduceError):
-    """A peer rank died: MPI reported ``ERR_PROC_FAILED`` or the communicator was revoked.
-
-    Triggers shrink-and-rebuild (``hpcreduce.ft.recovery``): survivors revoke the
-    communicator, shrink it, agree on who was lost, are re-ranked in their old order,
-    restore the last committed state and redo the interrupted step.
-    """
-
-
 class DeadlineExceededError(HpcreduceError, TimeoutError):
     """A blocking wait outlived its deadline and MPI reported no failure (a hung peer).
 

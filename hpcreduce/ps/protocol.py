@@ -30,7 +30,6 @@ from typing import Dict, Optional
 import numpy as np
 
 HEADER_LEN = 8
-HEADER_BYTES = HEADER_LEN * 8
 TAG_REQUEST = 7301
 TAG_PAYLOAD = 7302
 TAG_REPLY = 7303
@@ -135,13 +134,6 @@ def reply(header: np.ndarray, shard: int, status: Status, *, version: int = 0, c
     """The reply header to request ``header``."""
     return np.array([header[Req.OP], header[Req.TABLE], shard, status, version, count, detail,
                      slowest], dtype=np.int64)
-
-
-def op_name(code: int) -> str:
-    try:
-        return Op(code).name
-    except ValueError:
-        return f"op {code}"
 
 
 def refusal(status: int, detail: int) -> Optional[str]:

@@ -66,16 +66,6 @@ class Context:
         except MPI.Exception:
             pass  # a revoked communicator may refuse; it is dropped all the same
 
-    def describe(self) -> Dict[str, Any]:
-        """Facts about this launch, as ``hpcreduce info`` reports them."""
-        return {
-            "rank": self.rank,
-            "size": self.size,
-            "launcher": self.launcher,
-            "fault_tolerance": self.ft,
-            "cuda_aware": self.cuda_aware,
-        }
-
     def __repr__(self) -> str:
         return (f"Context(rank={self.rank}, size={self.size}, launcher={self.launcher!r}, "
                 f"ft={self.ft}, cuda_aware={self.cuda_aware})")

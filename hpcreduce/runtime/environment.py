@@ -12,8 +12,6 @@ from typing import Mapping, Optional
 
 from ..errors import ConfigurationError
 
-LAUNCHERS = ("srun", "mpirun", "none")
-
 
 def detect_launcher(env: Optional[Mapping[str, str]] = None) -> str:
     """Return ``"srun"``, ``"mpirun"`` or ``"none"`` for the current process.

@@ -9,9 +9,6 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
-SPLITS = ("train", "test")
-
-
 class Dataset:
     """Examples in a ``"train"`` split and a held-out ``"test"`` split."""
 
