@@ -47,7 +47,9 @@ def mpirun(ranks: int, script: str, *args: str, ft: bool = False, timeout: float
            env: Optional[Dict[str, str]] = None) -> JobResult:
     """Run ``tests/mpi/<script>`` (or any path) on ``ranks`` ranks under real mpirun."""
     path = Path(script) if os.path.isabs(script) else MPI_SCRIPTS / script
-    plan = build_mpirun(ranks, [sys.executable, str(path), *args], ft=ft)
+    # ``-m mpi4py``: an uncaught exception on one rank aborts the job (MPI_Abort) instead of
+    # leaving that rank in MPI_Finalize and its peers waiting until the timeout.
+    plan = build_mpirun(ranks, [sys.executable, "-m", "mpi4py", str(path), *args], ft=ft)
     return run_job(plan.argv, timeout=timeout, env={**plan.env, **(env or {})})
 
 

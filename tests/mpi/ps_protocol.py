@@ -90,6 +90,7 @@ def protocol_session():
     assert np.array_equal(big, INITIAL["big"]) and np.array_equal(bias, INITIAL["bias"])
     assert np.array_equal(rows, INITIAL["emb"][ids])
     assert len(worker.layout.placement.pieces[0]) == 2, "big is split over both servers"
+    workers_comm.Barrier()  # ASP never waits: no push may land before both workers have read
 
     # Pushes from both workers, then reads: p - lr * (g0 + g1), exactly.
     g = np.full(40_000, w + 1, np.float32)
