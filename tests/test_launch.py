@@ -1,5 +1,8 @@
 """The mpirun command hpcreduce builds, and the CLI started as a user starts it."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -115,3 +118,19 @@ def test_bench_allreduce_writes_every_row(tmp_path):
     assert all(r["median_s"] > 0 and r["busbw_GBps"] > 0 for r in data["rows"])
     assert data["fusion"]["speedup"] > 0
     assert "256 KiB" in result.output and "fusion: 10 x 10000 float32" in result.output
+
+
+def test_launch_runs_the_ranks_in_hpcreduces_own_environment(tmp_path):
+    # A PATH whose first ``python`` lacks mpi4py, as on a fresh machine with the venv not activated.
+    shim = tmp_path / "python"
+    shim.write_text(f"#!/bin/sh\nexec {sys._base_executable} -S \"$@\"\n")  # -S: no site-packages
+    shim.chmod(0o755)
+    lacking = subprocess.run([str(shim), "-c", "import mpi4py"], capture_output=True, text=True)
+    assert lacking.returncode != 0 and "mpi4py" in lacking.stderr, "the shim must lack mpi4py"
+    path = os.pathsep.join([str(tmp_path), *(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                             if p != os.path.dirname(sys.executable))])
+    which = "import mpi4py, sys; print('rank python', sys.executable)"
+    result = hpcreduce_cli("launch", "-n", "2", "--", "python", "-c", which, timeout=60, env={"PATH": path})
+    assert result.returncode == 0, result
+    assert result.output.count(f"rank python {sys.executable}") == 2, result
+    assert f"PATH={os.path.dirname(sys.executable)}:" in result.output and " -x PATH " in result.output, result

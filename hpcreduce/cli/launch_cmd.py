@@ -1,16 +1,22 @@
-"""``hpcreduce launch -n N [--ft] [--hostfile F] -- CMD ...``: print and run the mpirun line."""
+"""``hpcreduce launch -n N [--ft] [--hostfile F] -- CMD ...``: print and run the mpirun line.
+
+The ranks run in the environment hpcreduce itself runs in, as if it were activated: the
+folder of this Python (a virtual environment's bin, say) comes first on their PATH, on
+every node (mpirun -x PATH), so ``-- python train.py`` starts this Python, with the
+packages hpcreduce was installed with, even where a bare ``python`` is another one.
+"""
 from __future__ import annotations
 
 import argparse
 import sys
 
 from ..errors import LaunchError
-from ..runtime.launch import build_mpirun, run_plan
+from ..runtime.launch import build_mpirun, run_plan, this_environment
 
 
 def register(subcommands) -> None:
     parser = subcommands.add_parser("launch", help="start a command on N ranks with mpirun",
-                                    description=__doc__)
+                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", "--ranks", type=int, required=True, help="number of ranks")
     parser.add_argument("--ft", action="store_true", help="enable ULFM fault tolerance")
     parser.add_argument("--hostfile", help="Open MPI hostfile")
@@ -25,7 +31,7 @@ def register(subcommands) -> None:
 def run(args: argparse.Namespace, _argv) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     try:
-        plan = build_mpirun(args.ranks, command, ft=args.ft, hostfile=args.hostfile)
+        plan = build_mpirun(args.ranks, command, ft=args.ft, hostfile=args.hostfile, path_first=this_environment())
     except LaunchError as err:
         print(f"hpcreduce launch: {err}", file=sys.stderr)
         return 2

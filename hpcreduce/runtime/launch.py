@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from ..errors import LaunchError
 from .environment import usable_cores
@@ -26,14 +26,25 @@ FT_ARGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_enable", "true", "--mca", "btl"
 
 @dataclass
 class LaunchPlan:
-    """An ``mpirun`` command and the environment variables it adds."""
+    """An ``mpirun`` command, the environment variables it adds, and the folder it puts
+    first on the ranks' PATH (``path_first``), if any."""
 
     argv: List[str]
     env: Dict[str, str] = field(default_factory=dict)
+    path_first: Optional[str] = None
+
+    def environment(self, base: Mapping[str, str]) -> Dict[str, str]:
+        """The launcher's environment: ``base`` with the plan's variables and PATH."""
+        added = dict(self.env)
+        if self.path_first:
+            added["PATH"] = os.pathsep.join(filter(None, (self.path_first, base.get("PATH", ""))))
+        return {**base, **added}
 
     def shell(self) -> str:
         """The command as a user would type it."""
         assignments = [f"{key}={shlex.quote(value)}" for key, value in sorted(self.env.items())]
+        if self.path_first:
+            assignments.insert(0, f'PATH={shlex.quote(self.path_first)}:"$PATH"')
         return " ".join(assignments + [shlex.quote(arg) for arg in self.argv])
 
 
@@ -72,14 +83,16 @@ def hostfile_slots(path: str) -> Optional[int]:
 def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,
                  hostfile: Optional[str] = None, mpirun: Optional[str] = None,
                  cores: Optional[int] = None, is_root: Optional[bool] = None,
-                 extra_args: Sequence[str] = ()) -> LaunchPlan:
+                 extra_args: Sequence[str] = (), path_first: Optional[str] = None) -> LaunchPlan:
     """The ``mpirun`` plan that starts ``command`` on ``nprocs`` ranks.
 
     ``--ft`` adds ULFM and the tcp transport (shared memory never reports a dead rank),
     and skips the fence at the start of MPI_Finalize (see ``FT_ARGS``).
     ``--allow-run-as-root`` only as root. More ranks than cores (or hostfile slots) adds
     ``--oversubscribe`` and ``OMPI_MCA_mpi_yield_when_idle=1`` so that waiting ranks
-    give their core to working ones instead of busy-polling.
+    give their core to working ones instead of busy-polling. ``path_first``: a folder
+    put first on the ranks' PATH (``-x PATH`` carries it to every node), as activating
+    a virtual environment does (``this_environment``).
     """
     if nprocs < 1:
         raise LaunchError(f"-n must be at least 1, got {nprocs}")
@@ -99,9 +112,11 @@ def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,
         env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     if ft:
         argv += FT_ARGS
+    if path_first:
+        argv += ["-x", "PATH"]
     argv += list(extra_args)
     argv += list(command)
-    return LaunchPlan(argv, env)
+    return LaunchPlan(argv, env, path_first)
 
 
 def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0) -> int:
@@ -124,7 +139,7 @@ def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0) -> int:
 
 
 def _run_once(plan: LaunchPlan, attempt: int) -> int:
-    child = subprocess.Popen(plan.argv, env={**os.environ, **plan.env, "HPCREDUCE_ATTEMPT": str(attempt)})
+    child = subprocess.Popen(plan.argv, env={**plan.environment(os.environ), "HPCREDUCE_ATTEMPT": str(attempt)})
 
     def forward(signum, _frame):
         child.send_signal(signum)
@@ -135,6 +150,12 @@ def _run_once(plan: LaunchPlan, attempt: int) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def this_environment() -> str:
+    """The bin folder of the Python hpcreduce runs in (a virtual environment's, say): put
+    first on the ranks' PATH, a bare ``python`` there is this one, with this one's packages."""
+    return os.path.dirname(sys.executable)
 
 
 def self_command(argv: Sequence[str]) -> List[str]:
