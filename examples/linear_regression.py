@@ -51,6 +51,6 @@ if __name__ == "__main__":
     dataset, true_w = make_dataset()
     config = TrainConfig(model="linear-regression", steps=150, batch=256, lr=0.1, optimizer="momentum")
     result = train(LinearRegression(), dataset, config)  # on every rank; rank 0 prints
-    error = float(np.abs(result["params"]["w"] - true_w).max())
+    error = float(np.abs(result.params["w"] - true_w).max())
     if hpcreduce.init().rank == 0:
         print(f"noise floor of the loss {NOISE ** 2 / 2:.4f}; largest weight error {error:.4f}")

@@ -1,9 +1,62 @@
-"""Exceptions raised by hpcreduce; each docstring says what recovery, if any, it triggers."""
+"""Every exception hpcreduce raises on purpose; each docstring says what recovery, if any, it triggers.
+
+Settings are checked by the layer that reads them and reported by field name
+(``SettingProblem``: ``fetch_every``, ``servers``); the command line shows the same
+problems with its flag names (``--fetch-every``, ``--servers``).
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Union
+
+
+class _FieldNames(dict):
+    """A field placeholder with no name given renders as the field's own name."""
+
+    def __missing__(self, key: str) -> str:
+        return key
+
+
+@dataclass(frozen=True)
+class SettingProblem:
+    """What is wrong with some settings, worded by their field names.
+
+    ``template`` writes each setting it is about as a ``{field}`` placeholder and each
+    value it quotes as a placeholder filled from ``values``. ``render(names)`` writes a
+    field as ``names[field]`` (the CLI passes its flags), else as the field name.
+    """
+
+    template: str
+    values: Mapping[str, object] = field(default_factory=dict)
+
+    def render(self, names: Mapping[str, str] = {}) -> str:  # noqa: B006 (read only)
+        return self.template.format_map(_FieldNames({**names, **self.values}))
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+def setting_problem(template: str, **values: object) -> SettingProblem:
+    """``SettingProblem(template, values)``: fields as ``{field}``, quoted values by keyword."""
+    return SettingProblem(template, values)
+
+
+Problem = Union[str, SettingProblem]
 
 
 class HpcreduceError(Exception):
-    """Base class of every error hpcreduce raises on purpose."""
+    """Base class of every error hpcreduce raises on purpose.
+
+    The message is made of ``parts``: text, and problems that name settings by field
+    (``SettingProblem``); ``render(names)`` words those fields with other names.
+    """
+
+    def __init__(self, *parts: Problem):
+        self.parts = parts
+        super().__init__(self.render())
+
+    def render(self, names: Mapping[str, str] = {}) -> str:  # noqa: B006 (read only)
+        return "".join(p.render(names) if isinstance(p, SettingProblem) else str(p) for p in self.parts)
 
 
 class InputMismatchError(HpcreduceError, ValueError):
@@ -31,10 +84,17 @@ class FaultToleranceUnavailableError(HpcreduceError, RuntimeError):
 
 
 class ConfigurationError(HpcreduceError, ValueError):
-    """An environment variable or setting hpcreduce reads has a value it cannot use.
+    """Settings (or an environment variable) hpcreduce reads have values it cannot use.
 
-    Raised on every rank that reads it, before any communication; fix the setting.
+    Raised on every rank that reads them, before any communication; fix the settings.
+    ``problems`` lists each one; ``render(names)`` words them with other names for the
+    fields (the CLI's flags).
     """
+
+    def __init__(self, problems: Union[Problem, Iterable[Problem]]):
+        self.problems = [problems] if isinstance(problems, (str, SettingProblem)) else list(problems)
+        separated = [part for problem in self.problems for part in ("; ", problem)][1:]
+        super().__init__(*separated)
 
 
 class LaunchError(HpcreduceError, RuntimeError):
@@ -49,3 +109,49 @@ class DeadlineExceededError(HpcreduceError, TimeoutError):
     ends with a clear error instead of hanging. ``hpcreduce launch --restarts`` can
     then resume it from the latest checkpoint.
     """
+
+
+class GpuUnavailableError(HpcreduceError, RuntimeError):
+    """GPU work was asked for, but cupy or a visible GPU is missing on some rank.
+
+    Raised before any data moves; nothing to recover. Install cupy (``hpcreduce[gpu]``)
+    and run where the ranks see a GPU, or leave the GPU option out.
+    """
+
+
+class PSConfigError(ConfigurationError):
+    """The parameter-server settings cannot run on this job (servers vs ranks, consistency).
+
+    Raised on every rank before any message is sent (every rank checks the same
+    settings); nothing started.
+    """
+
+
+class PSInputError(HpcreduceError, ValueError):
+    """A worker call with bad arguments: unknown table, wrong shape or dtype, ids out of
+    range or repeated. Raised by the worker before anything is sent; no state changed."""
+
+
+class PSRefusedError(HpcreduceError, RuntimeError):
+    """A server refused a request (e.g. a gradient with NaN or Inf, a stale placement).
+
+    The server counted the refusal, left its parameters unchanged and keeps serving;
+    the worker may carry on with other requests.
+    """
+
+
+class PSTrainingError(HpcreduceError, RuntimeError):
+    """Parameter-server training failed on some rank (a refused push, a model error, a
+    server that could not set up, a recovery with nothing left to recover from).
+
+    Raised on every rank once the servers have stopped cleanly, with the failing rank and
+    its reason; the job exits instead of hanging.
+    """
+
+
+class PlottingUnavailableError(HpcreduceError, ImportError):
+    """matplotlib is not installed: ``pip install 'hpcreduce[plot]'``. Nothing was drawn."""
+
+
+class UnknownResultError(HpcreduceError, ValueError):
+    """The file is not a result ``hpcreduce report`` knows how to draw. Nothing was drawn."""

@@ -14,13 +14,9 @@ from typing import Any, Dict, List, Mapping
 
 import numpy as np
 
-from .errors import HpcreduceError
+from .errors import PlottingUnavailableError
 
 COLORS = {"ring": "tab:blue", "ps": "tab:orange"}
-
-
-class PlottingUnavailableError(HpcreduceError, ImportError):
-    """matplotlib is not installed: ``pip install 'hpcreduce[plot]'``."""
 
 
 def pyplot():

@@ -139,7 +139,7 @@ def broadcast_tensor(context, tensor: torch.Tensor, root: int) -> None:
 
 
 class TorchPSWorker:
-    """A torch module's parameters through a parameter-server worker (``hpcreduce.ps.PSWorker``):
+    """A torch module's parameters through a parameter-server worker (``hpcreduce.ps.Worker``):
     ``pull`` reads them from the servers into the module, ``push`` sends its gradients."""
 
     def __init__(self, module: torch.nn.Module, worker):
@@ -163,7 +163,7 @@ class TorchPSWorker:
         """Every parameter's gradient times ``scale`` (default 1/workers, so that under BSP
         the servers' sum is the workers' mean gradient) to the servers; returns their
         ``PushResult``s. A missing gradient is pushed as zeros."""
-        scale = 1.0 / self.worker.layout.workers if scale is None else scale
+        scale = 1.0 / self.worker.layout.worker_count if scale is None else scale
         handles = []
         for name, param in self.params:
             grad = param.grad if param.grad is not None else torch.zeros_like(param)
@@ -184,8 +184,7 @@ def start_parameter_server(module: torch.nn.Module, *, servers: int = 1, consist
     (call ``serve()``) holding shards initialised from their own copy of the module (build
     it identically everywhere, or ``broadcast_parameters`` first); the others get a
     ``TorchPSWorker``. Only dense float parameters (PS tables)."""
-    from .ps import Consistency, Server, start
-    from .train.model import ParamSpec
+    from .ps import Consistency, ParamSpec, Server, start
     context = resolve(comm)
     params = named(module)
     for name, param in params:
@@ -193,6 +192,7 @@ def start_parameter_server(module: torch.nn.Module, *, servers: int = 1, consist
             raise UnsupportedInputError(f"start_parameter_server: {name} has dtype {param.dtype}; "
                                         "parameter-server tables are float16, float32 or float64")
     specs = [ParamSpec(name, tuple(param.shape), DTYPES[param.dtype]) for name, param in params]
-    role = start(context, specs, lambda: {name: param.detach().cpu().numpy() for name, param in params},
-                 servers=servers, consistency=Consistency(consistency, staleness), optimizer=optimizer, lr=lr)
+    role = start(specs, lambda: {name: param.detach().cpu().numpy() for name, param in params},
+                 servers=servers, consistency=Consistency(consistency, staleness), optimizer=optimizer, lr=lr,
+                 comm=context)
     return role if isinstance(role, Server) else TorchPSWorker(module, role)

@@ -3,14 +3,15 @@ the BSP settle of a shard."""
 import numpy as np
 import pytest
 
-from hpcreduce.ft import ps_checkpoint
-from hpcreduce.ft.ps_fragments import assemble, cut
-from hpcreduce.ft.ps_plan import Committed, Report, make_plan
-from hpcreduce.ps import Consistency, Layout, ShardState
+from hpcreduce.ps import Consistency, ParamSpec
 from hpcreduce.ps.engine import ShardEngine
-from hpcreduce.ps.job import table_optimizers
+from hpcreduce.ps.fragments import assemble, cut
+from hpcreduce.ps.layout import Layout
 from hpcreduce.ps.protocol import Status
-from hpcreduce.train.model import ParamSpec
+from hpcreduce.ps.recovery_plan import Committed, Report, make_plan
+from hpcreduce.ps.start import table_optimizers
+from hpcreduce.ps.state import ShardState
+from hpcreduce.train.ps import checkpoint as ps_checkpoint
 
 SPECS = [ParamSpec("big", (50_000,)), ParamSpec("small", (7, 3)), ParamSpec("emb", (3000, 2), sparse=True),
          ParamSpec("half", (40_000,), "float16")]
@@ -25,8 +26,8 @@ def shards(keys, slots=3, seed=0):
     states = [ShardState.create(layout, k, initial, optimizers) for k in keys]
     for state in states:
         for table in state.tables.values():
-            for slot in table.slots.values():
-                slot[...] = rng.standard_normal(slot.shape)
+            for array in table.optimizer_state.values():
+                array[...] = rng.standard_normal(array.shape)
             table.last_push[:] = rng.integers(0, 9, slots)
             table.version = int(rng.integers(1, 20))
     return layout, optimizers, initial, states
@@ -40,7 +41,7 @@ def whole(states, layout):
             full = np.full(spec.shape, np.nan, dtype=np.float64)
             for state in (s for s in states if t in s.tables):
                 table = state.tables[t]
-                data = table.values if name == "values" else table.slots[name]
+                data = table.values if name == "values" else table.optimizer_state[name]
                 if spec.sparse:
                     full[table.ids] = data
                 else:
@@ -60,7 +61,7 @@ def test_fragments_move_every_element_and_its_optimizer_state_to_the_new_placeme
     rebuilt = []
     for key in after:
         tables = assemble(key, SPECS, target, [f for p in pieces for f in p.get(key, [])], optimizers, 3)
-        state = ShardState(key, 3, tables, *(np.zeros(3, np.int64) for _ in range(4)))
+        state = ShardState.empty(key, tables, 3)
         rebuilt.append(state)
         for t, table in tables.items():
             old = np.array([s.tables[t].last_push for s in states if t in s.tables])
@@ -123,15 +124,16 @@ def test_a_dead_servers_shard_is_adopted_from_its_backup_and_bsp_restarts_where_
 
 def test_neighbours_dying_together_need_the_checkpoint_and_a_lone_dead_server_is_replaced_by_a_worker():
     no_checkpoint = make_plan(reports([0], [(0, 3)], {0: (2, 3)}), committed(), bsp=True, now=0.0)
-    assert no_checkpoint.restored == [1] and "no complete checkpoint" in no_checkpoint.fatal
+    assert no_checkpoint.restored == [1] and "no complete checkpoint" in str(no_checkpoint.fatal)
+    assert "give --checkpoint-dir" in no_checkpoint.fatal.render({"checkpoint_dir": "--checkpoint-dir"})
     rollback = make_plan(reports([0], [(0, 3)], {0: (2, 3)}, checkpoint=2), committed(), bsp=True, now=0.0)
     assert rollback.rollback and rollback.restart == 2 and rollback.fatal is None
     alone = make_plan([Report(1, slot=0, clock=7), Report(2, slot=1, clock=7)], committed((0,), 2),
                       bsp=False, now=0.0)
-    assert alone.promoted == 0 and alone.own_keys == {0: 1} and alone.workers == [(1, 1)]
+    assert alone.promoted == 0 and alone.own_keys == {0: 1} and alone.live_workers == [(1, 1)]
     assert alone.restored == [0] and alone.holders[0] == 0 and alone.next_key == 2
     nobody = make_plan([Report(0, 0, {0: 1})], committed((0,), 1), bsp=False, now=0.0)
-    assert "every worker is gone" in nobody.fatal
+    assert "every worker is gone" in str(nobody.fatal)
 
 
 def test_bsp_settle_applies_complete_steps_and_drops_the_rest_for_recomputation():

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hpcreduce.collectives.arrays import cupy_available
+from hpcreduce.arrays import cupy_available
 from mpi_run import hpcreduce_cli, mpirun
 
 pytestmark = pytest.mark.skipif(not cupy_available(),

@@ -4,7 +4,7 @@ memory, under real mpirun), the device-selection helper, and a clear refusal of
 ``bench --device gpu`` where there is no GPU."""
 import pytest
 
-from hpcreduce.collectives.arrays import cupy_available
+from hpcreduce.arrays import cupy_available
 from hpcreduce.runtime.devices import LOCAL_RANK_VARIABLES, node_local_rank
 from mpi_run import hpcreduce_cli, mpirun
 

@@ -3,7 +3,6 @@
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from mpi_run import hpcreduce_cli
 
+from hpcreduce.runtime.jobs import stop_job
 from hpcreduce.train import timeline
 
 RANKS, STEPS = 2, 6
@@ -131,7 +131,7 @@ def run_in_terminal(argv, timeout: float) -> str:
             elif child.poll() is not None:
                 break
         else:
-            os.killpg(child.pid, signal.SIGKILL)
+            stop_job(child, grace=0)
             raise AssertionError(f"timed out after {timeout} s: {argv}\n{output.decode(errors='replace')}")
         assert child.wait(timeout=30) == 0, output.decode(errors="replace")
     finally:

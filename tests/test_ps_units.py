@@ -4,12 +4,14 @@ import pickle
 import numpy as np
 import pytest
 
-from hpcreduce.ps import Consistency, Layout, PSConfigError, ShardState, place
+from hpcreduce.ps import Consistency, ParamSpec, PSConfigError
 from hpcreduce.ps.inbox import all_finite
-from hpcreduce.ps.job import table_optimizers
-from hpcreduce.ps.placement import SPLIT_BYTES, numel
+from hpcreduce.ps.layout import Layout
+from hpcreduce.ps.placement import SPLIT_BYTES, place
+from hpcreduce.ps.start import table_optimizers
+from hpcreduce.ps.state import ShardState
+from hpcreduce.ps.tables import numel
 from hpcreduce.ps.updates import local_rows, sum_rows
-from hpcreduce.train.model import ParamSpec
 
 
 def random_specs(rng, count):
@@ -96,12 +98,13 @@ def test_layout_roles_and_bad_server_counts():
     specs = [ParamSpec("w", (4,))]
     layout = Layout.initial(specs, size=5, servers=2)
     assert [layout.is_server(r) for r in range(5)] == [True, True, False, False, False]
-    assert [layout.worker_of(r) for r in range(5)] == [-1, -1, 0, 1, 2]
+    assert [layout.slot_of(r) for r in range(5)] == [-1, -1, 0, 1, 2]
     moved = layout.rebuilt({0: 0, 1: 3}, [1, 2, 4])
-    assert moved.shard_ranks == {0: 0, 1: 3} and moved.worker_of(4) == 2
+    assert moved.shard_ranks == {0: 0, 1: 3} and moved.slot_of(4) == 2
     for servers in (0, -1, 5, 6):
-        with pytest.raises(PSConfigError, match="--servers K needs 1 <= K < ranks"):
+        with pytest.raises(PSConfigError, match="servers K needs 1 <= K < ranks") as refused:
             Layout.initial(specs, size=5, servers=servers)
+        assert refused.value.render({"servers": "--servers"}).startswith("--servers K needs 1 <= K < ranks")
 
 
 def test_consistency_settings():
@@ -132,7 +135,7 @@ def test_shard_state_holds_its_share_and_survives_pickling():
     for state in states:
         table = state.tables[0]
         assert np.array_equal(table.values, initial["emb"][table.ids])
-        assert set(table.slots) == {"m", "v"}
+        assert set(table.optimizer_state) == {"m", "v"}
         big = state.tables[1]
         assert np.array_equal(big.values, initial["big"][big.start:big.start + big.values.size])
     copy = pickle.loads(pickle.dumps(states[0].snapshot()))

@@ -11,6 +11,7 @@ import pytest
 from mpi_run import hpcreduce_cli
 
 from hpcreduce.benchmarks import cost_model, scaling
+from hpcreduce.cli import bench_flags
 from hpcreduce.runtime.environment import usable_cores
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -50,7 +51,8 @@ def test_outputs_exist_and_efficiency_is_throughput_over_n_times_one_rank(bench)
     for name in ("scaling.png", "allreduce_busbw.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 10_000, name
-    assert json.loads((out / "allreduce.json").read_text())["ranks"] == 2  # 3 ranks would oversubscribe 2 cores
+    fit_ranks = 3 if 3 <= usable_cores() else 2  # the most ranks that do not oversubscribe the cores, >= 2
+    assert json.loads((out / "allreduce.json").read_text())["ranks"] == fit_ranks
     assert "efficiency" in job.output and "forecast (cost model)" in job.output, job
 
 
@@ -82,7 +84,8 @@ def test_alpha_beta_fit_recovers_the_link():
     assert math.isclose(link.alpha_s, alpha, rel_tol=1e-6) and math.isclose(link.beta_s_per_byte, beta, rel_tol=1e-6)
     assert link.rms_relative_error < 1e-9
     flat = cost_model.fit_link([1000, 2000], [1e-3, 1e-3], 2)  # no size dependence: beta 0, not negative
-    assert flat.beta_s_per_byte == 0 and flat.alpha_s > 0
+    # Least squares leaves rounding noise (2.5e-22 s/B seen); 1e-15 s/B is a millionth of any real link's.
+    assert 0 <= flat.beta_s_per_byte < 1e-15 and math.isclose(flat.alpha_s, 1e-3 / 2, rel_tol=1e-9)
     with pytest.raises(ValueError, match="at least 2 ranks"):
         cost_model.fit_link(sizes, times, 1)
 
@@ -117,10 +120,10 @@ def test_rank_counts_oversubscription_and_refusal_inside_a_job(monkeypatch):
     assert scaling.rank_counts(args) == [1, 2, 4, 6]
     launcher = scaling.Launcher(args)
     assert launcher.oversubscribed(usable_cores() + 1) and not launcher.oversubscribed(1)
-    assert scaling.option_problems(args) == []
-    assert any("one at least 2" in p for p in scaling.option_problems(argparse.Namespace(**{**vars(args), "counts": [1]})))
+    assert bench_flags.scaling_problems(args) == []
+    assert any("one at least 2" in p for p in bench_flags.scaling_problems(argparse.Namespace(**{**vars(args), "counts": [1]})))
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
-    assert any("outside mpirun and srun" in p for p in scaling.option_problems(args))
+    assert any("outside mpirun and srun" in p for p in bench_flags.scaling_problems(args))
 
 
 def test_a_run_past_its_timeout_is_stopped_and_named(tmp_path):

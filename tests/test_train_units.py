@@ -4,14 +4,16 @@ import json
 import numpy as np
 import pytest
 
-from hpcreduce.train import TrainConfig
+from hpcreduce.ps.optimizers import make_optimizer
+from hpcreduce.ps.stats import histogram, staleness_summary
+from hpcreduce.runtime.files import write_json
+from hpcreduce.train import FinalMetrics, TrainConfig, TrainResult
 from hpcreduce.train.model import SparseRows
 from hpcreduce.train.models import LogisticRegression
-from hpcreduce.train.optimizers import make_optimizer
 from hpcreduce.train.params import batch_view, dense_grads
 from hpcreduce.train.partition import epoch_order, global_batch, share_bounds, worker_batch, worker_share
-from hpcreduce.train.results import checksum, histogram, staleness_summary, write_json
-from hpcreduce.train.state import TrainState
+from hpcreduce.train.results import checksum
+from hpcreduce.train.ring.state import TrainState
 
 
 @pytest.mark.parametrize("num_examples,batch", [(1000, 64), (100, 30), (10, 25), (7, 7)])
@@ -74,9 +76,9 @@ def test_state_copy_is_deep_and_arrays_are_ordered():
                                                     "weights/m", "weights/v"]
     saved = state.copy()
     state.params["bias"] += 1
-    state.slots["weights"]["m"] += 1
+    state.optimizer_state["weights"]["m"] += 1
     state.step = 4
-    assert saved.params["bias"][0] == 0 and saved.slots["weights"]["m"].sum() == 0 and saved.step == 0
+    assert saved.params["bias"][0] == 0 and saved.optimizer_state["weights"]["m"].sum() == 0 and saved.step == 0
 
 
 def test_checksum_depends_on_values_not_layout():
@@ -101,13 +103,27 @@ def test_histograms_and_staleness_summary():
     assert staleness_summary([1, 3], [0, 2])["read_max"] == 3
 
 
-def test_write_json_leaves_the_parameters_out(tmp_path):
+def test_the_written_result_leaves_the_parameters_out(tmp_path):
     path = tmp_path / "deep" / "result.json"
-    write_json(str(path), {"final": {"loss": 0.5}, "params": {"w": np.zeros(3)}})
-    assert json.loads(path.read_text()) == {"final": {"loss": 0.5}}
+    result = TrainResult(config=TrainConfig(steps=2, batch=8), model="m", ranks=3, worker_count=2, dataset={},
+                         steps=[{"step": 1}, {"step": 2}], traffic={}, staleness={}, wall_s=1.5, train_s=0.5,
+                         final=FinalMetrics(0.5, 0.75, 1.25), params={"w": np.zeros(3)}, ps={})
+    write_json(str(path), result.to_json())
+    written = json.loads(path.read_text())
+    assert "params" not in written and "recovery" not in written and written["ps"] == {}
+    assert written["final"] == {"loss": 0.5, "accuracy": 0.75, "checksum": 1.25}
+    assert (written["mode"], written["servers"], written["samples_per_s"]) == ("ring", 1, 32.0)
+    assert written["config"]["steps"] == 2 and written["config"]["fault"]["kills"] == []
 
 
-def test_config_problems_name_the_flags():
+def test_config_problems_name_the_fields_and_the_cli_words_them_as_flags():
     assert TrainConfig().problems(4) == []
-    problems = " | ".join(TrainConfig(optimizer="rmsprop", seed=-1, lr=0).problems(4))
-    assert "--optimizer must be one of" in problems and "--seed" in problems and "--lr" in problems
+    problems = TrainConfig(optimizer="rmsprop", seed=-1, lr=0, fetch_every=2).problems(4)
+    fields = " | ".join(map(str, problems))
+    assert "optimizer must be one of" in fields and "seed" in fields and "lr must be" in fields
+    assert "fetch_every and push_every belong to mode ps" in fields
+    flags = {"optimizer": "--optimizer", "seed": "--seed", "lr": "--lr", "fetch_every": "--fetch-every",
+             "push_every": "--push-every", "mode": "--mode"}
+    worded = " | ".join(p.render(flags) for p in problems)
+    assert "--optimizer must be one of" in worded and "--seed" in worded and "--lr" in worded
+    assert "--fetch-every and --push-every belong to --mode ps" in worded

@@ -31,17 +31,6 @@ DEFAULT_SIZES = {"cpu": "4K,16K,64K,256K,1M,4M,16M,64M", "gpu": "4K,64K,1M,16M,6
 CANDIDATES = ("native", "ring", "rdoubling", "auto", "auto_nocheck")
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("--device", choices=tuple(DEFAULT_SIZES), default="cpu",
-                        help="cpu: numpy arrays; gpu: cupy arrays, one GPU per rank by its rank "
-                             "on the node (ranks may share one), NCCL as the peer (default cpu)")
-    parser.add_argument("--sizes", type=sizes_argument, default=None,
-                        help="message sizes in bytes, comma-separated (K, M suffixes; default "
-                             + "; ".join(f"{device}: {sizes}" for device, sizes in DEFAULT_SIZES.items()) + ")")
-    parser.add_argument("--fusion-arrays", type=int, default=100, help="arrays in the fusion case")
-    parser.add_argument("--fusion-elements", type=int, default=10_000, help="float32 elements per array")
-
-
 def run(context: Context, args) -> Dict[str, object]:
     sizes = args.sizes or sizes_argument(DEFAULT_SIZES[args.device])
     if args.device == "gpu":

@@ -26,7 +26,9 @@ from mpi4py import MPI
 
 from ..collectives import allreduce, allreduce_many
 from ..runtime.context import Context
-from ..runtime.devices import GpuUnavailableError, select_device, visible_gpus
+from ..arrays import visible_gpus
+from ..errors import GpuUnavailableError, setting_problem
+from ..runtime.devices import select_device
 from .allreduce import NAME, fusion, size_rows
 from .timing import interleaved_medians, iterations_for, launch_facts
 
@@ -89,9 +91,9 @@ def require_gpus(comm: MPI.Intracomm) -> None:
     missing = [(rank, p) for rank, p in enumerate(comm.allgather(problem)) if p is not None]
     if missing:
         rank, problem = missing[0]
-        raise GpuUnavailableError(f"--device gpu needs cupy and a GPU on every rank; "
-                                  f"{len(missing)} rank(s) have none (rank {rank}: {problem}); "
-                                  f"see docs/gpu.md")
+        raise GpuUnavailableError(setting_problem(
+            "{device} gpu needs cupy and a GPU on every rank; {count} rank(s) have none (rank {rank}: "
+            "{problem}); see docs/gpu.md", count=len(missing), rank=rank, problem=problem))
 
 
 def synced(call: Callable[[], object], stream) -> Callable[[], None]:

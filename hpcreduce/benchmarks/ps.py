@@ -27,28 +27,16 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from ..ps import Consistency, Server, start
+from ..ps import Consistency, ParamSpec, Server, start
 from ..ps.inbox import all_finite
+from ..ps.optimizers import make_optimizer
 from ..runtime.context import Context
-from ..train.model import ParamSpec
-from ..train.optimizers import make_optimizer
-from .timing import format_size, launch_facts, sizes_argument
+from .timing import format_size, launch_facts
 
 NAME = "ps"
 HELP = "parameter-server pull/push bandwidth and rows/s against raw Send/Recv, by servers K"
 DEFAULT_SIZES = "64K,1M,4M,16M"
 TAG_RAW = 7401
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("--servers", type=int, default=None,
-                        help="number of server ranks K (default: every K from 1 to N-1)")
-    parser.add_argument("--sizes", type=sizes_argument, default=sizes_argument(DEFAULT_SIZES),
-                        help=f"dense table sizes in bytes (default {DEFAULT_SIZES})")
-    parser.add_argument("--rows", type=int, default=4096, help="rows per pull_rows/push_rows")
-    parser.add_argument("--width", type=int, default=16, help="float32 elements per sparse row")
-    parser.add_argument("--table-rows", type=int, default=1 << 18, help="rows of the sparse table")
-    parser.add_argument("--rounds", type=int, default=5, help="PS and raw blocks per case")
 
 
 def run(context: Context, args) -> Dict[str, object]:
@@ -64,8 +52,8 @@ def measure(context: Context, servers: int, args) -> List[Dict[str, object]]:
     """Every case for one K; collective over all ranks (a bad K raises PSConfigError on each)."""
     specs = [ParamSpec(f"dense{n}", (max(1, n // 4),)) for n in args.sizes]
     specs.append(ParamSpec("sparse", (args.table_rows, args.width), sparse=True))
-    role = start(context, specs, lambda: {s.name: np.zeros(s.shape, s.dtype) for s in specs},
-                 servers=servers, consistency=Consistency("asp"), optimizer="sgd", lr=1e-6)
+    role = start(specs, lambda: {s.name: np.zeros(s.shape, s.dtype) for s in specs},
+                 servers=servers, consistency=Consistency("asp"), optimizer="sgd", lr=1e-6, comm=context)
     bench = Bench(context.comm, role, args)
     rows = []
     for spec in specs[:-1]:
@@ -79,9 +67,9 @@ def measure(context: Context, servers: int, args) -> List[Dict[str, object]]:
             pull.wait()
         seconds = bench.compare(dense_ps, lambda _w, p=pieces: {r: (n, n) for r, n in p.items()},
                                 reps=reps_for(table.nbytes), kinds=("ps", "raw", "raw_update"))
-        rows.append({"servers": servers, "workers": bench.workers, "case": "dense push+pull",
+        rows.append({"servers": servers, "workers": bench.worker_count, "case": "dense push+pull",
                      "bytes": table.nbytes, **seconds,
-                     **{f"{kind}_GBps": 2 * table.nbytes * bench.workers / seconds[f"{kind}_s"] / 1e9
+                     **{f"{kind}_GBps": 2 * table.nbytes * bench.worker_count / seconds[f"{kind}_s"] / 1e9
                         for kind in ("ps", "raw", "raw_update")}})
     rows += bench.sparse_cases(servers)
     bench.worker_comm.Free()
@@ -104,7 +92,7 @@ class Bench:
     def __init__(self, comm: MPI.Intracomm, role, args):
         self.comm, self.role, self.args = comm, role, args
         self.is_server = isinstance(role, Server)
-        self.workers = role.layout.workers
+        self.worker_count = role.layout.worker_count
         self.worker_comm = comm.Split(0 if not self.is_server else 1, comm.Get_rank())
 
     def rank_of(self, shard: int) -> int:
@@ -114,7 +102,7 @@ class Bench:
                 kinds: Sequence[str] = ("ps", "raw")) -> Dict[str, float]:
         """Median time per call of each kind, blocks in rotating order: ``ps`` calls
         ``ps_call(worker)``; ``raw`` moves the (up, down) bytes per server rank that
-        ``raw_bytes(worker_id)`` gives; ``raw_update`` also runs the server's arithmetic
+        ``raw_bytes(slot)`` gives; ``raw_update`` also runs the server's arithmetic
         (NaN check and SGD update) on what it received and sends the parameters back."""
         times: Dict[str, List[float]] = {kind: [] for kind in kinds}
         for round_index in range(self.args.rounds + 1):
@@ -146,7 +134,7 @@ class Bench:
                 ps_call(worker)
                 worker.clock()
         else:
-            self._raw_worker(raw_bytes(worker.id), reps)
+            self._raw_worker(raw_bytes(worker.slot), reps)
         elapsed = time.perf_counter() - began
         if kind == "ps":
             worker.release()
@@ -182,27 +170,27 @@ class Bench:
         table = layout.table_ids["sparse"]
         row_bytes = args.width * 4
 
-        def ids_of(worker_id: int) -> np.ndarray:
-            rng = np.random.default_rng([worker_id, args.rows])
+        def ids_of(slot: int) -> np.ndarray:
+            rng = np.random.default_rng([slot, args.rows])
             return np.sort(rng.choice(args.table_rows, size=min(args.rows, args.table_rows), replace=False))
 
-        def per_server(worker_id: int) -> Dict[int, int]:
-            owners = layout.placement.row_owners(table, ids_of(worker_id))
+        def per_server(slot: int) -> Dict[int, int]:
+            owners = layout.placement.row_owners(table, ids_of(slot))
             keys, counts = np.unique(owners, return_counts=True)
             return {self.rank_of(int(k)): int(c) for k, c in zip(keys, counts)}
 
         grads = np.full((len(ids_of(0)), args.width), 1e-3, np.float32)
         cases = {
-            "pull_rows": (lambda w: w.pull_rows("sparse", ids_of(w.id)),
+            "pull_rows": (lambda w: w.pull_rows("sparse", ids_of(w.slot)),
                           lambda w: {r: (8 * c, row_bytes * c) for r, c in per_server(w).items()}),
-            "push_rows": (lambda w: w.push_rows("sparse", ids_of(w.id), grads),
+            "push_rows": (lambda w: w.push_rows("sparse", ids_of(w.slot), grads),
                           lambda w: {r: ((8 + row_bytes) * c, 0) for r, c in per_server(w).items()}),
         }
         rows = []
         for case, (ps_call, raw_bytes) in cases.items():
             seconds = self.compare(ps_call, raw_bytes, reps=20)
-            rate = len(grads) * self.workers
-            rows.append({"servers": servers, "workers": self.workers, "case": case,
+            rate = len(grads) * self.worker_count
+            rows.append({"servers": servers, "workers": self.worker_count, "case": case,
                          "rows": len(grads), "width": args.width, **seconds,
                          "ps_rows_per_s": rate / seconds["ps_s"], "raw_rows_per_s": rate / seconds["raw_s"]})
         return rows

@@ -23,6 +23,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Dict, Sequence
 
+from ..runtime.files import write_json
 from .scaling import Launcher
 
 NAME = "recovery"
@@ -33,17 +34,6 @@ CASES = {
     "ps-server": (["--mode", "ps", "--servers", "2"], lambda ranks: 1),
 }
 KILL_STEP = 10
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("--counts", default="4,8", help="rank counts, comma-separated (default 4,8)")
-    parser.add_argument("--cases", default=",".join(CASES), help=f"cases (default {','.join(CASES)})")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per case and count (default 3)")
-    parser.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
-    parser.add_argument("--batch", type=int, default=1024, help="global batch (default 1024)")
-    parser.add_argument("--launcher", choices=("mpirun", "srun"), default="mpirun")
-    parser.add_argument("--launcher-args", default="", help="extra launcher arguments")
-    parser.add_argument("--timeout", type=float, default=120, help="seconds before a run is ended")
 
 
 def drive(args) -> int:
@@ -66,7 +56,7 @@ def drive(args) -> int:
     result = {"benchmark": NAME, "kill_step": KILL_STEP, "rows": rows}
     print(render(result), flush=True)
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(result, indent=1))
+        write_json(args.json_path, result)
     return 0
 
 

@@ -28,8 +28,6 @@ import csv
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -38,10 +36,11 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..errors import LaunchError
-from ..runtime.environment import detect_launcher, usable_cores
+from ..runtime.environment import usable_cores
+from ..runtime.files import atomic_file, write_json
+from ..runtime.jobs import run_job
 from ..runtime.launch import LaunchPlan, build_mpirun, hostfile_slots
 from . import cost_model
-from .timing import sizes_argument
 
 NAME = "scaling"
 HELP = "throughput and efficiency of ring and PS training at 1..N ranks, with a cost model to 1024"
@@ -51,53 +50,6 @@ DEFAULT_PREDICT = "8,16,32,64,128,256,512,1024"
 
 def counts_argument(text: str) -> List[int]:
     return sorted({int(part) for part in text.split(",") if part.strip()})
-
-
-def add_arguments(parser) -> None:
-    parser.set_defaults(ranks=8)
-    parser.add_argument("--counts", type=counts_argument, default=None,
-                        help="rank counts to run, e.g. 1,2,4,8 (default: powers of two up to -n, and -n)")
-    parser.add_argument("--no-ps", dest="ps", action="store_false",
-                        help="ring runs only (they always run: the baseline, and the bytes per step)")
-    parser.add_argument("--model", default="logreg", help="built-in model to train (default logreg)")
-    parser.add_argument("--steps", type=int, default=20, help="steps per run (default 20)")
-    parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the rates (default 3)")
-    parser.add_argument("--batch", type=int, default=None,
-                        help="global batch (with --weak: per worker; default: the model's)")
-    parser.add_argument("--weak", action="store_true", help="weak scaling: the batch per worker stays fixed")
-    parser.add_argument("--servers", type=int, default=1, help="PS server ranks K (default 1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every run (default 0)")
-    parser.add_argument("--sizes", type=sizes_argument, default=sizes_argument(DEFAULT_SIZES),
-                        help=f"allreduce message sizes for the alpha-beta fit (default {DEFAULT_SIZES})")
-    parser.add_argument("--fit-ranks", type=int, default=None,
-                        help="ranks of the allreduce fit (default: the most not oversubscribed, >= 2)")
-    parser.add_argument("--predict", type=counts_argument, default=counts_argument(DEFAULT_PREDICT),
-                        help=f"rank counts to forecast (default {DEFAULT_PREDICT})")
-    parser.add_argument("--launcher", choices=("mpirun", "srun"), default="mpirun",
-                        help="how to start each run (default mpirun, through hpcreduce's launcher)")
-    parser.add_argument("--launcher-args", default="",
-                        help="added to every launch, e.g. '--mpi=pmix' (srun) or '--bind-to core'")
-    parser.add_argument("--out", default="hpcreduce-scaling", help="folder for every output (default %(default)s)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds a run may take (default 600)")
-
-
-def option_problems(args) -> List[str]:
-    found = []
-    if args.steps <= args.warmup or args.warmup < 0:
-        found.append(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}) >= 0")
-    if args.counts is not None and (not args.counts or args.counts[0] < 1 or args.counts[-1] < 2):
-        found.append("--counts must be positive rank counts, one at least 2 (the forecast needs "
-                     "the bytes a multi-rank step moves)")
-    if args.servers < 1 or (args.predict and min(args.predict) < 2):
-        found.append("--servers must be >= 1 and --predict counts >= 2")
-    if args.counts is None and args.ranks < 2:
-        found.append(f"-n must be at least 2, got {args.ranks}")
-    if args.ft:
-        found.append("--ft does not apply: the runs measure training without fault tolerance")
-    if detect_launcher() != "none":
-        found.append("bench scaling launches its own jobs: run it outside mpirun and srun "
-                     "(on a login node or in the batch script itself)")
-    return found
 
 
 def rank_counts(args) -> List[int]:
@@ -135,33 +87,11 @@ class Launcher:
         with open(log, "w", encoding="utf-8") as out:
             out.write(f"$ {plan.shell()}\n")
             out.flush()
-            child = subprocess.Popen(plan.argv, stdout=out, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **plan.env, **(env or {})},
-                                     start_new_session=True)
-            code = None
-            try:
-                code = child.wait(timeout=self.args.timeout)
-            except subprocess.TimeoutExpired:
-                pass
-            finally:  # timed out, or the driver is interrupted: end the whole job
-                stop(child)
-        if code != 0:
+            job = run_job(plan.argv, timeout=self.args.timeout, env={**plan.env, **(env or {})}, output=out)
+        if job.returncode != 0:
             tail = "".join(log.read_text(encoding="utf-8", errors="replace").splitlines(True)[-15:])
-            what = f"timed out after {self.args.timeout:g} s" if code is None else f"exited {code}"
+            what = f"timed out after {self.args.timeout:g} s" if job.timed_out else f"exited {job.returncode}"
             raise LaunchError(f"{plan.shell()} {what}; its output ({log}) ends:\n{tail}")
-
-
-def stop(child: subprocess.Popen) -> None:
-    """End a job still running: SIGTERM to its process group (mpirun and srun pass it on
-    to the ranks), SIGKILL if it lingers."""
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
-        if child.poll() is not None:
-            return
-        os.killpg(child.pid, sig)
-        try:
-            child.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def measured_row(result: Dict[str, Any], warmup: int) -> Dict[str, Any]:
@@ -231,11 +161,6 @@ def fit_ranks(args, launcher: Launcher, counts: Sequence[int]) -> int:
 
 def drive(args) -> int:
     """The whole benchmark, from the driver process; returns the exit status."""
-    problems = option_problems(args)
-    if problems:
-        for problem in problems:
-            print(f"hpcreduce bench scaling: {problem}", file=sys.stderr)
-        return 2
     folder = Path(args.out)
     (folder / "runs").mkdir(parents=True, exist_ok=True)
     launcher, counts = Launcher(args), rank_counts(args)
@@ -304,11 +229,10 @@ def assemble(args, rows, link: cost_model.Link, costs: cost_model.StepCosts, ben
 
 def write_outputs(folder: Path, result: Dict[str, Any], bench: Dict[str, Any], json_path: Optional[str]) -> None:
     """scaling.json (and --json), the two CSV tables, and the two figures."""
-    text = json.dumps(result, indent=1)
     for path in {folder / "scaling.json", *([Path(json_path)] if json_path else [])}:
-        path.write_text(text + "\n")
+        write_json(str(path), result)
     for name, table in (("scaling.csv", result["rows"]), ("predictions.csv", result["predictions"])):
-        with open(folder / name, "w", newline="", encoding="utf-8") as out:
+        with atomic_file(str(folder / name)) as out:
             writer = csv.DictWriter(out, fieldnames=list(dict.fromkeys(key for row in table for key in row)))
             writer.writeheader()
             writer.writerows(table)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import platform
 
-from ..collectives.arrays import cupy_available
+from ..arrays import cupy_available
 from ..runtime import environment
 
 

@@ -33,8 +33,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args, argv) or 0)
-    except HpcreduceError as err:
-        print(f"hpcreduce {args.command}: error{_where()}: {err}", file=sys.stderr, flush=True)
+    except HpcreduceError as err:  # settings named by field are shown with the command's flags
+        print(f"hpcreduce {args.command}: error{_where()}: {err.render(getattr(args, 'flags', {}))}",
+              file=sys.stderr, flush=True)
         return 1
 
 

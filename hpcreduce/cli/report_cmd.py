@@ -17,11 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, List, Mapping
 
-from ..errors import HpcreduceError
-
-
-class UnknownResultError(HpcreduceError, ValueError):
-    """The file is not a result ``hpcreduce report`` knows how to draw."""
+from ..errors import UnknownResultError
 
 
 def register(subcommands) -> None:

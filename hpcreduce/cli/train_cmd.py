@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from typing import TYPE_CHECKING, List, Tuple
+from typing import TYPE_CHECKING, List, Mapping, Tuple
 
-from ..ft import options as fault_options
+from ..errors import Problem, SettingProblem
+from .fault_flags import add_fault_flags, fault_config
+from .flags import flag_names
 from .ranks import add_rank_options, relaunch_outside_mpi
 
 if TYPE_CHECKING:
@@ -59,8 +61,8 @@ def register(subcommands) -> None:
     parser.add_argument("--timeline", dest="timeline_path", metavar="PATH",
                         help="write every rank's compute/communication/wait phases here "
                              "(Chrome trace JSON, gathered to rank 0 at the end)")
-    fault_options.add_arguments(parser)
-    parser.set_defaults(run=run)
+    add_fault_flags(parser)
+    parser.set_defaults(run=run, flags=flag_names(parser))
 
 
 def run(args: argparse.Namespace, argv: List[str]) -> int:
@@ -73,14 +75,14 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     try:
         ctx = init(ft=True if args.ft else None)
     except FaultToleranceUnavailableError as err:
-        return refuse([str(err)], MPI.COMM_WORLD.Get_rank())
+        return refuse([str(err)], MPI.COMM_WORLD.Get_rank(), args.flags)
     config, problems = build_config(args, ctx)
     if config.fault.needs_ulfm() and not ctx.ft:
         problems.append("--kill, --kill-random, --grow, --discover and --replace need in-job fault "
                         "tolerance: launch with --ft (ULFM), or give --checkpoint-dir and "
                         "--restarts to recover kills by relaunching")
     if problems:
-        return refuse(problems, ctx.rank)
+        return refuse(problems, ctx.rank, args.flags)
     try:
         from ..train import train
         from ..train.models import build
@@ -100,29 +102,30 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     return 0
 
 
-def build_config(args: argparse.Namespace, ctx: "Context") -> Tuple["TrainConfig", List[str]]:
+def build_config(args: argparse.Namespace, ctx: "Context") -> Tuple["TrainConfig", List[Problem]]:
     """The TrainConfig the flags ask for (model defaults filled in) and what is wrong with it."""
     from ..train.api import config_problems
     from ..train.config import TrainConfig
     from ..train.models import BUILTIN
     builtin = BUILTIN.get(args.model)
     chosen = {name: getattr(args, name) for name in TUNABLE if getattr(args, name) is not None}
-    fault, fault_problems = fault_options.from_args(args)
+    fault, fault_problems = fault_config(args)
     config = TrainConfig(mode=args.mode, model=args.model, seed=args.seed, servers=args.servers,
                          consistency=args.consistency, staleness=args.staleness,
                          fetch_every=args.fetch_every, push_every=args.push_every,
                          json_path=args.json_path, progress=args.progress, metrics_path=args.metrics_path,
                          timeline_path=args.timeline_path, fault=fault,
                          **{**(builtin.defaults if builtin else {}), **chosen})
-    problems = config_problems(config, ctx) + fault_problems
+    problems: List[Problem] = [*config_problems(config, ctx), *fault_problems]
     if builtin is None:
         problems.append(f"--model must be one of {', '.join(BUILTIN)}, got {args.model!r}")
     return config, problems
 
 
-def refuse(problems: List[str], rank: int) -> int:
-    """Print the problems on rank 0; every rank returns the usage-error status."""
+def refuse(problems: List[Problem], rank: int, flags: Mapping[str, str]) -> int:
+    """Print the problems, with their flags, on rank 0; every rank returns the usage-error status."""
     if rank == 0:
         for problem in problems:
-            print(f"hpcreduce train: {problem}", file=sys.stderr, flush=True)
+            text = problem.render(flags) if isinstance(problem, SettingProblem) else problem
+            print(f"hpcreduce train: {text}", file=sys.stderr, flush=True)
     return 2

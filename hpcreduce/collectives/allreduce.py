@@ -6,12 +6,11 @@ takes ~5 us here), so this path avoids repeated lookups: settings are read once.
 from __future__ import annotations
 
 import os
-from typing import Optional, Union
+from typing import Optional
 
-from mpi4py import MPI
 
-from ..runtime.context import Context, resolve
-from .arrays import array_module
+from ..runtime.context import Comm, Context, resolve
+from ..arrays import array_module
 from .native import native_allreduce
 from .ops import OP_NAMES, OPS, ReduceOp, dtype_code
 from .recursive_doubling import recursive_doubling_allreduce
@@ -26,8 +25,6 @@ ALGORITHM_FUNCTIONS = {
     "recursive_doubling": recursive_doubling_allreduce,
     "native": native_allreduce,
 }
-
-Comm = Union[None, Context, MPI.Intracomm]
 
 CHECK_BY_DEFAULT = os.environ.get("HPCREDUCE_CHECK", "1").strip().lower() not in ("0", "false", "no", "off")
 

@@ -12,7 +12,8 @@ import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .allreduce import CHECK_BY_DEFAULT, Comm, reduce_flat
-from .arrays import array_module, is_device_array, workspace
+from ..arrays import array_module, is_device_array
+from .workspace import workspace
 from .ops import OP_NAMES, OPS
 from .validate import (ALGORITHMS, agree, array_problem, choice_problem, first_problem,
                        raise_local, stable_hash)

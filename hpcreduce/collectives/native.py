@@ -10,7 +10,7 @@ from typing import Tuple
 from mpi4py import MPI
 
 from .ops import ReduceOp
-from .arrays import synchronize
+from ..arrays import synchronize
 from .transfer import DirectTransfer, StagedTransfer
 
 

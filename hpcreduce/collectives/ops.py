@@ -14,7 +14,7 @@ from typing import Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .arrays import array_module
+from ..arrays import array_module
 
 DTYPES: Tuple[np.dtype, ...] = tuple(np.dtype(name) for name in
                                      ("float16", "float32", "float64", "int32", "int64"))

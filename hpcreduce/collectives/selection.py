@@ -4,7 +4,7 @@ Each row is (largest message in bytes, algorithm); the first row that covers the
 message wins. The crossovers come from ``hpcreduce bench allreduce`` (native
 ``MPI_Allreduce``, the ring and recursive doubling interleaved call by call) on the
 2-core reference machine, 2 and 4 ranks, shared-memory and tcp transports; see
-docs/algorithms.md for the table they were read from. There the ring overtook native
+docs/results.md (Allreduce) for the table they were read from. There the ring overtook native
 from 4 MiB up at 2 ranks (16 MiB at 4 oversubscribed ranks), and recursive doubling never
 beat native at small sizes (Python's per-step cost is larger than the library's whole
 small-message allreduce), so it has no row. Re-measure on your cluster and set

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Protocol
 
-from .arrays import CurrentStream, Workspace, array_module, is_device_array, workspace
+from ..arrays import array_module, is_device_array
+from .workspace import CurrentStream, Workspace, workspace
 from .ops import ReduceOp
 
 Copy = Callable[[object, object], None]

@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import HpcreduceError, InputMismatchError, UnsupportedInputError
-from .arrays import is_device_array
+from ..arrays import is_device_array
 from .ops import DTYPES, OP_NAMES, dtype_code
 
 ALGORITHMS = ("auto", "ring", "recursive_doubling", "native")

@@ -1,11 +1,11 @@
 """Checkpoints for runs without ULFM: written atomically, read back by any number of ranks.
 
-A checkpoint is one ``.npz`` file of named arrays plus a JSON metadata entry. It is
-written to a temporary file in the same folder, flushed to disk (fsync) and renamed
-over its final name (``os.replace`` is atomic), so a kill during the write leaves the
-previous checkpoint intact and never a broken one. Only whole arrays are stored
-(the full model, not one rank's shard), so a job relaunched with another number of
-ranks resumes from it. The last ``keep`` checkpoints are kept.
+A checkpoint is one ``.npz`` file of named arrays (host or device arrays, stored from
+host memory) plus a JSON metadata entry, written atomically (``runtime.files``): a
+kill during the write leaves the previous checkpoint intact and never a broken one.
+What the arrays are is the caller's: the ring stores whole arrays, so a job relaunched
+with another number of ranks resumes from them; a PS server stores its shard. The
+last ``keep`` checkpoints are kept.
 """
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ import io
 import json
 import os
 import re
-import tempfile
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
+
+from ..arrays import to_host
+from ..runtime.files import atomic_file
 
 NAME = re.compile(r"^ckpt-(\d{9})\.npz$")
 METADATA_KEY = "__metadata__"
@@ -30,28 +32,17 @@ def save(directory: str, step: int, arrays: Dict[str, np.ndarray], metadata: Dic
          keep: int = 2, halfway: Callable[[], None] = lambda: None) -> str:
     """Write the checkpoint of ``step`` atomically; ``halfway`` runs in the middle of the write
     (fault injection kills a rank there)."""
-    os.makedirs(directory, exist_ok=True)
     buffer = io.BytesIO()
-    payload = {name: np.asarray(value) for name, value in arrays.items()}
+    payload = {name: to_host(value) for name, value in arrays.items()}
     payload[METADATA_KEY] = np.frombuffer(json.dumps({**metadata, "step": step}).encode(), dtype=np.uint8)
     np.savez(buffer, **payload)
     data = buffer.getbuffer()
-    handle, temporary = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data[:len(data) // 2])
-            out.flush()
-            halfway()
-            out.write(data[len(data) // 2:])
-            out.flush()
-            os.fsync(out.fileno())
-        final = path_for(directory, step)
-        os.replace(temporary, final)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-    _sync_directory(directory)
+    final = path_for(directory, step)
+    with atomic_file(final, "wb") as out:
+        out.write(data[:len(data) // 2])
+        out.flush()
+        halfway()
+        out.write(data[len(data) // 2:])
     for _step, old_path in checkpoints(directory)[:-keep]:
         os.unlink(old_path)
     return final
@@ -77,15 +68,3 @@ def load_latest(directory: str) -> Optional[Tuple[Dict[str, object], Dict[str, n
         except (OSError, ValueError, KeyError, EOFError):
             continue
     return None
-
-
-def _sync_directory(directory: str) -> None:
-    """Make the rename itself durable."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

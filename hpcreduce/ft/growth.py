@@ -1,65 +1,42 @@
-"""Growth: spawn new ranks into a running job and merge them in after the current ones.
+"""When a running job grows: one rule for both topologies.
 
-Parents call ``spawn_and_merge`` collectively; each child's ``hpcreduce.init()`` sees
-its parent and calls ``merge_with_parent``. The intercommunicator is disconnected on
-both sides at once (one left connected crashes Open MPI 5.0's MPI_Finalize), and no
-``Dup`` is taken. Newcomers rank after every current rank, so PS servers stay first.
-Cost: one MPI_Comm_spawn (process start-up, ~0.2 s here) and one merge.
+Growth is asked for by ``--grow N@STEP`` entries (N more ranks before step STEP) and by
+a discovery file holding the wanted number of ranks, read every ``discover_every``
+steps. ``GrowthRule.count(after, step, size, target)`` is how many ranks to add before
+``step`` when growth up to step ``after`` is done: the entries due in (after, step],
+raised to reach the discovery file's target when that asks for more. The spawn and
+merge themselves are ``hpcreduce.runtime.spawn``.
 """
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
-from mpi4py import MPI
 
-DEFAULT_SPAWN_INFO = "map_by=slot:oversubscribe"
+@dataclass(frozen=True)
+class GrowthRule:
+    """``grow``: (count, step) entries; ``discover``: the discovery file, read at steps
+    that are multiples of ``discover_every``."""
 
+    grow: Sequence[Tuple[int, int]] = ()
+    discover: Optional[str] = None
+    discover_every: int = 1
 
-def spawn_info(text: Optional[str] = None) -> MPI.Info:
-    """``MPI_Info`` for the spawn, from ``HPCREDUCE_SPAWN_INFO`` ("key=value;key=value").
+    def reads_target(self, step: int) -> bool:
+        """Whether the discovery file is read before ``step``."""
+        return bool(self.discover) and step % self.discover_every == 0
 
-    The default lets a node take more ranks than cores (a single-node job); on a
-    cluster name the hosts instead, e.g. ``host=node7`` or ``hostfile=/path``.
-    """
-    text = os.environ.get("HPCREDUCE_SPAWN_INFO", DEFAULT_SPAWN_INFO) if text is None else text
-    info = MPI.Info.Create()
-    for item in filter(None, (part.strip() for part in text.split(";"))):
-        key, _, value = item.partition("=")
-        info.Set(key.strip(), value.strip())
-    return info
+    def count(self, after: int, step: int, size: int, target: Optional[int] = None) -> int:
+        """Ranks to add to a job of ``size`` ranks before ``step``, growth before step
+        ``after`` being done; ``target``: the discovery file's number, if read."""
+        count = sum(n for n, at in self.grow if after < at <= step)
+        if target is not None and target > size + count:
+            count = target - size
+        return count
 
-
-def spawn_and_merge(comm: MPI.Intracomm, count: int, command: Sequence[str]) -> MPI.Intracomm:
-    """Start ``count`` processes running ``command``; return the merged communicator
-    (current ranks first, newcomers after, errors returned).
-
-    The newcomers form one spawned job. Open MPI 5.0.11 ends the whole spawned job when
-    one of its processes dies, so its siblings are then lost too (and recovered from
-    like any failure), and mpirun's exit code reports that job's failure even when the
-    run recovered. Spawning them one by one avoided the first but hung MPI_Finalize's
-    disconnect under load, which is worse.
-    """
-    info = spawn_info()
-    try:
-        inter = comm.Spawn(command[0], list(command[1:]), maxprocs=count, info=info, root=0)
-    finally:
-        info.Free()
-    merged = inter.Merge(high=False)
-    inter.Disconnect()
-    merged.Set_errhandler(MPI.ERRORS_RETURN)
-    return merged
-
-
-def merge_with_parent() -> Optional[MPI.Intracomm]:
-    """In a spawned process: the communicator shared with the job that spawned it, else None."""
-    parent = MPI.Comm.Get_parent()
-    if parent == MPI.COMM_NULL:
-        return None
-    merged = parent.Merge(high=True)
-    parent.Disconnect()
-    merged.Set_errhandler(MPI.ERRORS_RETURN)
-    return merged
+    def target(self, step: int) -> Optional[int]:
+        """The discovery file's number when it is read before ``step`` (None otherwise)."""
+        return read_target(self.discover) if self.reads_target(step) else None
 
 
 def parse_grow(text: str) -> Tuple[int, int]:
@@ -67,9 +44,9 @@ def parse_grow(text: str) -> Tuple[int, int]:
     try:
         count, step = (int(part) for part in text.split("@"))
     except ValueError:
-        raise ValueError(f"--grow {text!r}: expected N@STEP, e.g. 2@50") from None
+        raise ValueError(f"{text!r}: expected N@STEP, e.g. 2@50") from None
     if count < 1 or step < 0:
-        raise ValueError(f"--grow {text!r}: N must be >= 1 and STEP >= 0")
+        raise ValueError(f"{text!r}: N must be >= 1 and STEP >= 0")
     return count, step
 
 

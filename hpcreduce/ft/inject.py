@@ -39,10 +39,10 @@ def parse_kill(text: str) -> Kill:
         step, _, phase = rest.partition(":")
         kill = Kill(int(rank), int(step), phase or "step")
     except ValueError:
-        raise ValueError(f"--kill {text!r}: expected RANK@STEP or RANK@STEP:PHASE "
+        raise ValueError(f"{text!r}: expected RANK@STEP or RANK@STEP:PHASE "
                          f"(PHASE one of {', '.join(PHASES)})") from None
     if kill.phase not in PHASES or kill.rank < 0 or kill.step < 0:
-        raise ValueError(f"--kill {text!r}: rank and step must be >= 0 and PHASE one of {', '.join(PHASES)}")
+        raise ValueError(f"{text!r}: rank and step must be >= 0 and PHASE one of {', '.join(PHASES)}")
     return kill
 
 

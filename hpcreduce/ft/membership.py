@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List
 
-from .recovery import Shrunk
+from .rounds import Shrunk
 
 
 @dataclass

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .errors import PSConfigError
+from ..errors import PSConfigError, setting_problem
 
 KINDS = ("bsp", "ssp", "asp")
 
@@ -32,11 +32,13 @@ class Consistency:
 
     def __init__(self, kind: str = "bsp", staleness: int = 0):
         if kind not in KINDS:
-            raise PSConfigError(f"consistency must be one of {', '.join(KINDS)}, got {kind!r}")
+            raise PSConfigError(setting_problem("{consistency} must be one of {kinds}, got {value!r}",
+                                                kinds=", ".join(KINDS), value=kind))
         if staleness < 0:
-            raise PSConfigError(f"staleness must be >= 0, got {staleness}")
+            raise PSConfigError(setting_problem("{staleness} must be >= 0, got {value}", value=staleness))
         if staleness and kind != "ssp":
-            raise PSConfigError(f"staleness {staleness} only applies to ssp, not {kind}")
+            raise PSConfigError(setting_problem("{staleness} {value} only applies to ssp, not {kind}",
+                                                value=staleness, kind=kind))
         self.kind = kind
         self.staleness = staleness
 

@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from ..train.optimizers import Optimizer
+from .optimizers import Optimizer
 from .consistency import Consistency
 from .protocol import Status
 from .state import ShardState

@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from ..runtime.context import Traffic
 from ..runtime.failures import wait_all as wait_requests
-from .errors import PSRefusedError
+from ..errors import PSRefusedError
 from .protocol import HEADER_LEN, Rep, Status, refusal
 
 
@@ -39,7 +39,7 @@ class Handle:
     never leaves a receive posted; it then raises ``PSRefusedError`` naming the
     servers and their reasons, or returns ``finish()``'s result. ``guard(what)`` wraps
     the blocking wait (the fault-tolerance watchdog). An MPI error (a failed server)
-    leaves the handle unfinished, to be abandoned (``PSWorker.abandon``).
+    leaves the handle unfinished, to be abandoned (``Worker.abandon``).
     """
 
     def __init__(self, what: str, parts: List[Part], finish: Callable[[List[Part]], Any],

@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .layout import Layout
-from .placement import row_width
+from .tables import row_width
 from .protocol import (DTYPES, HEADER_LEN, PAYLOADS_IN, PUSHES, SPARSE_OPS, TAG_FORWARD,
                        TAG_FORWARD_PAYLOAD, TAG_PAYLOAD, TAG_REQUEST, WORKER_OPS, Op, Req, Status)
 from .state import ShardState
@@ -32,7 +32,7 @@ class Request:
     server's spare buffer its dense gradient was received into."""
 
     source: int
-    worker: int
+    slot: int
     header: np.ndarray
     payloads: List[np.ndarray] = field(default_factory=list)
     problem: Optional[Problem] = None
@@ -57,8 +57,8 @@ def receive(comm: MPI.Intracomm, source: int, layout: Layout, state: ShardState,
     header_tag, payload_tag = (TAG_FORWARD, TAG_FORWARD_PAYLOAD) if forwarded else (TAG_REQUEST, TAG_PAYLOAD)
     header = np.empty(HEADER_LEN, dtype=np.int64)
     comm.Recv(header, source, header_tag)
-    worker = int(header[Req.WORKER]) if forwarded else layout.worker_of(source)
-    request = Request(source, worker, header)
+    slot = int(header[Req.SLOT]) if forwarded else layout.slot_of(source)
+    request = Request(source, slot, header)
     request.problem = header_problem(request, layout, state, tuple(Op) if forwarded else WORKER_OPS)
     status = MPI.Status()
     for index in range(max(0, request.fields[Req.PAYLOADS])):
@@ -87,8 +87,8 @@ def header_problem(request: Request, layout: Layout, state: ShardState,
         return Status.UNKNOWN_OP, request.op
     if op not in allowed:
         return Status.UNKNOWN_OP, request.op
-    if not 0 <= request.worker < state.workers or fields[Req.WORKER] != request.worker:
-        return Status.WRONG_WORKER, fields[Req.WORKER]
+    if not 0 <= request.slot < state.slot_count or fields[Req.SLOT] != request.slot:
+        return Status.WRONG_SLOT, fields[Req.SLOT]
     if fields[Req.PAYLOADS] != PAYLOADS_IN[op]:
         return Status.BAD_SIZE, fields[Req.PAYLOADS]
     if op not in SPARSE_OPS + (Op.PULL, Op.PUSH):

@@ -3,33 +3,35 @@
 With K servers on N ranks, ranks 0..K-1 are the servers (shard key k on rank k at
 start) and ranks K..N-1 the workers. A worker is named by its *slot*, a stable number
 (rank - K at start; a worker that joins later gets the next unused one, and a slot
-is never reused), which indexes the servers' per-worker counters; its *index* is its
+is never reused), which indexes the servers' per-slot counters; its *index* is its
 position among the live workers, which picks its share of each batch. After a failure
-the fault-tolerance layer builds a new layout with ``rebuilt``: the surviving shard
-keys, their new ranks, the live workers and a recomputed placement; workers re-route by it.
+recovery builds a new layout with ``rebuilt``: the surviving shard keys, their new
+ranks, the live workers and a recomputed placement; workers re-route by it.
+Shard keys also form the replication ring: each shard's backup is the server of the
+next key (``neighbours``).
 """
 from __future__ import annotations
 
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
-from ..train.model import ParamSpec
-from .errors import PSConfigError
+from ..errors import PSConfigError, SettingProblem, setting_problem
 from .placement import Placement, place
+from .tables import ParamSpec
 
 
-def servers_problem(servers: int, size: int) -> str:
-    """Why ``servers`` servers cannot run on ``size`` ranks ('' when they can)."""
+def servers_problem(servers: int, size: int) -> Optional[SettingProblem]:
+    """Why ``servers`` servers cannot run on ``size`` ranks (None when they can)."""
     if not 1 <= servers < size:
-        return (f"--servers K needs 1 <= K < ranks: got K={servers} with {size} ranks "
-                f"(at least one server and one worker)")
-    return ""
+        return setting_problem("{servers} K needs 1 <= K < ranks ({size}), got {value} "
+                               "(at least one server and one worker)", size=size, value=servers)
+    return None
 
 
 class Layout:
     """Roles and placement shared by every rank of one PS job.
 
     ``worker_slots[i]`` is the slot of the worker on ``worker_ranks[i]`` (default: i);
-    ``slot_count`` is the number of slots ever handed out (the length of per-worker arrays).
+    ``slot_count`` is the number of slots ever handed out (the length of per-slot arrays).
     """
 
     def __init__(self, specs: Sequence[ParamSpec], shard_ranks: Mapping[int, int],
@@ -46,7 +48,7 @@ class Layout:
         self.placement: Placement = place(self.specs, sorted(self.shard_ranks))
         self.table_ids: Dict[str, int] = {spec.name: t for t, spec in enumerate(self.specs)}
         self._shard_of_rank = {rank: key for key, rank in self.shard_ranks.items()}
-        self._worker_of_rank = dict(zip(self.worker_ranks, self.worker_slots))
+        self._slot_of_rank = dict(zip(self.worker_ranks, self.worker_slots))
         self._index_of_rank = {rank: i for i, rank in enumerate(self.worker_ranks)}
 
     @classmethod
@@ -64,7 +66,7 @@ class Layout:
         return Layout(self.specs, shard_ranks, worker_ranks, worker_slots, slot_count)
 
     @property
-    def workers(self) -> int:
+    def worker_count(self) -> int:
         """Live workers: the number the global batch is split over."""
         return len(self.worker_ranks)
 
@@ -74,10 +76,17 @@ class Layout:
     def shard_of(self, rank: int) -> int:
         return self._shard_of_rank[rank]
 
-    def worker_of(self, rank: int) -> int:
+    def slot_of(self, rank: int) -> int:
         """The worker slot of ``rank``, or -1 if it is not a worker."""
-        return self._worker_of_rank.get(rank, -1)
+        return self._slot_of_rank.get(rank, -1)
 
     def worker_index(self, rank: int) -> int:
         """The position of ``rank`` among the live workers (its share of a batch), or -1."""
         return self._index_of_rank.get(rank, -1)
+
+    def neighbours(self, key: int) -> Tuple[int, int]:
+        """(next key, previous key) of shard ``key`` in the replication ring: the shard whose
+        server keeps ``key``'s replica, and the shard whose replica ``key``'s server keeps."""
+        keys = sorted(self.shard_ranks)
+        position = keys.index(key)
+        return keys[(position + 1) % len(keys)], keys[position - 1]

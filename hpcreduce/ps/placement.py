@@ -20,14 +20,11 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from ..train.model import ParamSpec
+from ..arrays.hashing import GOLDEN, mix64
+from .tables import ParamSpec, numel
 
 SPLIT_BYTES = 64 * 1024
 HASH_CHUNK = 1 << 20
-
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 @dataclass(frozen=True, order=True)
@@ -44,24 +41,6 @@ class Piece:
         return self.stop - self.start
 
 
-def numel(spec: ParamSpec) -> int:
-    return int(np.prod(spec.shape, dtype=np.int64))
-
-
-def row_width(spec: ParamSpec) -> int:
-    """Elements per row of a sparse table (1 for a one-dimensional table)."""
-    return int(np.prod(spec.shape[1:], dtype=np.int64))
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a bijective scramble of uint64 values (wraps mod 2^64)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _MIX1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _MIX2
-    return x ^ (x >> np.uint64(31))
-
-
 class Placement:
     """The pieces of every dense table and the owners of sparse rows, over ``shards``."""
 
@@ -74,7 +53,7 @@ class Placement:
         self.shards: Tuple[int, ...] = tuple(int(k) for k in shards)
         self.pieces: Dict[int, Tuple[Piece, ...]] = _cut_dense(self.specs, self.shards)
         with np.errstate(over="ignore"):
-            self._salts = {t: _mix64(np.array(self.shards, dtype=np.uint64) * _GOLDEN + np.uint64(t + 1))
+            self._salts = {t: mix64(np.array(self.shards, dtype=np.uint64) * GOLDEN + np.uint64(t + 1))
                            for t, spec in enumerate(self.specs) if spec.sparse}
 
     def pieces_on(self, shard: int) -> List[Piece]:
@@ -91,7 +70,7 @@ class Placement:
         with np.errstate(over="ignore"):
             for begin in range(0, len(ids), HASH_CHUNK):
                 chunk = np.asarray(ids[begin:begin + HASH_CHUNK]).astype(np.uint64)
-                scores = _mix64(chunk[None, :] ^ salts[:, None])
+                scores = mix64(chunk[None, :] ^ salts[:, None])
                 owners[begin:begin + len(chunk)] = keys[np.argmax(scores, axis=0)]
         return owners
 

@@ -65,7 +65,7 @@ class Req(IntEnum):
 
     OP = 0
     TABLE = 1
-    WORKER = 2     # the worker's slot: a stable id (0..W-1 at start; newcomers get new ones)
+    SLOT = 2       # the worker's slot: a stable id (0..W-1 at start; newcomers get new ones)
     CLOCK = 3      # the worker's clock: steps it has finished; a push's step
     COUNT = 4      # elements (PULL, PUSH) or row ids (PULL_ROWS, PUSH_ROWS)
     DTYPE = 5      # index into DTYPES
@@ -98,7 +98,7 @@ class Status(IntEnum):
     NOT_OWNER = 8
     NONFINITE = 9
     LATE = 10
-    WRONG_WORKER = 11
+    WRONG_SLOT = 11
 
 
 REASONS: Dict[Status, str] = {
@@ -111,7 +111,7 @@ REASONS: Dict[Status, str] = {
     Status.NOT_OWNER: "row id belongs to another shard (stale placement)",
     Status.NONFINITE: "gradient contains NaN or Inf; refused, parameters unchanged",
     Status.LATE: "BSP push for a step that was already applied",
-    Status.WRONG_WORKER: "worker id does not match the sending rank",
+    Status.WRONG_SLOT: "worker slot does not match the sending rank",
 }
 
 
@@ -123,10 +123,10 @@ def dtype_code(dtype) -> int:
         return -1
 
 
-def request(op: Op, table: int, worker: int, clock: int, count: int = 0,
+def request(op: Op, table: int, slot: int, clock: int, count: int = 0,
             dtype: int = 0, width: int = 1) -> np.ndarray:
     """A request header (the payload count follows from the op)."""
-    return np.array([op, table, worker, clock, count, dtype, width, PAYLOADS_IN[op]], dtype=np.int64)
+    return np.array([op, table, slot, clock, count, dtype, width, PAYLOADS_IN[op]], dtype=np.int64)
 
 
 def reply(header: np.ndarray, shard: int, status: Status, *, version: int = 0, count: int = 0,

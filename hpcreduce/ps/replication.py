@@ -121,7 +121,7 @@ class Replication:
 
     def _append(self, entry: Held) -> None:
         self.held.append(entry)
-        self.holding_count[entry.request.worker] += 1
+        self.holding_count[entry.request.slot] += 1
 
     def _acknowledged(self, source: int) -> None:
         ack = np.empty(HEADER_LEN, dtype=np.int64)
@@ -138,12 +138,12 @@ class Replication:
         """Send every held reply whose turn has come (per worker, in order)."""
         blocked, waiting = set(), deque()
         for entry in self.held:
-            worker = entry.request.worker
-            if worker not in blocked and (entry.acked or not entry.forwarded):
+            slot = entry.request.slot
+            if slot not in blocked and (entry.acked or not entry.forwarded):
                 self.server._send(entry.header, entry.request.source, None, TAG_REPLY)
-                self.holding_count[worker] -= 1
+                self.holding_count[slot] -= 1
             else:
-                blocked.add(worker)
+                blocked.add(slot)
                 waiting.append(entry)
         self.held = waiting
 
@@ -162,7 +162,7 @@ class Replication:
             raise RuntimeError(f"server rank {server.comm.Get_rank()}: forwarded push from rank "
                                f"{source} refused: {protocol.refusal(*request.problem)}")
         gradient = request.payloads[0] if request.op == Op.PUSH else (request.local, request.payloads[1])
-        status = replica.accept(request.worker, request.clock, request.table, gradient)
+        status = replica.accept(request.slot, request.clock, request.table, gradient)
         if status != Status.OK:
             replica.recycle(request.table, request.borrowed)
         ack = protocol.reply(request.header, replica.state.shard, status)

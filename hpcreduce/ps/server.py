@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.context import Traffic
-from ..train.optimizers import Optimizer
+from .optimizers import Optimizer
 from . import inbox, protocol
 from .consistency import Consistency
 from .engine import ShardEngine
@@ -96,10 +96,10 @@ class Server:
             source = status.Get_source()
             if status.Get_tag() == TAG_REQUEST:
                 request = inbox.receive(self.comm, source, self.layout, self.state, self.engine.take_buffer)
-                if request.worker < 0 or request.worker not in self.queues:
+                if request.slot < 0 or request.slot not in self.queues:
                     self._answer(request)
                 else:
-                    self.queues[request.worker].append(request)
+                    self.queues[request.slot].append(request)
                     self._make_progress()
             else:
                 self.replication.handle(status.Get_tag(), source)
@@ -137,16 +137,16 @@ class Server:
 
     def _answer(self, request: Request) -> bool:
         """Answer ``request`` if consistency allows it now; False if it must wait."""
-        worker = request.worker
-        if worker >= 0 and request.clock > self.state.clocks[worker]:
-            self.state.clocks[worker] = request.clock
+        slot = request.slot
+        if slot >= 0 and request.clock > self.state.clocks[slot]:
+            self.state.clocks[slot] = request.clock
             self._clock_moved()
-        if request.op in PULLS and self.replication is not None and self.replication.holding(worker):
+        if request.op in PULLS and self.replication is not None and self.replication.holding(slot):
             return False  # its earlier pushes are not acknowledged yet: replies stay in order
         if request.problem is not None:
             self._refuse(request)
         elif request.op == Op.RELEASE:
-            self.released[worker] = True
+            self.released[slot] = True
             self._clock_moved()
         elif request.op in PULLS:
             slowest = self.slowest()
@@ -171,7 +171,7 @@ class Server:
     def _read(self, request: Request, slowest: int) -> None:
         table = self.state.tables[request.table]
         self.state.read_staleness[max(0, request.clock - slowest)] += 1
-        table.read_version[request.worker] = table.version
+        table.read_version[request.slot] = table.version
         if table.sparse:
             self._reply(request, Status.OK, table.values[request.local], reads=None)
         else:
@@ -182,7 +182,7 @@ class Server:
         if replication is not None:
             replication.pin(request)
         gradient = request.payloads[0] if request.op == Op.PUSH else (request.local, request.payloads[1])
-        status = self.engine.accept(request.worker, request.clock, request.table, gradient)
+        status = self.engine.accept(request.slot, request.clock, request.table, gradient)
         if status == Status.LATE:
             if replication is not None:
                 replication.unpin(request)
@@ -196,8 +196,8 @@ class Server:
     def _refuse(self, request: Request) -> None:
         status, detail = request.problem
         self._release_buffer(request)
-        if 0 <= request.worker < self.state.workers:
-            self.state.refused[request.worker] += 1
+        if 0 <= request.slot < self.state.slot_count:
+            self.state.refused[request.slot] += 1
         self.state.refusals[status.name] += 1
         if request.op in protocol.REPLIED:
             self._reply(request, status, detail=detail)
@@ -214,7 +214,7 @@ class Server:
                                 slowest=self.slowest())
         if forward:
             self.replication.forward(request, header)
-        elif self.replication is not None and self.replication.holding(request.worker):
+        elif self.replication is not None and self.replication.holding(request.slot):
             self.replication.hold(request, header)
         else:
             self._send(header, request.source, None)

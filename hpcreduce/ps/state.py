@@ -1,12 +1,12 @@
 """Everything one server shard knows, in one picklable object.
 
 ``ShardState`` holds the shard's tables (values and optimizer state), the workers'
-clocks, the per-worker push bookkeeping that makes pushes exactly-once (the last
-step each worker pushed to each table, applied/duplicate/refused counters), the BSP
+clocks, the per-slot push bookkeeping that makes pushes exactly-once (the last step
+each worker slot pushed to each table, applied/duplicate/refused counters), the BSP
 gradients waiting for their step to complete, and the measured staleness. Nothing
-else on the server is state: the fault-tolerance layer replicates a shard by
-shipping ``snapshot()`` (or the updates applied to it) to the next server and
-resumes a dead shard from that copy.
+else on the server is state: replication ships it (or the updates applied to it) to
+the next server, and recovery resumes a dead shard from that copy.
+Per-slot arrays have ``slot_count`` entries: one per worker slot ever handed out.
 """
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from ..train.optimizers import Optimizer
 from .layout import Layout
+from .optimizers import Optimizer
+from .tables import position_index
 
 RowGrads = Tuple[np.ndarray, np.ndarray]
 Pending = Dict[int, Dict[int, List[Tuple[int, Union[np.ndarray, RowGrads]]]]]
+COUNTERS = ("applied", "duplicates", "refused")
 
 
 @dataclass
@@ -30,17 +32,17 @@ class TableShard:
 
     Dense: ``values`` is the flat piece ``[start, start + values.size)`` of the table.
     Sparse: ``values[i]`` is row ``ids[i]`` (``ids`` sorted: the rows this shard owns),
-    and ``position[id]`` is that i, or -1 for a row owned elsewhere (4 bytes per row of
-    the table, for lookups in one gather).
-    ``version`` counts the updates applied here; ``read_version[w]`` is the version
-    worker slot w last read, so an update's lag is ``version - read_version[w]``.
+    and ``position`` is their position index (``tables.position_index``).
+    ``optimizer_state`` holds the optimizer's arrays, shaped like ``values``.
+    ``version`` counts the updates applied here; ``read_version[s]`` is the version
+    worker slot s last read, so an update's lag is ``version - read_version[s]``.
     """
 
     table: int
     sparse: bool
     values: np.ndarray
-    slots: Dict[str, np.ndarray]
-    workers: int
+    optimizer_state: Dict[str, np.ndarray]
+    slot_count: int
     start: int = 0
     ids: Optional[np.ndarray] = None
     position: Optional[np.ndarray] = None
@@ -50,9 +52,14 @@ class TableShard:
 
     def __post_init__(self):
         if self.last_push is None:
-            self.last_push = np.full(self.workers, -1, dtype=np.int64)
+            self.last_push = np.full(self.slot_count, -1, dtype=np.int64)
         if self.read_version is None:
-            self.read_version = np.zeros(self.workers, dtype=np.int64)
+            self.read_version = np.zeros(self.slot_count, dtype=np.int64)
+
+    def own_rows(self, ids: np.ndarray, rows: int) -> None:
+        """Make ``ids`` (sorted) the rows of this sparse shard of a ``rows``-row table."""
+        self.ids = ids
+        self.position = position_index(ids, rows)
 
 
 @dataclass
@@ -60,7 +67,7 @@ class ShardState:
     """A server shard's whole state (see the module docstring)."""
 
     shard: int
-    workers: int
+    slot_count: int
     tables: Dict[int, TableShard]
     clocks: np.ndarray
     applied: np.ndarray
@@ -74,49 +81,63 @@ class ShardState:
     traffic: Dict[int, List[int]] = field(default_factory=dict)
 
     @classmethod
+    def empty(cls, shard: int, tables: Dict[int, TableShard], slot_count: int,
+              applied_steps: int = 0) -> "ShardState":
+        """A state around ``tables`` with zeroed clocks, counters and histograms."""
+        def zeros() -> np.ndarray:
+            return np.zeros(slot_count, dtype=np.int64)
+        return cls(shard, slot_count, tables, zeros(), zeros(), zeros(), zeros(), applied_steps=applied_steps)
+
+    @classmethod
     def create(cls, layout: Layout, shard: int, initial: Mapping[str, np.ndarray],
                optimizers: Mapping[int, Optimizer]) -> "ShardState":
         """Shard ``shard``'s part of the ``initial`` values, with zeroed optimizer state."""
-        workers = layout.slot_count
+        slot_count = layout.slot_count
         tables: Dict[int, TableShard] = {}
         for piece in layout.placement.pieces_on(shard):
             spec = layout.specs[piece.table]
             flat = np.asarray(initial[spec.name], dtype=spec.dtype).reshape(-1)
             values = flat[piece.start:piece.stop].copy()
             tables[piece.table] = TableShard(piece.table, False, values,
-                                             optimizers[piece.table].init_state(values), workers,
+                                             optimizers[piece.table].init_state(values), slot_count,
                                              start=piece.start)
         for table, spec in enumerate(layout.specs):
             if spec.sparse:
                 ids = layout.placement.rows_on(table, shard)
                 values = np.asarray(initial[spec.name], dtype=spec.dtype)[ids].copy()
-                position = np.full(spec.shape[0], -1, dtype=np.int32 if len(ids) < 2**31 else np.int64)
-                position[ids] = np.arange(len(ids))
-                tables[table] = TableShard(table, True, values, optimizers[table].init_state(values),
-                                           workers, ids=ids, position=position)
+                tables[table] = TableShard(table, True, values, optimizers[table].init_state(values), slot_count)
+                tables[table].own_rows(ids, spec.shape[0])
+        return cls.empty(shard, tables, slot_count)
 
-        def zeros() -> np.ndarray:
-            return np.zeros(workers, dtype=np.int64)
-        return cls(shard, workers, tables, zeros(), zeros(), zeros(), zeros())
-
-    def grow(self, slots: int) -> None:
-        """Make room for worker slots up to ``slots`` (workers that joined), counters at zero."""
-        extra = slots - self.workers
+    def grow(self, slot_count: int) -> None:
+        """Make room for worker slots up to ``slot_count`` (workers that joined), counters at zero."""
+        extra = slot_count - self.slot_count
         if extra <= 0:
             return
-        for name in ("clocks", "applied", "duplicates", "refused"):
+        for name in ("clocks", *COUNTERS):
             setattr(self, name, np.concatenate([getattr(self, name), np.zeros(extra, np.int64)]))
         for table in self.tables.values():
             table.last_push = np.concatenate([table.last_push, np.full(extra, -1, np.int64)])
             table.read_version = np.concatenate([table.read_version, np.zeros(extra, np.int64)])
-            table.workers = slots
-        self.workers = slots
+            table.slot_count = slot_count
+        self.slot_count = slot_count
 
     def count_traffic(self, step: int, sent: int, received: int) -> None:
         """Payload bytes moved for a request of ``step`` (the worker's clock)."""
         cell = self.traffic.setdefault(int(step), [0, 0])
         cell[0] += sent
         cell[1] += received
+
+    def merge_counters(self, others: "List[ShardState]") -> None:
+        """Add the push counters, histograms and traffic of ``others`` into this state's."""
+        for other in others:
+            for name in COUNTERS:
+                mine, theirs = getattr(self, name), getattr(other, name)
+                mine[:len(theirs)] += theirs
+            for name in ("refusals", "read_staleness", "update_lag"):
+                getattr(self, name).update(getattr(other, name))
+            for step, cell in other.traffic.items():
+                self.count_traffic(step, *cell)
 
     def snapshot(self) -> "ShardState":
         """A deep copy: what a replica holds."""
@@ -125,11 +146,8 @@ class ShardState:
     def summary(self) -> Dict[str, object]:
         """Counters and histograms as plain numbers (mergeable across shards)."""
         return {
-            "applied": self.applied.tolist(),
-            "duplicates": self.duplicates.tolist(),
-            "refused": self.refused.tolist(),
+            **{name: getattr(self, name).tolist() for name in COUNTERS},
             "refusals": dict(self.refusals),
             "read_staleness": dict(self.read_staleness),
             "update_lag": dict(self.update_lag),
-            "traffic": {step: list(cell) for step, cell in self.traffic.items()},
         }

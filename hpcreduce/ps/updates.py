@@ -10,7 +10,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..train.optimizers import Optimizer
+from .optimizers import Optimizer
 from .state import TableShard
 
 
@@ -26,7 +26,7 @@ def local_rows(table: TableShard, ids: np.ndarray) -> Tuple[np.ndarray, Optional
 
 def apply_dense(table: TableShard, grad: np.ndarray, optimizer: Optimizer, step: int) -> None:
     """One optimizer update of the whole dense piece."""
-    optimizer.update(table.values, grad, table.slots, step)
+    optimizer.update(table.values, grad, table.optimizer_state, step)
     table.version += 1
 
 
@@ -34,11 +34,11 @@ def apply_rows(table: TableShard, local: np.ndarray, grads: np.ndarray, optimize
                step: int) -> None:
     """One lazy update of the rows at positions ``local`` (unique) of a sparse table."""
     rows = table.values[local]
-    slots = {name: slot[local] for name, slot in table.slots.items()}
-    optimizer.update(rows, grads, slots, step)
+    state = {name: array[local] for name, array in table.optimizer_state.items()}
+    optimizer.update(rows, grads, state, step)
     table.values[local] = rows
-    for name, slot in slots.items():
-        table.slots[name][local] = slot
+    for name, array in state.items():
+        table.optimizer_state[name][local] = array
     table.version += 1
 
 

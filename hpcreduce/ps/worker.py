@@ -10,7 +10,7 @@ A call is checked here first (table, shape, dtype, ids) and raises ``PSInputErro
 before anything is sent. It then goes to the shards holding the table's pieces or
 rows (``Layout.placement``), all at once; the reply receives are posted straight into
 the result (dense pulls land in the output array, no copy). Each request carries the
-worker's clock, which is a push's step: the pair (worker, step) lets a server refuse a
+worker's clock, which is a push's step: the pair (slot, step) lets a server refuse a
 duplicate, so push at most once per table per step.
 Cost per call: one 64 B header to each shard involved, the payload, and a 64 B reply.
 """
@@ -22,21 +22,20 @@ from typing import Any, Callable, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from ..errors import PSInputError
 from ..runtime.context import Traffic
 from ..runtime.failures import abandon
-from ..train.model import ParamSpec
 from . import protocol
-from .errors import PSInputError
 from .handles import Handle, Part, PushResult, push_result
 from .layout import Layout
-from .placement import row_width
 from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op
+from .tables import ParamSpec, row_width
 
 
-class PSWorker:
+class Worker:
     """One worker rank's client of the servers of ``layout``.
 
-    ``id`` is the worker's slot (stable: it names the worker in every request);
+    ``slot`` is the worker's stable name in every request (``Layout``);
     ``index`` its position among the live workers (its share of a batch).
     ``guard(what)`` wraps every blocking wait (the fault-tolerance watchdog).
     """
@@ -44,9 +43,9 @@ class PSWorker:
     def __init__(self, comm: MPI.Intracomm, layout: Layout, traffic: Optional[Traffic] = None, *,
                  guard: Callable[[str], Any] = lambda what: nullcontext(), clock: int = 0):
         self.comm, self.layout = comm, layout
-        self.id = layout.worker_of(comm.Get_rank())
+        self.slot = layout.slot_of(comm.Get_rank())
         self.index = layout.worker_index(comm.Get_rank())
-        if self.id < 0:
+        if self.slot < 0:
             raise PSInputError(f"rank {comm.Get_rank()} is a server in this layout, not a worker")
         self.traffic = traffic if traffic is not None else Traffic()
         self.guard = guard
@@ -144,7 +143,7 @@ class PSWorker:
         """Tell every server this worker is done (it stops counting in consistency);
         a server's ``serve()`` returns once every worker has released it."""
         self._tell_servers(Op.RELEASE)
-        with self.guard(f"worker slot {self.id} releasing the servers"):
+        with self.guard(f"worker slot {self.slot} releasing the servers"):
             MPI.Request.Waitall([request for request, _ in self._unanswered])
         self._unanswered.clear()
 
@@ -176,7 +175,7 @@ class PSWorker:
 
     def _header(self, op: Op, table: int, count: int, spec: ParamSpec) -> np.ndarray:
         width = row_width(spec) if spec.sparse else 1
-        return protocol.request(op, table, self.id, self.clock_value, count,
+        return protocol.request(op, table, self.slot, self.clock_value, count,
                                 protocol.dtype_code(spec.dtype), width)
 
     def _request(self, rank: int, header: np.ndarray, payloads: List[np.ndarray],
@@ -207,7 +206,7 @@ class PSWorker:
     def _tell_servers(self, op: Op) -> None:
         self._retire_unanswered()
         for rank in self.layout.shard_ranks.values():
-            header = protocol.request(op, 0, self.id, self.clock_value)
+            header = protocol.request(op, 0, self.slot, self.clock_value)
             self._unanswered.append((self.comm.Isend(header, rank, TAG_REQUEST), header))
 
     def _retire_unanswered(self) -> None:

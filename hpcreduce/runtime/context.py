@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from ..errors import FaultToleranceUnavailableError
 from . import environment
+from .spawn import merge_with_parent
 
 
 @dataclass
@@ -71,6 +72,10 @@ class Context:
                 f"ft={self.ft}, cuda_aware={self.cuda_aware})")
 
 
+Comm = Union[None, Context, MPI.Intracomm]
+"""What a collective or a PS job runs over: hpcreduce's default context (None), a context,
+or a user's intracommunicator (hpcreduce works on its own duplicate of it)."""
+
 _default: Optional[Context] = None
 _dup_keyval: Optional[int] = None
 
@@ -89,7 +94,6 @@ def init(*, ft: Optional[bool] = None, cuda_aware: Optional[bool] = None) -> Con
         return _default
     start_mpi()
     settings = launch_settings(ft=ft, cuda_aware=cuda_aware)
-    from ..ft.growth import merge_with_parent
     comm = merge_with_parent()
     joined = comm is not None
     if comm is None:
@@ -120,7 +124,7 @@ def launch_settings(*, ft: Optional[bool] = None, cuda_aware: Optional[bool] = N
     }
 
 
-def resolve(comm: Union[None, Context, MPI.Intracomm]) -> Context:
+def resolve(comm: Comm) -> Context:
     """The context a collective runs on: the default one, the one given, or the
     private duplicate of a user's communicator (made on first use, collectively over
     that communicator, and cached on it as an attribute)."""

@@ -11,20 +11,12 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from ..errors import HpcreduceError
+from ..arrays import visible_gpus
 
 # Set by the launchers for each rank: Open MPI, MPICH/Intel MPI (Hydra), Slurm's srun,
 # MVAPICH, Cray PALS. The first one present wins.
 LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
                         "MV2_COMM_WORLD_LOCAL_RANK", "PALS_LOCAL_RANKID")
-
-
-class GpuUnavailableError(HpcreduceError, RuntimeError):
-    """GPU work was asked for, but cupy or a visible GPU is missing on some rank.
-
-    Raised before any data moves; nothing to recover. Install cupy (``hpcreduce[gpu]``)
-    and run where the ranks see a GPU, or leave the GPU option out.
-    """
 
 
 def node_local_rank(env: Optional[Mapping[str, str]] = None, comm=None) -> int:
@@ -59,15 +51,3 @@ def select_device(local_rank: Optional[int] = None) -> int:
     import cupy
     cupy.cuda.Device(index).use()
     return index
-
-
-def visible_gpus() -> int:
-    """The number of GPUs cupy sees; ``GpuUnavailableError`` when none (or no cupy)."""
-    try:
-        import cupy
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as err:  # ImportError, or CUDA errors where no driver is installed
-        raise GpuUnavailableError(f"no usable GPU: {type(err).__name__}: {err}") from err
-    if count < 1:
-        raise GpuUnavailableError("no usable GPU: cupy sees 0 devices")
-    return count

@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
-from ..ft.options import FaultConfig
-from .optimizers import OPTIMIZERS
+from ..errors import SettingProblem, setting_problem
+from ..ft.config import FaultConfig
+from ..ps.consistency import KINDS as CONSISTENCIES
+from ..ps.layout import servers_problem
+from ..ps.optimizers import OPTIMIZERS
+from ..runtime.files import path_problem
 
 MODES = ("ring", "ps")
-CONSISTENCIES = ("bsp", "ssp", "asp")
 PROGRESS = ("auto", "bar", "lines", "none")
+OUTPUTS = ("json_path", "metrics_path", "timeline_path")
 
 
 @dataclass
@@ -39,45 +43,68 @@ class TrainConfig:
     timeline_path: Optional[str] = None
     fault: FaultConfig = field(default_factory=FaultConfig)
 
-    def problems(self, size: int) -> list:
-        """What is wrong with these settings for a job of ``size`` ranks (empty when fine)."""
+    def problems(self, size: int, ft: bool = True) -> List[SettingProblem]:
+        """What is wrong with these settings for a job of ``size`` ranks (``ft``: with ULFM),
+        by field name; empty when fine. The same on every rank (output files are checked
+        by ``output_problems``, on the rank that writes them)."""
         found = []
         if self.mode not in MODES:
-            found.append(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+            found.append(_choice("mode", MODES, self.mode))
         if self.consistency not in CONSISTENCIES:
-            found.append(f"--consistency must be one of {', '.join(CONSISTENCIES)}, got {self.consistency!r}")
+            found.append(_choice("consistency", CONSISTENCIES, self.consistency))
         if self.steps < 1 or self.batch < 1:
-            found.append(f"--steps and --batch must be at least 1, got {self.steps} and {self.batch}")
+            found.append(setting_problem("{steps} and {batch} must be at least 1, got {a} and {b}",
+                                         a=self.steps, b=self.batch))
         if not self.lr > 0:
-            found.append(f"--lr must be positive, got {self.lr}")
+            found.append(setting_problem("{lr} must be positive, got {value}", value=self.lr))
         if self.optimizer not in OPTIMIZERS:
-            found.append(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+            found.append(_choice("optimizer", tuple(OPTIMIZERS), self.optimizer))
         if self.seed < 0:
-            found.append(f"--seed must be >= 0, got {self.seed}")
+            found.append(setting_problem("{seed} must be >= 0, got {value}", value=self.seed))
         if self.progress not in PROGRESS:
-            found.append(f"--progress must be one of {', '.join(PROGRESS)}, got {self.progress!r}")
+            found.append(_choice("progress", PROGRESS, self.progress))
         if self.mode == "ring" and (self.consistency != "bsp" or self.staleness or self.servers != 1
                                     or self.fetch_every != 1 or self.push_every != 1):
-            found.append("--servers, --consistency, --staleness, --fetch-every and --push-every "
-                         "belong to --mode ps; ring mode is synchronous")
+            found.append(setting_problem("{servers}, {consistency}, {staleness}, {fetch_every} and "
+                                         "{push_every} belong to {mode} ps; ring mode is synchronous"))
         if self.mode == "ps":
-            if not 1 <= self.servers < size:
-                found.append(f"--servers K needs 1 <= K < ranks ({size}), got {self.servers}")
-            if self.consistency != "ssp" and self.staleness:
-                found.append("--staleness only applies to --consistency ssp")
-            if self.consistency == "ssp" and self.staleness < 0:
-                found.append(f"--staleness must be >= 0, got {self.staleness}")
-            if self.consistency != "asp" and (self.fetch_every != 1 or self.push_every != 1):
-                found.append("--fetch-every and --push-every only apply to --consistency asp")
-            if self.fetch_every < 1 or self.push_every < 1:
-                found.append("--fetch-every and --push-every must be at least 1")
-        return found
+            found += self._ps_problems(size, ft)
+        return found + self.fault.problems()
 
-    def output_paths(self) -> Dict[str, str]:
-        """The files rank 0 or the reporting rank will write, by flag: --json, --metrics, --timeline."""
-        paths = (("--json", self.json_path), ("--metrics", self.metrics_path),
-                 ("--timeline", self.timeline_path))
-        return {flag: path for flag, path in paths if path}
+    def _ps_problems(self, size: int, ft: bool) -> List[SettingProblem]:
+        found = [servers_problem(self.servers, size)]
+        if self.consistency != "ssp" and self.staleness:
+            found.append(setting_problem("{staleness} only applies to {consistency} ssp"))
+        if self.consistency == "ssp" and self.staleness < 0:
+            found.append(setting_problem("{staleness} must be >= 0, got {value}", value=self.staleness))
+        if self.consistency != "asp" and (self.fetch_every != 1 or self.push_every != 1):
+            found.append(setting_problem("{fetch_every} and {push_every} only apply to {consistency} asp"))
+        if self.fetch_every < 1 or self.push_every < 1:
+            found.append(setting_problem("{fetch_every} and {push_every} must be at least 1"))
+        fault = self.fault
+        if not ft and (fault.kills or fault.kill_random or fault.grow or fault.discover or fault.replace
+                       or fault.checkpoint_dir):
+            found.append(setting_problem(
+                "in {mode} ps, {kills}, {kill_random}, {grow}, {discover}, {replace} and {checkpoint_dir} "
+                "need in-job fault tolerance: launch with ULFM (hpcreduce launch --ft); the parameter "
+                "server has no checkpoint-and-relaunch fallback"))
+        return [problem for problem in found if problem is not None]
+
+    def output_problems(self) -> List[SettingProblem]:
+        """The output files (json_path, metrics_path, timeline_path) that cannot be written
+        here (their folders are created)."""
+        found = []
+        for name in OUTPUTS:
+            path = getattr(self, name)
+            why = path_problem(path) if path else None
+            if why:
+                found.append(setting_problem("{%s} {path}: {why}" % name, path=path, why=why))
+        return found
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
+
+
+def _choice(name: str, choices: Sequence[str], value: object) -> SettingProblem:
+    return setting_problem("{%s} must be one of {choices}, got {value!r}" % name,
+                           choices=", ".join(choices), value=value)

@@ -1,7 +1,8 @@
 """The model interface both topologies train: named parameters and a loss with gradients.
 
-A model declares its parameters (dense tensors, and sparse tables whose rows are keyed
-by int64 ids) and computes, for a batch, the summed loss and the summed gradients.
+A model declares its parameters (``ParamSpec``: dense tensors, and sparse tables whose
+rows are keyed by int64 ids; the parameter server's tables are declared the same way)
+and computes, for a batch, the summed loss and the summed gradients.
 The trainers scale gradients by 1/global_batch, so the workers' gradients add up to
 the global batch's mean gradient whatever the number of workers.
 
@@ -10,20 +11,11 @@ Bring your own model by implementing ``Model``: see ``hpcreduce.train.models`` f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Tuple, Union
+from typing import Any, Dict, List, Mapping, Union
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One named parameter. A sparse one is a table of ``shape[0]`` rows keyed by id;
-    only the rows a batch touches are pulled, and only their gradients travel."""
-
-    name: str
-    shape: Tuple[int, ...]
-    dtype: str = "float32"
-    sparse: bool = False
+from ..ps.tables import ParamSpec
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Dict, Mapping, Sequence
 
-from ..collectives.arrays import array_module
+from ..arrays import array_module
 from .model import Grads, Model, Params, ParamSpec, SparseRows
 
 

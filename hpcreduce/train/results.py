@@ -4,31 +4,24 @@ Names scripts read (keep them): ``final.loss``, ``final.accuracy`` (held-out),
 ``final.checksum``, ``staleness.read_max``, ``staleness.read_hist``,
 ``staleness.lag_hist``, ``traffic.bytes_sent`` / ``traffic.bytes_received``
 (per rank, per step). Histograms are lists indexed by clocks: ``hist[k]`` counts
-the events k clocks stale.
+the events k clocks stale (``hpcreduce.ps.stats``).
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
+from ..arrays import to_host
+from ..arrays.hashing import GOLDEN, mix64, name_key, unit_uniform
 from ..runtime.context import Context
 from .config import TrainConfig
-from .data import Dataset
-from .hashing import GOLDEN, mix64, name_key, unit_uniform
-from .model import Model, SparseRows
+from .model import SparseRows
 
 PROGRESS_LINES = 10
-IN_MEMORY_ONLY = ("params",)
-
-
-def to_host(x) -> np.ndarray:
-    """A numpy copy or view of a numpy or cupy array."""
-    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
 
 
 def checksum_terms(name: str, value) -> np.ndarray:
@@ -53,21 +46,6 @@ def checksum(params: Mapping[str, Any]) -> float:
     as zeros); different parameters almost surely differ."""
     return math.fsum(np.concatenate([checksum_terms(name, value) for name, value in params.items()]
                                     or [np.zeros(0)]))
-
-
-def histogram(clocks: Iterable[int]) -> List[int]:
-    """Counts of each staleness value: ``result[k]`` = how many were ``k`` clocks stale."""
-    values = np.asarray(list(clocks), dtype=np.int64)
-    return np.bincount(values).tolist() if values.size else []
-
-
-def staleness_summary(read_clocks: Iterable[int], lag_clocks: Iterable[int]) -> Dict[str, Any]:
-    """``read_max`` and ``read_hist`` of how stale the parameters each read saw were, and
-    ``lag_hist`` of how many clocks late each gradient was applied (PS semantics;
-    ring mode is all zeros: one read and one gradient per worker per step)."""
-    reads = histogram(read_clocks)
-    return {"read_max": len(reads) - 1 if reads else 0, "read_hist": reads,
-            "lag_hist": histogram(lag_clocks)}
 
 
 class StepLog:
@@ -109,71 +87,85 @@ class StepLog:
         return (f"step {step:>{width}}/{self.total_steps}  loss {loss:.4f}  accuracy {accuracy:.4f}"
                 f"  (train, last {len(recent)} steps)  {elapsed:.1f} s")
 
+    def drop_after(self, step: int) -> None:
+        """Forget the steps after ``step`` (they are computed again)."""
+        keep = sum(1 for row in self.rows if row["step"] <= step)
+        del self.rows[keep:], self.bytes_sent[keep:], self.bytes_received[keep:]
+        self._progress_mark = min(self._progress_mark, keep)
+
     def gather_traffic(self) -> Dict[str, List[List[int]]]:
         """Every rank's bytes per step, ``[rank][step]`` (collective; once, at the end)."""
         sent, received = zip(*self.ctx.comm.allgather((self.bytes_sent, self.bytes_received)))
         return {"bytes_sent": list(sent), "bytes_received": list(received)}
 
 
-def build_result(*, config: TrainConfig, ctx: Context, workers: int, model: Model,
-                 dataset: Dataset, log: StepLog, traffic: Mapping[str, Any],
-                 staleness: Mapping[str, Any], loss: float, accuracy: float,
-                 params_checksum: float, train_s: float, wall_s: float,
-                 **extra: Any) -> Dict[str, Any]:
-    """The run's result: config, job shape, data set, per-step metrics, traffic,
-    staleness, timing and ``final`` (held-out loss and accuracy, parameter checksum).
-    ``extra`` keys are added as they are (``params`` stays out of the JSON file)."""
-    return {
-        "config": config.as_dict(),
-        "mode": config.mode,
-        "model": model.name,
-        "ranks": ctx.size,
-        "workers": workers,
-        "servers": ctx.size - workers,
-        "dataset": dataset.info(),
-        "steps": log.rows,
-        "traffic": dict(traffic),
-        "staleness": dict(staleness),
-        "wall_s": wall_s,
-        "train_s": train_s,
-        "samples_per_s": len(log.rows) * config.batch / max(train_s, 1e-9),
-        "final": {"loss": loss, "accuracy": accuracy, "checksum": params_checksum},
-        **extra,
-    }
+@dataclass
+class FinalMetrics:
+    """The trained parameters on the held-out split, and their checksum (see ``checksum``)."""
+
+    loss: float
+    accuracy: float
+    checksum: float
 
 
-def final_line(result: Mapping[str, Any]) -> str:
+@dataclass
+class TrainResult:
+    """What ``train`` returns on every rank.
+
+    ``steps``: one row per step (step, loss, accuracy, examples, wall_s, ...);
+    ``traffic``: ``bytes_sent``/``bytes_received`` per rank, per step; ``staleness``:
+    ``read_max``, ``read_hist``, ``lag_hist``; ``recovery``: the recovery events (runs
+    that can recover); ``ps``: what the parameter servers report (PS mode);
+    ``params``: the trained parameters, whole (kept in memory, never written).
+    ``to_json()`` is what ``--json`` writes, under the names scripts read.
+    """
+
+    config: TrainConfig
+    model: str
+    ranks: int
+    worker_count: int
+    dataset: Dict[str, Any]
+    steps: List[Dict[str, Any]]
+    traffic: Dict[str, List[List[int]]]
+    staleness: Dict[str, Any]
+    wall_s: float
+    train_s: float
+    final: FinalMetrics
+    params: Dict[str, Any] = field(default_factory=dict, repr=False)
+    recovery: Optional[List[Dict[str, Any]]] = None
+    ps: Optional[Dict[str, Any]] = None
+
+    @property
+    def mode(self) -> str:
+        return self.config.mode
+
+    @property
+    def servers(self) -> int:
+        return self.ranks - self.worker_count
+
+    @property
+    def samples_per_s(self) -> float:
+        return len(self.steps) * self.config.batch / max(self.train_s, 1e-9)
+
+    def to_json(self) -> Dict[str, Any]:
+        """The result as plain JSON values (``params`` left out)."""
+        found = {"config": self.config.as_dict(), "mode": self.mode, "model": self.model, "ranks": self.ranks,
+                 "workers": self.worker_count, "servers": self.servers, "dataset": self.dataset, "steps": self.steps,
+                 "traffic": self.traffic, "staleness": self.staleness, "wall_s": self.wall_s,
+                 "train_s": self.train_s, "samples_per_s": self.samples_per_s, "final": asdict(self.final)}
+        if self.ps is not None:
+            found["ps"] = self.ps
+        if self.recovery is not None:
+            found["recovery"] = self.recovery
+        return found
+
+
+def final_line(result: TrainResult) -> str:
     """One line summing up a result."""
-    final, data = result["final"], result["dataset"]
+    final, data = result.final, result.dataset
     bayes = data.get("bayes_accuracy")
     reference = f", Bayes accuracy {bayes:.4f}" if bayes is not None else ""
-    return (f"final: loss {final['loss']:.4f}  accuracy {final['accuracy']:.4f}  "
+    return (f"final: loss {final.loss:.4f}  accuracy {final.accuracy:.4f}  "
             f"(held out: {data['test_examples']} examples{reference})  "
-            f"checksum {final['checksum']:.12e}  {result['wall_s']:.2f} s, "
-            f"{result['samples_per_s']:.0f} samples/s on {result['workers']} workers")
-
-
-def json_path_problem(path: str, flag: str = "--json") -> Optional[str]:
-    """Why ``write_json`` (or any writer of the file ``flag`` names) could not write
-    ``path`` (its folder is created if missing), or None."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as err:
-        return f"{flag} {path}: cannot create its folder: {err.strerror}"
-    if os.path.isdir(path) or not os.access(folder, os.W_OK):
-        return f"{flag} {path}: not a writable file path"
-    return None
-
-
-def write_json(path: str, result: Mapping[str, Any]) -> None:
-    """Write ``result`` but its in-memory-only keys (``params``) to ``path`` (parent
-    folders created; the file replaced atomically)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    partial = f"{path}.partial"
-    with open(partial, "w", encoding="utf-8") as out:
-        json.dump({key: value for key, value in result.items() if key not in IN_MEMORY_ONLY},
-                  out, indent=1)
-        out.write("\n")
-    os.replace(partial, path)
+            f"checksum {final.checksum:.12e}  {result.wall_s:.2f} s, "
+            f"{result.samples_per_s:.0f} samples/s on {result.worker_count} workers")

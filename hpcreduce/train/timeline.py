@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import time
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
+
+from ..runtime.files import atomic_file
 
 PHASES = ("compute", "communication", "wait")
 PENDING = -1.0
@@ -111,11 +112,8 @@ class Timeline:
                  "displayTimeUnit": "ms",
                  "otherData": {"ranks": len(gathered), "phases": list(PHASES),
                                "clock": "aligned by a barrier at the end of the run"}}
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        with open(f"{path}.partial", "w", encoding="utf-8") as out:
+        with atomic_file(path) as out:
             json.dump(trace, out, separators=(",", ":"))
-        os.replace(f"{path}.partial", path)
 
 
 def one_naming(gathered: Sequence[Tuple[np.ndarray, List[str], List[str]]]

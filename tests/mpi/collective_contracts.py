@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 import hpcreduce
 from hpcreduce.collectives.allreduce import reduce_flat
-from hpcreduce.collectives.arrays import Workspace, host_allocator
+from hpcreduce.collectives.workspace import Workspace, host_allocator
 from hpcreduce.collectives.native import native_allreduce
 from hpcreduce.collectives.ops import OPS
 from hpcreduce.collectives.recursive_doubling import recursive_doubling_allreduce

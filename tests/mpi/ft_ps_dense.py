@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 import hpcreduce
 from hpcreduce.ft.inject import Kill
-from hpcreduce.ft.options import FaultConfig
+from hpcreduce.ft.config import FaultConfig
 from hpcreduce.train import TrainConfig, train
 from hpcreduce.train.models import MLP, digits_dataset
 
@@ -40,30 +40,30 @@ base = TrainConfig(mode="ps", model="mlp", servers=3, steps=20, batch=60, lr=0.0
 
 
 def exactly_once(result):
-    pushes = result["ps"]["pushes"]
-    for slot in result["ps"]["worker_slots"]:
+    pushes = result.ps["pushes"]
+    for slot in result.ps["worker_slots"]:
         assert pushes["applied_per_worker"][slot] == pushes["made_per_worker"][slot], (slot, pushes)
     return pushes
 
 
 reference = train(model, data, base, comm=ctx, verbose=False)
-assert "recovery" in reference and reference["recovery"] == []
-assert len(reference["ps"]["pieces"]["w1"]) == 3, "w1 is cut over the three servers"
+assert reference.recovery == []
+assert len(reference.ps["pieces"]["w1"]) == 3, "w1 is cut over the three servers"
 
 killed = train(model, data, dataclasses.replace(base, fault=FaultConfig(kills=[Kill(1, 8)])),
                comm=ctx, verbose=False)
-events = killed["recovery"]
+events = killed.recovery
 assert [e["lost_servers"] for e in events] == [[1]] and events[0]["shards_adopted"] == [1], events
 assert events[0]["moved_bytes"] > 0 and events[0]["to_next_step_s"] is not None, events
-assert len(killed["ps"]["pieces"]["w1"]) == 2, "w1 is cut again over the two survivors"
-assert killed["final"]["checksum"] == reference["final"]["checksum"], (killed["final"], reference["final"])
+assert len(killed.ps["pieces"]["w1"]) == 2, "w1 is cut again over the two survivors"
+assert killed.final.checksum == reference.final.checksum, (killed.final, reference.final)
 exactly_once(killed)
 
 asp = dataclasses.replace(base, servers=2, consistency="asp", fault=FaultConfig(kills=[Kill(1, 10)]))
 result = train(model, data, asp, comm=ctx, verbose=False)
-assert [e["lost_servers"] for e in result["recovery"]] == [[1]], result["recovery"]
+assert [e["lost_servers"] for e in result.recovery] == [[1]], result.recovery
 pushes = exactly_once(result)
-assert result["final"]["loss"] < 1.5, result["final"]  # it trained: ln(10) = 2.3 at the start; ASP is noisy
+assert result.final.loss < 1.5, result.final  # it trained: ln(10) = 2.3 at the start; ASP is noisy
 if ctx.rank == 0:
     print(f"ft ps dense: bsp checksum equal after a server loss, asp exactly once "
           f"(applied {pushes['applied_per_worker']}, duplicates {pushes['duplicates_per_worker']})",

@@ -6,10 +6,11 @@ import argparse
 
 import hpcreduce
 from hpcreduce.benchmarks import ps
+from hpcreduce.cli import bench_flags
 
 ctx = hpcreduce.init()
 parser = argparse.ArgumentParser()
-ps.add_arguments(parser)
+bench_flags.ps_flags(parser)
 args = parser.parse_args(["--sizes", "4K,96K", "--rows", "64", "--table-rows", "1000", "--rounds", "2"])
 result = ps.run(ctx, args)
 cases = [(row["servers"], row["case"]) for row in result["rows"]]

@@ -8,14 +8,13 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcreduce
-from hpcreduce.ps import (Consistency, PSConfigError, PSInputError, PSRefusedError,
+from hpcreduce.ps import (Consistency, ParamSpec, PSConfigError, PSInputError, PSRefusedError,
                           PSTrainingError, Server, start)
-from hpcreduce.ps.collect import merge_summaries
 from hpcreduce.ps.protocol import (DTYPES, HEADER_LEN, TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op,
                                    Rep, Status, request)
-from hpcreduce.ps.training import run_ps_training
+from hpcreduce.ps.stats import merge_summaries
 from hpcreduce.train.config import TrainConfig
-from hpcreduce.train.model import ParamSpec
+from hpcreduce.train.ps.trainer import run_ps_training
 
 ctx = hpcreduce.init()
 comm, rank, size = ctx.comm, ctx.rank, ctx.size
@@ -39,18 +38,18 @@ def expect(error, fragment, call):
 
 def check_bad_settings_fail_everywhere():
     initial = lambda: INITIAL  # noqa: E731
-    expect(PSConfigError, "1 <= K < ranks", lambda: start(ctx, SPECS, initial, servers=4,
-                                                          consistency=Consistency("bsp")))
-    expect(PSConfigError, "1 <= K < ranks", lambda: start(ctx, SPECS, initial, servers=0,
-                                                          consistency=Consistency("bsp")))
+    expect(PSConfigError, "1 <= K < ranks", lambda: start(SPECS, initial, servers=4,
+                                                          consistency=Consistency("bsp"), comm=ctx))
+    expect(PSConfigError, "1 <= K < ranks", lambda: start(SPECS, initial, servers=0,
+                                                          consistency=Consistency("bsp"), comm=ctx))
     lacking = lambda: {"big": INITIAL["big"]}  # noqa: E731
     expect(PSTrainingError,
-           "setup failed on rank 0: PSConfigError: init_params gave no value for table 'bias'",
-           lambda: start(ctx, SPECS, lacking, servers=2, consistency=Consistency("bsp")))
+           "setup failed on rank 0: PSConfigError: the initial values have no table 'bias'",
+           lambda: start(SPECS, lacking, servers=2, consistency=Consistency("bsp"), comm=ctx))
     config = TrainConfig(mode="ps", servers=1, consistency="ssp", staleness=1, fetch_every=2)
-    expect(PSConfigError, "--fetch-every and --push-every only apply to --consistency asp",
+    expect(PSConfigError, "fetch_every and push_every only apply to consistency asp",
            lambda: run_ps_training(ctx, config, None, None))
-    expect(PSConfigError, "--servers K needs", lambda: run_ps_training(
+    expect(PSConfigError, "servers K needs", lambda: run_ps_training(
         ctx, dataclasses.replace(config, servers=4, fetch_every=1), None, None))
     comm.Barrier()  # nothing hangs, nothing is left in flight
 
@@ -71,11 +70,11 @@ def raw(server_rank, header, payloads=(), reply_payload=None):
 
 def protocol_session():
     """ASP with SGD: values, updates, duplicates, refusals; returns (applied, duplicates, refused)."""
-    role = start(ctx, SPECS, lambda: INITIAL, servers=SERVERS, consistency=Consistency("asp"), lr=LR)
+    role = start(SPECS, lambda: INITIAL, servers=SERVERS, consistency=Consistency("asp"), lr=LR, comm=ctx)
     if isinstance(role, Server):
         role.serve()
         return role.state.summary(), None
-    worker, w = role, role.id
+    worker, w = role, role.slot
     counts = {"applied": 0, "duplicates": 0, "refused": 0}
 
     def pushed(result):
@@ -173,12 +172,12 @@ def protocol_session():
 
 def blocked_read_session():
     """SSP(0): a read ahead of the slowest worker waits, while the other worker is served."""
-    role = start(ctx, SPECS, lambda: INITIAL, servers=SERVERS, consistency=Consistency("ssp", 0), lr=LR)
+    role = start(SPECS, lambda: INITIAL, servers=SERVERS, consistency=Consistency("ssp", 0), lr=LR, comm=ctx)
     if isinstance(role, Server):
         role.serve()
         return role.state.summary()
     worker = role
-    if worker.id == 0:
+    if worker.slot == 0:
         worker.clock()
         worker.clock()
         waiting = worker.pull_async("bias")          # clock 2, the other worker is at 0: waits

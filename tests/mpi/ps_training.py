@@ -11,14 +11,12 @@ from mpi4py import MPI
 
 import hpcreduce
 from hpcreduce.ps import PSTrainingError
-from hpcreduce.ps.training import run_ps_training
-from hpcreduce.train.api import train
-from hpcreduce.train.config import TrainConfig
+from hpcreduce.train import Model, TrainConfig, train
 from hpcreduce.train.evaluation import evaluate
-from hpcreduce.train.model import Model
 from hpcreduce.train.models import build
 from hpcreduce.train.models.ctr_data import SyntheticCTR
 from hpcreduce.train.models.logreg import LogisticRegression
+from hpcreduce.train.ps.trainer import run_ps_training
 
 ctx = hpcreduce.init()
 rank, size = ctx.rank, ctx.size
@@ -68,18 +66,18 @@ def check_bsp_equals_ring_and_single_rank():
         ring_config = dataclasses.replace(config, mode="ring", servers=1)
         ring = train(model, data, ring_config, comm=ctx, verbose=False)
         single = train(model, data, ring_config, comm=MPI.COMM_SELF, verbose=False)
-        assert close(ps["params"], single["params"], 1e-5), model.name
-        assert close(ring["params"], single["params"], 1e-5), model.name
-        assert abs(ps["final"]["loss"] - single["final"]["loss"]) < 1e-5
-        for a, b in zip(ps["steps"], single["steps"]):
+        assert close(ps.params, single.params, 1e-5), model.name
+        assert close(ring.params, single.params, 1e-5), model.name
+        assert abs(ps.final.loss - single.final.loss) < 1e-5
+        for a, b in zip(ps.steps, single.steps):
             assert abs(a["loss"] - b["loss"]) < 1e-5 and a["examples"] == b["examples"] == batch
-        staleness, pushes = ps["staleness"], ps["ps"]["pushes"]
+        staleness, pushes = ps.staleness, ps.ps["pushes"]
         assert staleness["read_max"] == 0 and len(staleness["lag_hist"]) == 1, staleness
         if model is MLP:  # every worker pushes every dense piece once per step
-            pieces = sum(len(p) for p in ps["ps"]["pieces"].values())
+            pieces = sum(len(p) for p in ps.ps["pieces"].values())
             assert pushes["applied_per_worker"] == [20 * pieces] * 2, pushes
         assert pushes["duplicates_per_worker"] == [0] * (size - servers) == pushes["refused_per_worker"]
-        sent = np.array(ps["traffic"]["bytes_sent"])
+        sent = np.array(ps.traffic["bytes_sent"])
         assert sent.shape == (size, 20) and (sent[servers:] > 0).all(), sent
 
 
@@ -95,7 +93,7 @@ def check_ssp_bound_holds_with_a_slow_worker():
     for consistency, staleness in (("ssp", 1), ("asp", 0)):
         config = TrainConfig(mode="ps", steps=12, batch=48, lr=0.1, optimizer="sgd", servers=1,
                              consistency=consistency, staleness=staleness)
-        found[consistency] = run_ps_training(ctx, config, model, DIGITS)["staleness"]
+        found[consistency] = run_ps_training(ctx, config, model, DIGITS).staleness
     assert found["ssp"]["read_max"] == 1 and found["ssp"]["read_hist"][1] > 0, found
     assert found["asp"]["read_max"] > 1, found
     assert max(len(found["asp"]["lag_hist"]), len(found["ssp"]["lag_hist"])) > 1, found
@@ -107,9 +105,9 @@ def check_asp_trains():
     config = TrainConfig(mode="ps", steps=60, batch=64, lr=0.1, optimizer="momentum", servers=2,
                          consistency="asp", fetch_every=2, push_every=2)
     result = run_ps_training(ctx, config, MLP, DIGITS)
-    assert result["final"]["loss"] < 0.5 * start_loss, (start_loss, result["final"])
-    pieces = sum(len(p) for p in result["ps"]["pieces"].values())
-    assert result["ps"]["pushes"]["applied_per_worker"] == [30 * pieces] * 2, result["ps"]
+    assert result.final.loss < 0.5 * start_loss, (start_loss, result.final)
+    pieces = sum(len(p) for p in result.ps["pieces"].values())
+    assert result.ps["pushes"]["applied_per_worker"] == [30 * pieces] * 2, result.ps
 
 
 def poisoned(step, output):

@@ -42,11 +42,11 @@ for label, model, data, config in CASES:
         sub = world.Split(0 if world.rank < ranks else MPI.UNDEFINED, world.rank)
         if sub != MPI.COMM_NULL:
             result = train(model, data, config, comm=sub, verbose=False)
-            checksums = sub.allgather(result["final"]["checksum"])
+            checksums = sub.allgather(result.final.checksum)
             if len(set(checksums)) != 1:
                 failures.append(f"{label}: the ranks of the {ranks}-rank run differ: {checksums}")
-            shape = (result["ranks"], result["workers"], len(result["steps"]),
-                     [len(steps) for steps in result["traffic"]["bytes_sent"]], result["staleness"])
+            shape = (result.ranks, result.worker_count, len(result.steps),
+                     [len(steps) for steps in result.traffic["bytes_sent"]], result.staleness)
             expected = (ranks, ranks, config.steps, [config.steps] * ranks,
                         {"read_max": 0, "read_hist": [config.steps * ranks],
                          "lag_hist": [config.steps * ranks]})
@@ -57,8 +57,8 @@ for label, model, data, config in CASES:
     if world.rank == 0:
         reference = results[1]
         for ranks in (2, 3):
-            difference = relative_difference(results[ranks]["params"], reference["params"])
-            loss_gap = abs(results[ranks]["final"]["loss"] - reference["final"]["loss"])
+            difference = relative_difference(results[ranks].params, reference.params)
+            loss_gap = abs(results[ranks].final.loss - reference.final.loss)
             print(f"{label}: {ranks} ranks vs 1: largest parameter difference {difference:.1e} "
                   f"(relative), held-out loss difference {loss_gap:.1e}", flush=True)
             if not difference <= TOLERANCE or not loss_gap <= TOLERANCE:

@@ -21,7 +21,7 @@ from typing import Any, Dict
 import numpy as np
 
 from ..data import Dataset
-from ..hashing import GOLDEN, mix64, unit_uniform
+from ...arrays.hashing import GOLDEN, mix64, unit_uniform
 
 WEIGHTS_STREAM = 0x5EED_0002
 SPLIT_TAGS = {"train": 1, "test": 2}

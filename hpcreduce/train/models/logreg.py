@@ -12,7 +12,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from ...collectives.arrays import array_module
+from ...arrays import array_module
 from ..model import Model, Params, ParamSpec, SparseRows, StepOutput
 
 

@@ -9,7 +9,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from ...collectives.arrays import array_module
+from ...arrays import array_module
 from ..data import ArrayDataset
 from ..model import Model, Params, ParamSpec, StepOutput
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from ..ps.layout import Layout
+from ..errors import SettingProblem, setting_problem
+from .layout import Layout
 
 
 @dataclass
@@ -36,12 +37,10 @@ class Report:
 
 @dataclass
 class Committed:
-    """What every rank agreed on at the last commit: the layout, the next unused shard key,
-    and the growth done so far (growth for steps up to ``grown_before``)."""
+    """What every rank agreed on at the last commit: the layout and the next unused shard key."""
 
     layout: Layout
     next_key: int
-    grown_before: int = 0
 
 
 @dataclass
@@ -55,14 +54,14 @@ class Plan:
     restored: List[int]                      # keys rebuilt from a checkpoint (held by rank 0)
     checkpoint: Optional[int]
     promoted: Optional[int]                  # rank of a worker turned server
-    workers: List[Tuple[int, int]]           # (rank, slot) of the live workers
+    live_workers: List[Tuple[int, int]]      # (rank, slot) of the live workers
     clocks: Dict[int, int]                   # slot -> clock after the recovery
     restart: Optional[int]                   # BSP: the step everybody restarts from
     step: int                                # the step the most advanced worker is on (from 1)
     detected_at: float
     growth: Tuple[int, int]
     next_key: int
-    fatal: Optional[str] = None
+    fatal: Optional[SettingProblem] = None
 
     @property
     def resume_step(self) -> int:
@@ -77,14 +76,14 @@ class Plan:
     def layout(self, committed: Layout) -> Layout:
         """The layout after the recovery (before any growth)."""
         return committed.rebuilt({key: rank for rank, key in self.own_keys.items()},
-                                 [rank for rank, _ in self.workers], [slot for _, slot in self.workers],
+                                 [rank for rank, _ in self.live_workers], [slot for _, slot in self.live_workers],
                                  committed.slot_count)
 
 
 def make_plan(reports: List[Report], committed: Committed, bsp: bool, now: float) -> Plan:
     """The plan for these reports (``reports[r]`` from the rank that is now ``r``)."""
     servers = [rank for rank, report in enumerate(reports) if report.own_key is not None]
-    workers = [(rank, report.slot) for rank, report in enumerate(reports) if report.slot is not None]
+    live_workers = [(rank, report.slot) for rank, report in enumerate(reports) if report.slot is not None]
     holders = {key: rank for rank, report in enumerate(reports) for key in report.active}
     lost = [key for key in sorted(committed.layout.shard_ranks) if key not in holders]
     adopted = []
@@ -97,8 +96,8 @@ def make_plan(reports: List[Report], committed: Committed, bsp: bool, now: float
     checkpoint = reports[0].checkpoint
     own_keys = {rank: reports[rank].own_key for rank in servers}
     promoted, next_key = None, committed.next_key
-    if not servers and workers:
-        promoted = workers.pop(0)[0]
+    if not servers and live_workers:
+        promoted = live_workers.pop(0)[0]
         own_keys, servers, next_key = {promoted: next_key}, [promoted], next_key + 1
     for key in restored:
         holders[key] = servers[0] if servers else 0
@@ -108,22 +107,22 @@ def make_plan(reports: List[Report], committed: Committed, bsp: bool, now: float
         applied = [steps for report in reports for steps in report.active.values()]
         applied += [report.replica[1] for report in reports if report.replica and report.replica[0] in adopted]
         restart = checkpoint if restored and checkpoint is not None else max(applied, default=0)
-        clocks = {slot: restart for _, slot in workers}
+        clocks = {slot: restart for _, slot in live_workers}
     detected = [report.detected_at for report in reports if report.detected_at is not None]
-    plan = Plan(servers, own_keys, holders, adopted, restored, checkpoint, promoted, workers, clocks,
-                restart, max(report.clock for report in reports) + 1 if workers else 1,
+    plan = Plan(servers, own_keys, holders, adopted, restored, checkpoint, promoted, live_workers, clocks,
+                restart, max(report.clock for report in reports) + 1 if live_workers else 1,
                 min(detected, default=now), max(report.growth for report in reports), next_key)
     plan.fatal = _fatal(plan)
     return plan
 
 
-def _fatal(plan: Plan) -> Optional[str]:
+def _fatal(plan: Plan) -> Optional[SettingProblem]:
     """Why the job cannot go on, or None."""
-    if not plan.workers:
-        return "every worker is gone: nobody is left to train"
+    if not plan.live_workers:
+        return setting_problem("every worker is gone: nobody is left to train")
     if plan.restored and plan.checkpoint is None:
-        return (f"parameter-server shard(s) {plan.restored} died together with their replica "
-                f"(K=1 keeps none; with K >= 2 two neighbouring servers died) and there is no "
-                f"complete checkpoint to restore them from: give --checkpoint-dir and "
-                f"--checkpoint-every (and --servers >= 2 for replicas)")
+        return setting_problem("parameter-server shard(s) {restored} died together with their replica "
+                               "(K=1 keeps none; with K >= 2 two neighbouring servers died) and there is no "
+                               "complete checkpoint to restore them from: give {checkpoint_dir} and "
+                               "{checkpoint_every} (and {servers} >= 2 for replicas)", restored=plan.restored)
     return None

@@ -1,8 +1,8 @@
 """Counter-based pseudo-random numbers: a value for any index, computed independently.
 
 Used where every rank (or every shard of a table) must derive the same numbers for
-the indices it holds without generating a whole stream: synthetic examples and the
-parameter checksum's weights.
+the indices it holds without generating a whole stream: synthetic examples, the
+parameter checksum's weights, and the rendezvous hashing that places sparse rows.
 """
 from __future__ import annotations
 

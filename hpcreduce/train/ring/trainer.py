@@ -26,15 +26,15 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ..collectives import allreduce_many
-from ..collectives.arrays import array_module
-from ..runtime.context import Context
-from .config import TrainConfig
-from .data import Dataset
-from .model import Model
-from .optimizers import Optimizer, make_optimizer
-from .params import batch_view, dense_grads, zero_grads
-from .partition import worker_batch
+from ...arrays import array_module
+from ...collectives import allreduce_many
+from ...ps.optimizers import Optimizer, make_optimizer
+from ...runtime.context import Context
+from ..config import TrainConfig
+from ..data import Dataset
+from ..model import Model
+from ..params import batch_view, dense_grads, zero_grads
+from ..partition import worker_batch
 from .state import TrainState
 
 
@@ -91,22 +91,19 @@ class RingTrainer:
         step = state.step + 1
         scale = 1.0 / self.config.batch
         for spec in self.specs:
-            param, grad, slots = state.params[spec.name], total.grads[spec.name], state.slots[spec.name]
+            param, grad = state.params[spec.name], total.grads[spec.name]
+            arrays = state.optimizer_state[spec.name]
             grad *= scale
             if not spec.sparse:
-                self.optimizer.update(param, grad, slots, step)
+                self.optimizer.update(param, grad, arrays, step)
                 continue
             xp = array_module(param)
             rows = xp.flatnonzero(grad.reshape(len(grad), -1).any(axis=1))
-            row_param, row_slots = param[rows], {name: value[rows] for name, value in slots.items()}
-            self.optimizer.update(row_param, grad[rows], row_slots, step)
+            row_param, row_arrays = param[rows], {name: value[rows] for name, value in arrays.items()}
+            self.optimizer.update(row_param, grad[rows], row_arrays, step)
             param[rows] = row_param
-            for name, value in row_slots.items():
-                slots[name][rows] = value
+            for name, value in row_arrays.items():
+                arrays[name][rows] = value
         state.step = step
         loss_sum, correct, count = (float(v) for v in total.stats)
         return StepMetrics(step, loss_sum / max(count, 1.0), correct / max(count, 1.0), int(count))
-
-    def step(self, state: TrainState) -> StepMetrics:
-        """One whole step: compute, reduce, apply."""
-        return self.apply(state, self.reduce(self.compute(state)))

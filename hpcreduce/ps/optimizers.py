@@ -1,15 +1,16 @@
-"""Optimizers, elementwise and in place, shared by the ring trainer and the PS servers.
+"""Update rules: optimizers, elementwise and in place, run by the servers on their shards.
 
-Each optimizer updates a parameter array and its state arrays (same shape) from a
-gradient. Being elementwise, the same code updates a whole tensor, a server's range
-of it, or rows gathered from a sparse table (the caller gathers and scatters back),
-so ring mode and parameter-server mode compute the same update.
+Each optimizer updates a parameter array and its state arrays (same shape, named by
+``state_names``) from a gradient. Being elementwise, the same code updates a whole
+tensor, a server's range of it, or rows gathered from a sparse table (the caller
+gathers and scatters back), so a ring trainer that holds whole tensors and the
+parameter server compute the same update.
 """
 from __future__ import annotations
 
 from typing import Dict, Tuple, Type
 
-from ..collectives.arrays import array_module
+from ..arrays import array_module
 
 State = Dict[str, object]
 
@@ -18,7 +19,7 @@ class Optimizer:
     """``update(param, grad, state, step)``: one update in place; ``step`` counts from 1."""
 
     name = "optimizer"
-    slots: Tuple[str, ...] = ()
+    state_names: Tuple[str, ...] = ()
 
     def __init__(self, lr: float):
         if not lr > 0:
@@ -28,7 +29,7 @@ class Optimizer:
     def init_state(self, param) -> State:
         """Zeroed state arrays shaped like ``param``."""
         xp = array_module(param)
-        return {slot: xp.zeros_like(param) for slot in self.slots}
+        return {name: xp.zeros_like(param) for name in self.state_names}
 
     def update(self, param, grad, state: State, step: int) -> None:
         raise NotImplementedError
@@ -47,7 +48,7 @@ class Momentum(Optimizer):
     """v = mu * v + g;  p -= lr * v   (heavy ball, as torch.optim.SGD with momentum)"""
 
     name = "momentum"
-    slots = ("velocity",)
+    state_names = ("velocity",)
 
     def __init__(self, lr: float, momentum: float = 0.9):
         super().__init__(lr)
@@ -64,7 +65,7 @@ class Adagrad(Optimizer):
     """a += g^2;  p -= lr * g / (sqrt(a) + eps)   (Downpour SGD's choice on the shards)"""
 
     name = "adagrad"
-    slots = ("accumulator",)
+    state_names = ("accumulator",)
 
     def __init__(self, lr: float, eps: float = 1e-8):
         super().__init__(lr)
@@ -81,7 +82,7 @@ class Adam(Optimizer):
     """m, v: moving averages of g and g^2;  p -= lr * m_hat / (sqrt(v_hat) + eps)"""
 
     name = "adam"
-    slots = ("m", "v")
+    state_names = ("m", "v")
 
     def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8):
         super().__init__(lr)

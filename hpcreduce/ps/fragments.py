@@ -6,26 +6,25 @@ table piece's update count and, per worker slot, the last step pushed and the ve
 last read). Dense fragments are element ranges ``[start, start + size)`` of the
 flattened table; sparse ones are rows named by their ids. ``cut`` splits a shard's
 state along another placement; ``assemble`` builds a shard's tables from the fragments
-that cover it. Rebalancing after a failure and checkpoints (``ps_checkpoint``) both
-move fragments, so the state survives any change of the set of shards.
+that cover it. Rebalancing after a failure (``rebalance``) and restoring shard
+checkpoints both move fragments, so the state survives any change of the set of shards.
 Merging: values concatenate; the bookkeeping takes the largest value (at the quiescent
 point recovery merges at, every live worker has pushed each table up to the same step
 on every piece, and a dead worker never pushes again). Counters are not in fragments:
-they stay with the server that counted them (``merge_counters``), so their sums over
-servers stay exact. Cost: one copy of the bytes that change owner.
+they stay with the server that counted them (``ShardState.merge_counters``), so their
+sums over servers stay exact. Cost: one copy of the bytes that change owner.
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..ps.placement import Placement
-from ..ps.state import ShardState, TableShard
-from ..train.model import ParamSpec
-from ..train.optimizers import Optimizer
+from .optimizers import Optimizer
+from .placement import Placement
+from .state import ShardState, TableShard
+from .tables import ParamSpec
 
 
 @dataclass
@@ -34,7 +33,7 @@ class Fragment:
 
     table: int
     values: np.ndarray
-    slots: Dict[str, np.ndarray]
+    optimizer_state: Dict[str, np.ndarray]
     version: int
     last_push: np.ndarray
     read_version: np.ndarray
@@ -43,7 +42,7 @@ class Fragment:
 
     @property
     def nbytes(self) -> int:
-        return self.values.nbytes + sum(slot.nbytes for slot in self.slots.values())
+        return self.values.nbytes + sum(array.nbytes for array in self.optimizer_state.values())
 
 
 def cut(state: ShardState, placement: Placement, *, rows_stay: bool = False) -> Dict[int, List[Fragment]]:
@@ -74,12 +73,13 @@ def cut(state: ShardState, placement: Placement, *, rows_stay: bool = False) -> 
 
 def _fragment(table: TableShard, where, *, start: int = 0, ids: Optional[np.ndarray] = None) -> Fragment:
     """A view of (or, for a mask, a copy of) part of ``table``; ``assemble`` copies what it keeps."""
-    return Fragment(table.table, table.values[where], {name: slot[where] for name, slot in table.slots.items()},
+    return Fragment(table.table, table.values[where],
+                    {name: array[where] for name, array in table.optimizer_state.items()},
                     table.version, table.last_push, table.read_version, start, ids)
 
 
 def assemble(key: int, specs: Sequence[ParamSpec], placement: Placement, fragments: Iterable[Fragment],
-             optimizers: Mapping[int, Optimizer], slots: int) -> Dict[int, TableShard]:
+             optimizers: Mapping[int, Optimizer], slot_count: int) -> Dict[int, TableShard]:
     """Shard ``key``'s tables under ``placement``, from fragments that cover them exactly."""
     by_table: Dict[int, List[Fragment]] = {}
     for fragment in fragments:
@@ -91,20 +91,20 @@ def assemble(key: int, specs: Sequence[ParamSpec], placement: Placement, fragmen
         if [f.start for f in parts] != edges[:-1] or edges[-1] != piece.stop:
             raise RuntimeError(f"shard {key}: the fragments of table {specs[piece.table].name!r} do not "
                                f"cover [{piece.start}, {piece.stop}) exactly")
-        tables[piece.table] = _merged(piece.table, parts, slots, optimizers, start=piece.start)
+        tables[piece.table] = _merged(piece.table, parts, slot_count, optimizers, start=piece.start)
     for table_id, spec in enumerate(specs):
         if spec.sparse:
             parts = by_table.get(table_id, [])
             if not parts:
                 empty = np.empty((0,) + tuple(spec.shape[1:]), dtype=spec.dtype)
                 parts = [Fragment(table_id, empty, optimizers[table_id].init_state(empty), 0,
-                                  np.full(slots, -1, np.int64), np.zeros(slots, np.int64),
+                                  np.full(slot_count, -1, np.int64), np.zeros(slot_count, np.int64),
                                   ids=np.empty(0, np.int64))]
-            tables[table_id] = _merged(table_id, parts, slots, optimizers, rows=spec.shape[0])
+            tables[table_id] = _merged(table_id, parts, slot_count, optimizers, rows=spec.shape[0])
     return tables
 
 
-def _merged(table_id: int, parts: List[Fragment], slots: int, optimizers: Mapping[int, Optimizer], *,
+def _merged(table_id: int, parts: List[Fragment], slot_count: int, optimizers: Mapping[int, Optimizer], *,
             start: int = 0, rows: Optional[int] = None) -> TableShard:
     order = None
     ids = None
@@ -118,44 +118,21 @@ def _merged(table_id: int, parts: List[Fragment], slots: int, optimizers: Mappin
         return whole[order] if order is not None else whole
 
     values = joined([f.values for f in parts])
-    names = optimizers[table_id].slots
-    table = TableShard(table_id, rows is not None, values, {n: joined([f.slots[n] for f in parts]) for n in names},
-                       slots, start=start, version=max(f.version for f in parts),
-                       last_push=_widest(parts, "last_push", slots, -1),
-                       read_version=_widest(parts, "read_version", slots, 0))
+    names = optimizers[table_id].state_names
+    table = TableShard(table_id, rows is not None, values,
+                       {n: joined([f.optimizer_state[n] for f in parts]) for n in names},
+                       slot_count, start=start, version=max(f.version for f in parts),
+                       last_push=_widest(parts, "last_push", slot_count, -1),
+                       read_version=_widest(parts, "read_version", slot_count, 0))
     if rows is not None:
-        table.ids = ids
-        table.position = np.full(rows, -1, dtype=np.int32 if rows < 2**31 else np.int64)
-        table.position[ids] = np.arange(len(ids))
+        table.own_rows(ids, rows)
     return table
 
 
-def _widest(parts: List[Fragment], name: str, slots: int, fill: int) -> np.ndarray:
-    """Per slot, the largest value among the fragments (padded to ``slots``)."""
-    merged = np.full(slots, fill, dtype=np.int64)
+def _widest(parts: List[Fragment], name: str, slot_count: int, fill: int) -> np.ndarray:
+    """Per slot, the largest value among the fragments (padded to ``slot_count``)."""
+    merged = np.full(slot_count, fill, dtype=np.int64)
     for fragment in parts:
         values = getattr(fragment, name)
-        np.maximum(merged[:len(values)], values[:slots], out=merged[:len(values)])
+        np.maximum(merged[:len(values)], values[:slot_count], out=merged[:len(values)])
     return merged
-
-
-def merge_counters(target: ShardState, sources: Iterable[ShardState]) -> None:
-    """Add the push counters, histograms and traffic of ``sources`` into ``target``."""
-    for source in sources:
-        for name in ("applied", "duplicates", "refused"):
-            mine, theirs = getattr(target, name), getattr(source, name)
-            mine[:len(theirs)] += theirs
-        for name in ("refusals", "read_staleness", "update_lag"):
-            getattr(target, name).update(getattr(source, name))
-        for step, cell in source.traffic.items():
-            mine = target.traffic.setdefault(step, [0, 0])
-            mine[0] += cell[0]
-            mine[1] += cell[1]
-
-
-def new_state(key: int, tables: Dict[int, TableShard], slots: int, applied_steps: int) -> ShardState:
-    """An empty-counter shard state around ``tables``."""
-    def zeros() -> np.ndarray:
-        return np.zeros(slots, dtype=np.int64)
-    return ShardState(key, slots, tables, zeros(), zeros(), zeros(), zeros(), Counter(), Counter(),
-                      Counter(), {}, applied_steps, {})

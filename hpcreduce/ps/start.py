@@ -1,14 +1,14 @@
 """Start a parameter-server job: every rank learns its role and gets its server or worker.
 
-    role = start(ctx, model.param_specs(), lambda: model.init_params(seed),
-                 servers=2, consistency=Consistency("ssp", 2), optimizer="adam", lr=1e-3)
+    role = start(specs, lambda: initial_values, servers=2, consistency=Consistency("ssp", 2),
+                 optimizer="adam", lr=1e-3, comm=comm)
     if isinstance(role, Server): role.serve()       # until every worker released it
     else: ... role.pull(...), role.push(...), role.clock() ... role.release()
 
-Servers initialise their shard from ``initial()`` (the model's seeded values) and
-workers pull it. Setting up ends with one small allgather, so that a setup failure
-on any rank (bad settings, a model whose init_params lacks a table) raises on every
-rank instead of leaving workers waiting for a server that is not there.
+Servers initialise their shard from ``initial()`` (whole tables by name) and workers
+pull it. Setting up ends with one small allgather, so that a setup failure on any rank
+(bad settings, initial values that lack a table) raises on every rank instead of
+leaving workers waiting for a server that is not there.
 """
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ from typing import Callable, Dict, Mapping, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 
-from ..runtime.context import Context
-from ..train.model import ParamSpec
-from ..train.optimizers import Optimizer, make_optimizer
+from ..errors import PSConfigError, PSTrainingError
+from ..runtime.context import Comm, Context, resolve
 from .consistency import Consistency
-from .errors import PSConfigError, PSTrainingError
-from .layout import Layout, servers_problem
+from .layout import Layout
+from .optimizers import Optimizer, make_optimizer
 from .server import Server
 from .state import ShardState
-from .worker import PSWorker
+from .tables import ParamSpec
+from .worker import Worker
 
 Initial = Callable[[], Mapping[str, np.ndarray]]
 T = TypeVar("T")
@@ -43,23 +43,23 @@ def table_optimizers(specs: Sequence[ParamSpec], name: str, lr: float,
         raise PSConfigError(str(err)) from None
 
 
-def start(ctx: Context, specs: Sequence[ParamSpec], initial: Initial, *, servers: int,
-          consistency: Consistency, optimizer: str = "sgd", lr: float = 0.1,
-          table_lr: Optional[Mapping[str, float]] = None) -> Union[Server, PSWorker]:
-    """This rank's part of a PS job on ``ctx``: a ``Server`` on ranks 0..servers-1, else a
-    ``PSWorker``. Collective; raises the same kind of error on every rank on bad input."""
-    problem = servers_problem(servers, ctx.size)
-    if problem:
-        raise PSConfigError(problem)
+def start(specs: Sequence[ParamSpec], initial: Initial, *, servers: int = 1,
+          consistency: Consistency = Consistency(), optimizer: str = "sgd", lr: float = 0.1,
+          table_lr: Optional[Mapping[str, float]] = None, comm: Comm = None) -> Union[Server, Worker]:
+    """This rank's part of a PS job over ``comm`` (a Context, an MPI intracommunicator that
+    hpcreduce duplicates once, or None for ``hpcreduce.init()``'s): a ``Server`` on ranks
+    0..servers-1, else a ``Worker``. Collective; raises the same kind of error on every
+    rank on bad input."""
+    ctx = resolve(comm)
     layout = Layout.initial(specs, ctx.size, servers)
     optimizers = table_optimizers(layout.specs, optimizer, lr, table_lr)
 
-    def make() -> Union[Server, PSWorker]:
+    def make() -> Union[Server, Worker]:
         if layout.is_server(ctx.rank):
             state = ShardState.create(layout, layout.shard_of(ctx.rank), checked(initial(), specs),
                                       optimizers)
             return Server(ctx.comm, layout, state, optimizers, consistency, ctx.traffic)
-        return PSWorker(ctx.comm, layout, ctx.traffic)
+        return Worker(ctx.comm, layout, ctx.traffic)
     return everywhere(ctx, make)
 
 
@@ -83,9 +83,9 @@ def checked(values: Mapping[str, np.ndarray], specs: Sequence[ParamSpec]) -> Map
     """``values`` if it has every table with the declared shape, else a PSConfigError."""
     for spec in specs:
         if spec.name not in values:
-            raise PSConfigError(f"init_params gave no value for table {spec.name!r}")
+            raise PSConfigError(f"the initial values have no table {spec.name!r}")
         shape = tuple(np.shape(values[spec.name]))
         if shape != tuple(spec.shape):
-            raise PSConfigError(f"init_params gave table {spec.name!r} shape {shape}, "
+            raise PSConfigError(f"the initial value of table {spec.name!r} has shape {shape}, "
                                 f"its ParamSpec says {tuple(spec.shape)}")
     return values

@@ -1,40 +1,13 @@
-"""Host (numpy) and device (cupy) arrays, and the scratch buffers reused across calls."""
+"""Scratch buffers reused across collective calls, and the GPU stream transfers order on.
+
+Workspaces are cached on the context (``context.cache``), one per memory kind (host,
+device, pinned host), so steady-state calls allocate nothing.
+"""
 from __future__ import annotations
 
 from typing import Callable, Dict
 
 import numpy as np
-
-from ..runtime.devices import GpuUnavailableError, visible_gpus
-
-
-def is_device_array(x) -> bool:
-    """True for a cupy array (checked without importing cupy)."""
-    return type(x) is not np.ndarray and type(x).__module__.startswith("cupy")
-
-
-def array_module(x):
-    """``numpy`` for host arrays, ``cupy`` for device arrays."""
-    if is_device_array(x):
-        import cupy
-        return cupy
-    return np
-
-
-def cupy_available() -> bool:
-    """Whether cupy imports and sees at least one GPU."""
-    try:
-        visible_gpus()
-    except GpuUnavailableError:
-        return False
-    return True
-
-
-def synchronize(x) -> None:
-    """Wait until the GPU work queued on cupy's current stream is done, so MPI may read x."""
-    if is_device_array(x):
-        import cupy
-        cupy.cuda.get_current_stream().synchronize()
 
 
 class CurrentStream:

@@ -1,26 +1,27 @@
 """The training state a ring rank carries from step to step.
 
-Parameters, optimizer slots and the number of steps done are all a rank needs to go
-on: the fault-tolerance layer commits a copy of it, restores it after a failed step,
-and syncs it to ranks that join, much as Horovod's elastic ``State`` does.
+Parameters, optimizer state and the number of steps done are all a rank needs to go
+on: the elastic driver (``elastic``) keeps it committed step by step, syncs it to the
+survivors and to ranks that join, and checkpoints it, much as Horovod's elastic
+``State`` does; ``copy`` gives a commit point to restore by hand.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
-from ..collectives.arrays import array_module
-from .model import Model
-from .optimizers import Optimizer
+from ...arrays import array_module
+from ...ps.optimizers import Optimizer
+from ..model import Model
 
 
 @dataclass
 class TrainState:
-    """``params``: whole tensors and tables by name; ``slots``: each parameter's optimizer
-    state arrays; ``step``: steps completed (the next step's index, from 0)."""
+    """``params``: whole tensors and tables by name; ``optimizer_state``: each parameter's
+    optimizer state arrays; ``step``: steps completed (the next step's index, from 0)."""
 
     params: Dict[str, object]
-    slots: Dict[str, Dict[str, object]]
+    optimizer_state: Dict[str, Dict[str, object]]
     step: int = 0
 
     @classmethod
@@ -35,8 +36,8 @@ class TrainState:
     def arrays(self) -> List[Tuple[str, object]]:
         """Every array of the state, named, in an order all ranks share (to sync or save it)."""
         named = [(name, self.params[name]) for name in sorted(self.params)]
-        named += [(f"{name}/{slot}", self.slots[name][slot])
-                  for name in sorted(self.slots) for slot in sorted(self.slots[name])]
+        named += [(f"{name}/{key}", self.optimizer_state[name][key])
+                  for name in sorted(self.optimizer_state) for key in sorted(self.optimizer_state[name])]
         return named
 
     def copy(self) -> "TrainState":
@@ -44,6 +45,6 @@ class TrainState:
         def clone(x):
             return array_module(x).array(x, copy=True)
         return TrainState({name: clone(value) for name, value in self.params.items()},
-                          {name: {slot: clone(value) for slot, value in slots.items()}
-                           for name, slots in self.slots.items()},
+                          {name: {key: clone(value) for key, value in arrays.items()}
+                           for name, arrays in self.optimizer_state.items()},
                           self.step)

@@ -1,15 +1,15 @@
 """Checkpoints of parameter-server shards, and restoring a shard from them.
 
 Each server writes its own shard to ``DIR/ps-shard-KEY/ckpt-STEP.npz`` (atomically, the
-last two kept: ``checkpoint.save``) when the slowest worker's clock reaches a multiple of
-``--checkpoint-every``: the values and optimizer state of its pieces, their exactly-once
+last two kept: ``ft.checkpoint.save``) when the slowest worker's clock reaches a multiple
+of ``checkpoint_every``: the values and optimizer state of its pieces, their exactly-once
 bookkeeping and the shard's push counters. Under BSP a checkpoint of step C holds
 exactly the steps below C (gradients buffered for step C are left out, and with them
 the record of their pushes), so the shards written at C form one consistent state.
 Checkpoint C is *complete* when every shard of the placement it was written under has
 written it. A shard lost together with its replica (K = 1, or two neighbours on the
 ring) is rebuilt from the latest complete checkpoint, whatever the placement is now:
-every file is cut along the current placement (``ps_fragments``) and the lost
+every file is cut along the current placement (``ps.fragments``) and the lost
 shard's ranges are assembled. Cost: the shard's bytes to disk every checkpoint; a
 restore reads every file of one checkpoint.
 """
@@ -23,12 +23,12 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..ps.placement import Placement
-from ..ps.state import ShardState, TableShard
-from ..train.model import ParamSpec
-from ..train.optimizers import Optimizer
-from . import checkpoint
-from .ps_fragments import assemble, cut, merge_counters, new_state
+from ...ft import checkpoint
+from ...ps.fragments import assemble, cut
+from ...ps.optimizers import Optimizer
+from ...ps.placement import Placement
+from ...ps.state import COUNTERS, ShardState, TableShard
+from ...ps.tables import ParamSpec
 
 FOLDER = re.compile(r"^ps-shard-(\d+)$")
 
@@ -46,12 +46,12 @@ def save_shard(directory: str, step: int, state: ShardState, keys: Sequence[int]
         last_push = np.minimum(table.last_push, step - 1) if bsp else table.last_push
         arrays.update({f"t{t}.values": table.values, f"t{t}.last_push": last_push,
                        f"t{t}.read_version": table.read_version})
-        arrays.update({f"t{t}.slot.{name}": slot for name, slot in table.slots.items()})
+        arrays.update({f"t{t}.optimizer.{name}": array for name, array in table.optimizer_state.items()})
         if table.sparse:
             arrays[f"t{t}.ids"] = table.ids
         tables[str(t)] = {"sparse": table.sparse, "start": table.start, "version": table.version}
-    arrays.update({name: getattr(state, name) for name in ("applied", "duplicates", "refused")})
-    metadata = {"key": state.shard, "keys": sorted(int(k) for k in keys), "slots": state.workers,
+    arrays.update({name: getattr(state, name) for name in COUNTERS})
+    metadata = {"key": state.shard, "keys": sorted(int(k) for k in keys), "slot_count": state.slot_count,
                 "applied_steps": min(state.applied_steps, step) if bsp else state.applied_steps,
                 "tables": tables, "refusals": dict(state.refusals),
                 "read_staleness": _plain(state.read_staleness), "update_lag": _plain(state.update_lag)}
@@ -107,21 +107,19 @@ def _path(directory: str, key: Optional[int], step: int) -> str:
 def _load(path: str, specs: Sequence[ParamSpec], optimizers: Mapping[int, Optimizer]) -> ShardState:
     with np.load(path) as stored:
         metadata = json.loads(stored[checkpoint.METADATA_KEY].tobytes().decode())
-        slots = int(metadata["slots"])
+        slot_count = int(metadata["slot_count"])
         tables = {}
         for name, info in metadata["tables"].items():
             t = int(name)
             table = TableShard(t, info["sparse"], stored[f"t{t}.values"],
-                               {slot: stored[f"t{t}.slot.{slot}"] for slot in optimizers[t].slots}, slots,
-                               start=info["start"], version=info["version"],
+                               {key: stored[f"t{t}.optimizer.{key}"] for key in optimizers[t].state_names},
+                               slot_count, start=info["start"], version=info["version"],
                                last_push=stored[f"t{t}.last_push"], read_version=stored[f"t{t}.read_version"])
             if table.sparse:
-                table.ids = stored[f"t{t}.ids"]
-                table.position = np.full(specs[t].shape[0], -1, dtype=np.int64)
-                table.position[table.ids] = np.arange(len(table.ids))
+                table.own_rows(stored[f"t{t}.ids"], specs[t].shape[0])
             tables[t] = table
-        state = new_state(int(metadata["key"]), tables, slots, int(metadata["applied_steps"]))
-        for name in ("applied", "duplicates", "refused"):
+        state = ShardState.empty(int(metadata["key"]), tables, slot_count, int(metadata["applied_steps"]))
+        for name in COUNTERS:
             getattr(state, name)[:] = stored[name]
     state.refusals.update(metadata["refusals"])
     state.read_staleness.update({int(k): v for k, v in metadata["read_staleness"].items()})
@@ -130,13 +128,13 @@ def _load(path: str, specs: Sequence[ParamSpec], optimizers: Mapping[int, Optimi
 
 
 def restore(saved: List[ShardState], key: int, specs: Sequence[ParamSpec], placement: Placement,
-            optimizers: Mapping[int, Optimizer], slots: int, counted: Sequence[int]) -> ShardState:
+            optimizers: Mapping[int, Optimizer], slot_count: int, counted: Sequence[int]) -> ShardState:
     """Shard ``key`` of ``placement`` as it was in the checkpoint ``saved``, with the
     counters of the saved shards whose keys are in ``counted``."""
     fragments = [f for state in saved for f in cut(state, placement).get(key, [])]
-    restored = new_state(key, assemble(key, specs, placement, fragments, optimizers, slots), slots,
-                         max(state.applied_steps for state in saved))
-    merge_counters(restored, [state for state in saved if state.shard in counted])
+    restored = ShardState.empty(key, assemble(key, specs, placement, fragments, optimizers, slot_count),
+                                slot_count, max(state.applied_steps for state in saved))
+    restored.merge_counters([state for state in saved if state.shard in counted])
     return restored
 
 

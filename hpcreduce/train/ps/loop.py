@@ -19,7 +19,7 @@ kept (``outgoing``) until every piece is acknowledged, and re-pushed after a rec
 key), which is what exactly-once is checked against.
 Each step is recorded in a ``StepLog`` (this worker's share: loss, accuracy, bytes, and
 the read staleness the servers reported) and handed to the run's observer, if any.
-Cost per step: see ``PSWorker`` (one header each way per request, payloads once).
+Cost per step: see ``hpcreduce.ps.Worker`` (one header each way per request, payloads once).
 """
 from __future__ import annotations
 
@@ -29,16 +29,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..runtime.context import Context
-from ..train.config import TrainConfig
-from ..train.data import Dataset
-from ..train.model import Model, SparseRows, StepOutput
-from ..train.partition import worker_batch
-from ..train.results import StepLog
-from .handles import Handle, issue_all, wait_all
-from .protocol import Rep
-from .updates import sum_rows
-from .worker import PSWorker
+from ...ps.handles import Handle, issue_all, wait_all
+from ...ps.protocol import Rep
+from ...ps.updates import sum_rows
+from ...ps.worker import Worker
+from ...runtime.context import Context
+from ..config import TrainConfig
+from ..data import Dataset
+from ..model import Model, SparseRows, StepOutput
+from ..partition import worker_batch
+from ..results import StepLog
 
 PHASES = {"read": "communication", "compute": "compute", "push": "communication"}
 READ, PUSH, CLOCK = "read", "push", "clock"
@@ -71,7 +71,7 @@ class WorkerLoop:
     reached (fault injection).
     """
 
-    def __init__(self, worker: PSWorker, config: TrainConfig, model: Model, dataset: Dataset,
+    def __init__(self, worker: Worker, config: TrainConfig, model: Model, dataset: Dataset,
                  ctx: Context):
         self.worker, self.config, self.model, self.dataset = worker, config, model, dataset
         self.specs = model.param_specs()
@@ -91,7 +91,7 @@ class WorkerLoop:
         """Every step, then release the servers; errors end up in ``failure``."""
         try:
             self.run_steps(observer)
-        except Exception as err:  # reported on every rank by training.run_ps_training
+        except Exception as err:  # reported on every rank by trainer.run_ps_training
             self.fail(ctx, err)
         finally:
             self.worker.release()
@@ -112,7 +112,7 @@ class WorkerLoop:
         config, worker, step = self.config, self.worker, self.step
         if self.stage == READ:
             self.before_step(step + 1)
-            indices = worker_batch(step, worker.index, worker.layout.workers, batch=config.batch,
+            indices = worker_batch(step, worker.index, worker.layout.worker_count, batch=config.batch,
                                    num_examples=self.dataset.size("train"), seed=config.seed)
             stats, staleness = np.zeros(3), 0
             if len(indices):
@@ -199,10 +199,7 @@ class WorkerLoop:
         self.summed, self.summed_rows, self.outgoing = {}, {}, None
         self.pushed = [entry for entry in self.pushed if entry[0] < step]
         self.result.stats[step:] = 0
-        log = self.result.log
-        keep = sum(1 for row in log.rows if row["step"] <= step)
-        del log.rows[keep:], log.bytes_sent[keep:], log.bytes_received[keep:]
-        log._progress_mark = min(log._progress_mark, keep)
+        self.result.log.drop_after(step)
         self.worker.clock_value = step
         self.refetch = True
 

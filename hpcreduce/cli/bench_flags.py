@@ -1,0 +1,103 @@
+"""The flags of each ``hpcreduce bench`` benchmark, and the checks of the ones that drive jobs."""
+from __future__ import annotations
+
+import argparse
+from typing import Callable, Dict, List
+
+from ..benchmarks import allreduce, ps, recovery, scaling
+from ..benchmarks.timing import sizes_argument
+from ..runtime.environment import detect_launcher
+
+
+def allreduce_flags(parser: argparse.ArgumentParser) -> None:
+    sizes = allreduce.DEFAULT_SIZES
+    parser.add_argument("--device", choices=tuple(sizes), default="cpu",
+                        help="cpu: numpy arrays; gpu: cupy arrays, one GPU per rank by its rank "
+                             "on the node (ranks may share one), NCCL as the peer (default cpu)")
+    parser.add_argument("--sizes", type=sizes_argument, default=None,
+                        help="message sizes in bytes, comma-separated (K, M suffixes; default "
+                             + "; ".join(f"{device}: {text}" for device, text in sizes.items()) + ")")
+    parser.add_argument("--fusion-arrays", type=int, default=100, help="arrays in the fusion case")
+    parser.add_argument("--fusion-elements", type=int, default=10_000, help="float32 elements per array")
+
+
+def ps_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--servers", type=int, default=None,
+                        help="number of server ranks K (default: every K from 1 to N-1)")
+    parser.add_argument("--sizes", type=sizes_argument, default=sizes_argument(ps.DEFAULT_SIZES),
+                        help=f"dense table sizes in bytes (default {ps.DEFAULT_SIZES})")
+    parser.add_argument("--rows", type=int, default=4096, help="rows per pull_rows/push_rows")
+    parser.add_argument("--width", type=int, default=16, help="float32 elements per sparse row")
+    parser.add_argument("--table-rows", type=int, default=1 << 18, help="rows of the sparse table")
+    parser.add_argument("--rounds", type=int, default=5, help="PS and raw blocks per case")
+
+
+def scaling_flags(parser: argparse.ArgumentParser) -> None:
+    counts = scaling.counts_argument
+    parser.set_defaults(ranks=8)
+    parser.add_argument("--counts", type=counts, default=None,
+                        help="rank counts to run, e.g. 1,2,4,8 (default: powers of two up to -n, and -n)")
+    parser.add_argument("--no-ps", dest="ps", action="store_false",
+                        help="ring runs only (they always run: the baseline, and the bytes per step)")
+    parser.add_argument("--model", default="logreg", help="built-in model to train (default logreg)")
+    parser.add_argument("--steps", type=int, default=20, help="steps per run (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the rates (default 3)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="global batch (with --weak: per worker; default: the model's)")
+    parser.add_argument("--weak", action="store_true", help="weak scaling: the batch per worker stays fixed")
+    parser.add_argument("--servers", type=int, default=1, help="PS server ranks K (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every run (default 0)")
+    parser.add_argument("--sizes", type=sizes_argument, default=sizes_argument(scaling.DEFAULT_SIZES),
+                        help=f"allreduce message sizes for the alpha-beta fit (default {scaling.DEFAULT_SIZES})")
+    parser.add_argument("--fit-ranks", type=int, default=None,
+                        help="ranks of the allreduce fit (default: the most not oversubscribed, >= 2)")
+    parser.add_argument("--predict", type=counts, default=counts(scaling.DEFAULT_PREDICT),
+                        help=f"rank counts to forecast (default {scaling.DEFAULT_PREDICT})")
+    launcher_flags(parser, timeout=600)
+    parser.add_argument("--out", default="hpcreduce-scaling", help="folder for every output (default %(default)s)")
+
+
+def recovery_flags(parser: argparse.ArgumentParser) -> None:
+    cases = ",".join(recovery.CASES)
+    parser.add_argument("--counts", default="4,8", help="rank counts, comma-separated (default 4,8)")
+    parser.add_argument("--cases", default=cases, help=f"cases (default {cases})")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per case and count (default 3)")
+    parser.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
+    parser.add_argument("--batch", type=int, default=1024, help="global batch (default 1024)")
+    launcher_flags(parser, timeout=120)
+
+
+def launcher_flags(parser: argparse.ArgumentParser, *, timeout: float) -> None:
+    """How a benchmark that drives jobs starts each of them."""
+    parser.add_argument("--launcher", choices=("mpirun", "srun"), default="mpirun",
+                        help="how to start each run (default mpirun, through hpcreduce's launcher)")
+    parser.add_argument("--launcher-args", default="",
+                        help="added to every launch, e.g. '--mpi=pmix' (srun) or '--bind-to core'")
+    parser.add_argument("--timeout", type=float, default=timeout,
+                        help="seconds a run may take (default %(default)s)")
+
+
+def scaling_problems(args: argparse.Namespace) -> List[str]:
+    """What stops ``bench scaling`` with these flags (empty when fine)."""
+    found = []
+    if args.steps <= args.warmup or args.warmup < 0:
+        found.append(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}) >= 0")
+    if args.counts is not None and (not args.counts or args.counts[0] < 1 or args.counts[-1] < 2):
+        found.append("--counts must be positive rank counts, one at least 2 (the forecast needs "
+                     "the bytes a multi-rank step moves)")
+    if args.servers < 1 or (args.predict and min(args.predict) < 2):
+        found.append("--servers must be >= 1 and --predict counts >= 2")
+    if args.counts is None and args.ranks < 2:
+        found.append(f"-n must be at least 2, got {args.ranks}")
+    if args.ft:
+        found.append("--ft does not apply: the runs measure training without fault tolerance")
+    if detect_launcher() != "none":
+        found.append("bench scaling launches its own jobs: run it outside mpirun and srun "
+                     "(on a login node or in the batch script itself)")
+    return found
+
+
+FLAGS: Dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    allreduce.NAME: allreduce_flags, ps.NAME: ps_flags, scaling.NAME: scaling_flags, recovery.NAME: recovery_flags,
+}
+PROBLEMS: Dict[str, Callable[[argparse.Namespace], List[str]]] = {scaling.NAME: scaling_problems}

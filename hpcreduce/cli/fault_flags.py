@@ -1,0 +1,54 @@
+"""The fault-tolerance flags of ``hpcreduce train``: injected failures, growth, checkpoints, deadlines."""
+from __future__ import annotations
+
+import argparse
+from typing import List, Tuple
+
+from ..ft.config import FaultConfig
+from ..ft.growth import parse_grow
+from ..ft.inject import parse_kill
+from ..ft.watchdog import DEFAULT_DEADLINE_S
+
+
+def add_fault_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags; each sets the ``FaultConfig`` field of its ``dest`` (``--kill``: ``kills``)."""
+    group = parser.add_argument_group("fault tolerance and growth (in-job recovery needs --ft)")
+    group.add_argument("--kill", dest="kills", action="append", default=[], metavar="RANK@STEP[:PHASE]",
+                       help="SIGKILL rank RANK at step STEP (phase step, recovery or checkpoint); repeatable")
+    group.add_argument("--kill-random", type=float, default=0.0, metavar="P",
+                       help="each step, kill one random rank (never rank 0) with probability P")
+    group.add_argument("--kill-seed", type=int, metavar="SEED",
+                       help="seed of --kill-random's draws (default: --seed)")
+    group.add_argument("--grow", action="append", default=[], metavar="N@STEP",
+                       help="spawn N more ranks before step STEP; repeatable")
+    group.add_argument("--discover", metavar="FILE",
+                       help="a file holding the wanted number of ranks, polled between steps: "
+                            "the job grows to it")
+    group.add_argument("--discover-every", type=int, default=1, metavar="STEPS",
+                       help="poll --discover every STEPS steps (default 1)")
+    group.add_argument("--replace", action="store_true",
+                       help="spawn a replacement for every rank lost, keeping the job's size")
+    group.add_argument("--checkpoint-dir", metavar="DIR",
+                       help="write checkpoints here and resume from the latest one at start")
+    group.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                       help="checkpoint every STEPS steps (needs --checkpoint-dir)")
+    group.add_argument("--deadline", dest="deadline_s", type=float, default=DEFAULT_DEADLINE_S, metavar="SECONDS",
+                       help="abort the job when a blocking wait lasts longer (a hung peer; "
+                            "default %(default)s, HPCREDUCE_DEADLINE)")
+
+
+def fault_config(args: argparse.Namespace) -> Tuple[FaultConfig, List[str]]:
+    """The FaultConfig the flags ask for, and the flags that do not parse."""
+    problems: List[str] = []
+    kills, grow = [], []
+    for flag, texts, parse, into in (("--kill", args.kills, parse_kill, kills), ("--grow", args.grow, parse_grow, grow)):
+        for text in texts:
+            try:
+                into.append(parse(text))
+            except ValueError as err:
+                problems.append(f"{flag} {err}")
+    config = FaultConfig(kills=kills, kill_random=args.kill_random, kill_seed=args.kill_seed, grow=grow,
+                         discover=args.discover, discover_every=args.discover_every, replace=args.replace,
+                         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                         deadline_s=args.deadline_s)
+    return config, problems

@@ -1,0 +1,61 @@
+"""What the servers measured, merged over shards: push counters, refusals, staleness.
+
+Histograms are lists indexed by clocks: ``hist[k]`` counts the events k clocks stale.
+Read staleness: how many clocks behind the reader the slowest worker was when a read
+was answered. Update lag: how many updates a table piece received between a worker's
+read of it and that worker's push.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+import numpy as np
+
+from .state import COUNTERS, ShardState
+
+
+def histogram(clocks: Iterable[int]) -> List[int]:
+    """Counts of each staleness value: ``result[k]`` = how many were ``k`` clocks stale."""
+    values = np.asarray(list(clocks), dtype=np.int64)
+    return np.bincount(values).tolist() if values.size else []
+
+
+def staleness_summary(read_clocks: Iterable[int], lag_clocks: Iterable[int]) -> Dict[str, Any]:
+    """``read_max`` and ``read_hist`` of how stale the parameters each read saw were, and
+    ``lag_hist`` of how many clocks late each gradient was applied."""
+    reads = histogram(read_clocks)
+    return {"read_max": len(reads) - 1 if reads else 0, "read_hist": reads,
+            "lag_hist": histogram(lag_clocks)}
+
+
+def merge_summaries(summaries: List[Optional[Mapping[str, object]]], slot_count: int) -> Dict[str, object]:
+    """The servers' ``ShardState.summary()`` (None from workers) merged: push counters per
+    worker slot summed over shards, refusal reasons, and the staleness histograms."""
+    merged = {name: np.zeros(slot_count, np.int64) for name in COUNTERS}
+    refusals: Counter = Counter()
+    reads: Counter = Counter()
+    lags: Counter = Counter()
+    for summary in filter(None, summaries):
+        for key in merged:
+            merged[key] += np.asarray(summary[key], dtype=np.int64)
+        refusals.update(summary["refusals"])
+        reads.update(summary["read_staleness"])
+        lags.update(summary["update_lag"])
+    return {
+        "staleness": staleness_summary(_values(reads), _values(lags)),
+        "pushes": {"applied_per_worker": merged["applied"].tolist(),
+                   "duplicates_per_worker": merged["duplicates"].tolist(),
+                   "refused_per_worker": merged["refused"].tolist(),
+                   "refusals": dict(refusals)},
+    }
+
+
+def server_traffic(state: ShardState, steps: int) -> List[List[int]]:
+    """A server's payload bytes [sent, received] for each step, from the requests' clocks."""
+    return [state.traffic.get(step, [0, 0]) for step in range(steps)]
+
+
+def _values(counts: Counter) -> np.ndarray:
+    keys = np.array(sorted(counts), dtype=np.int64)
+    return np.repeat(keys, [counts[k] for k in keys]) if keys.size else keys

@@ -1,0 +1,133 @@
+"""``run_ps_training``: train a model with parameter servers (``hpcreduce train --mode ps``).
+
+Ranks 0..K-1 serve the model's shards (``hpcreduce.ps``), the others run ``loop.WorkerLoop``;
+when every worker has released them the servers stop, and all ranks together gather the
+final parameters, evaluate them on the held-out split and build the same result as the
+ring trainer (``train.results``), plus ``ps``: the layout, the push counters per worker
+slot (applied, duplicate, refused) and the refusal reasons. ``staleness`` holds the
+measured read staleness and update lag histograms. With fault tolerance, ``ps.pushes``
+adds ``made_per_worker`` (pieces each live worker had acknowledged, by slot; -1 for a
+worker that is gone) and ``updates_lost_per_worker``, ``ps.ids`` the stable id of every
+rank and ``ps.worker_slots`` the live workers' slots; ``recovery`` lists the recovery
+events (rank 0's, a server: it times the next step).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ...errors import PSConfigError, PSTrainingError
+from ...ps import Consistency, Server, start
+from ...ps.gather import gather_params
+from ...ps.layout import Layout
+from ...ps.state import ShardState
+from ...ps.stats import merge_summaries, server_traffic
+from ...runtime.context import Context
+from ..config import TrainConfig
+from ..data import Dataset
+from ..evaluation import evaluate
+from ..model import Model
+from ..observe import Observer
+from ..results import FinalMetrics, StepLog, TrainResult, checksum
+from .elastic import ElasticPS
+from .loop import WorkerLog, WorkerLoop
+
+
+def run_ps_training(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset,
+                    observer: Optional[Observer] = None) -> TrainResult:
+    """Train on every rank of ``ctx`` (collective); returns the result on every rank, with
+    the final parameters (whole) in ``params``, as the ring trainer does.
+
+    ``observer`` (optional) gets every step of the first worker (its share) for progress
+    and metrics, and times its phases. Bad settings raise ``PSConfigError`` on every rank
+    before anything starts; a failure during training raises ``PSTrainingError`` on every
+    rank after the servers stopped. With fault tolerance (``ctx.ft``) the run survives
+    dead ranks and grows (``elastic``); the result then also has ``recovery``.
+    """
+    problems = dataclasses.replace(config, mode="ps").problems(ctx.size, ctx.ft)
+    if problems:
+        raise PSConfigError(problems)
+    started = time.perf_counter()
+    if ctx.ft:
+        return _run_elastic(ctx, config, model, dataset, observer, started)
+    role = start(model.param_specs(), lambda: model.init_params(config.seed), servers=config.servers,
+                 consistency=Consistency(config.consistency, config.staleness),
+                 optimizer=config.optimizer, lr=config.lr, comm=ctx)
+    if isinstance(role, Server):
+        role.serve()
+        return _result(ctx, config, model, dataset, role.layout, role.state, None, started)
+    run = WorkerLoop(role, config, model, dataset, ctx).run(ctx, observer)
+    return _result(ctx, config, model, dataset, role.layout, None, run, started)
+
+
+def _run_elastic(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset,
+                 observer: Optional[Observer], started: float) -> TrainResult:
+    if observer is None:
+        observer = Observer(ctx, config, verbose=False, reporter=config.servers)
+    elastic = ElasticPS(ctx, config, model, dataset, observer)
+    elastic.run()
+    loop = elastic.worker_side.loop_or_former
+    mine = None if loop is None else (loop.worker.slot, len(loop.pushed), elastic.worker_side.lost_updates)
+    layout = elastic.layout
+    made = np.full(layout.slot_count, -1, np.int64)
+    lost = np.full(layout.slot_count, -1, np.int64)
+    for slot, count, missing in filter(None, ctx.comm.allgather(mine)):
+        made[slot], lost[slot] = count, missing
+    return _result(ctx, config, model, dataset, layout, elastic.holdings.own, loop.result if loop else None,
+                   started, recovery=ctx.comm.bcast(elastic.events.as_dicts(), root=0),
+                   pushes_extra={"made_per_worker": made.tolist(), "updates_lost_per_worker": lost.tolist()},
+                   ps_extra={"ids": list(elastic.members.ids), "worker_slots": list(layout.worker_slots)})
+
+
+def _result(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset, layout: Layout,
+            state: Optional[ShardState], run: Optional[WorkerLog], started: float, *,
+            recovery: Optional[List[Dict[str, Any]]] = None, pushes_extra: Optional[Dict[str, Any]] = None,
+            ps_extra: Optional[Dict[str, Any]] = None) -> TrainResult:
+    """The end of a run on every rank: failures reported everywhere, per-step metrics summed,
+    parameters gathered and evaluated, the servers' counters merged."""
+    steps = config.steps
+    if run is None:
+        failure, stats, wall = None, np.zeros((steps, 3)), np.zeros(steps + 1)
+        traffic = server_traffic(state, steps) if state is not None else [[0, 0]] * steps
+    else:
+        failure, stats = run.failure, run.stats.copy()
+        traffic, wall = _worker_traffic_and_wall(run.log, steps)
+        wall[-1] = time.perf_counter() - started
+    failures = [text for text in ctx.comm.allgather(failure) if text]
+    if failures:
+        raise PSTrainingError("; ".join(failures))
+    ctx.comm.Allreduce(MPI.IN_PLACE, stats, op=MPI.SUM)
+    ctx.comm.Allreduce(MPI.IN_PLACE, wall, op=MPI.MAX)
+    params = gather_params(ctx.comm, layout, state)
+    merged = merge_summaries(ctx.comm.allgather(state.summary() if state else None), layout.slot_count)
+    per_rank = ctx.comm.allgather(traffic)
+    loss, accuracy = evaluate(ctx, model, params, dataset)
+    rows = [{"step": t + 1, "loss": float(s[0] / max(s[2], 1.0)), "accuracy": float(s[1] / max(s[2], 1.0)),
+             "examples": int(s[2]), "wall_s": round(float(wall[t]), 6)} for t, s in enumerate(stats)]
+    return TrainResult(
+        config=config, model=model.name, ranks=ctx.size, worker_count=layout.worker_count, dataset=dataset.info(),
+        steps=rows, staleness=merged["staleness"],
+        traffic={"bytes_sent": [[cell[0] for cell in rank] for rank in per_rank],
+                 "bytes_received": [[cell[1] for cell in rank] for rank in per_rank]},
+        wall_s=time.perf_counter() - started, train_s=float(wall[-1]),
+        final=FinalMetrics(loss, accuracy, checksum(params)), params=params, recovery=recovery,
+        ps={"consistency": config.consistency, "staleness_bound": config.staleness,
+            "fetch_every": config.fetch_every, "push_every": config.push_every,
+            "server_ranks": sorted(layout.shard_ranks.values()),
+            "pieces": {spec.name: [[p.shard, p.start, p.stop] for p in layout.placement.pieces[t]]
+                       for t, spec in enumerate(layout.specs) if not spec.sparse},
+            "pushes": {**merged["pushes"], **(pushes_extra or {})}, **(ps_extra or {})})
+
+
+def _worker_traffic_and_wall(log: StepLog, steps: int) -> Tuple[List[List[int]], np.ndarray]:
+    """A worker's [sent, received] bytes and end time of each step (zeros for steps it did
+    not reach), and a last slot for the whole run's time."""
+    done = len(log.rows)
+    traffic = [[sent, received] for sent, received in zip(log.bytes_sent, log.bytes_received)]
+    wall = np.zeros(steps + 1)
+    wall[:done] = [row["wall_s"] for row in log.rows]
+    return traffic + [[0, 0]] * (steps - done), wall

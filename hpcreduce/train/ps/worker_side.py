@@ -1,0 +1,120 @@
+"""The worker side of one rank in a fault-tolerant PS run, through recoveries.
+
+A worker rank runs a ``WorkerLoop`` (``loop``); a worker promoted to server when no
+server survived keeps the loop it ran (``former``), for its log and its count of
+acknowledged pushes. After a recovery the plan decides what happens to each loop:
+BSP restarts it at the plan's step; otherwise its unacknowledged push counts as
+delivered once re-pushed, and its next read fetches every dense table again. When a
+shard was rebuilt from a checkpoint, the acknowledged pushes that checkpoint lacks are
+the *lost updates*: counted, and dropped from the loop's log of pushes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from ...ps.layout import Layout
+from ...ps.rebalance import Repush, repush_items
+from ...ps.recovery_plan import Plan
+from ...ps.worker import Worker
+from ...runtime.context import Context
+from ...ft.watchdog import watchdog
+from .loop import CLOCK, PUSH, WorkerLoop
+
+PushRecord = Dict[int, Dict[int, np.ndarray]]  # shard key -> table -> last step pushed, per slot
+
+
+@dataclass
+class WorkerSide:
+    """``loop``: this rank's worker loop (None on a server); ``former``: the loop it ran
+    before it was promoted; ``restored_pushes``: the restored shards' record of pushes,
+    during a recovery; ``lost_updates``: acknowledged pieces lost to checkpoint restores."""
+
+    loop: Optional[WorkerLoop] = None
+    former: Optional[WorkerLoop] = None
+    restored_pushes: PushRecord = field(default_factory=dict)
+    lost_updates: int = 0
+
+    @property
+    def loop_or_former(self) -> Optional[WorkerLoop]:
+        return self.loop or self.former
+
+    def promote(self) -> None:
+        """This worker becomes a server: its loop stops (it is kept as ``former``)."""
+        self.former, self.loop = self.loop, None
+
+    def slot_and_clock(self) -> Tuple[Optional[int], int, bool]:
+        """(slot, clock, whether a push is unacknowledged) of the running loop, for the report."""
+        loop = self.loop
+        if loop is None:
+            return None, 0, False
+        return loop.worker.slot, loop.worker.clock_value, loop.outgoing is not None
+
+    def repushes(self, layout: Layout, holders: Mapping[int, int]) -> List[Tuple[int, Repush]]:
+        """The pieces of this worker's unacknowledged push, cut by the placement it was sent under."""
+        loop = self.loop
+        if loop is None or loop.outgoing is None:
+            return []
+        out = loop.outgoing
+        return repush_items(layout, holders, loop.worker.slot, out.step, out.dense, out.rows)
+
+    def note_restore(self, plan: Plan, pushes: PushRecord) -> None:
+        """Remember the restored shards' record of pushes (to count the lost updates)."""
+        for key in plan.restored:
+            self.restored_pushes[key] = pushes.get(key, {})
+
+    def count_lost(self, plan: Plan) -> int:
+        """Acknowledged pieces of this rank's pushes that the restored state lacks."""
+        loop = self.loop_or_former
+        if loop is None:
+            return 0
+        if plan.rollback:
+            return sum(1 for entry in loop.pushed if entry[0] >= plan.restart)
+        return len(lost_pieces(loop.pushed, loop.worker.slot, self.restored_pushes))
+
+    def settle(self, ctx: Context, plan: Plan, layout: Layout, repushed: List[Tuple[int, int]]) -> None:
+        """Every loop after a committed recovery (``layout``: the new one; ``repushed``: the
+        (table, shard key) of this worker's re-pushed pieces)."""
+        self.lost_updates += self.count_lost(plan)
+        for loop in filter(None, (self.loop, self.former)):
+            self._settle(loop, ctx, plan, layout, repushed)
+        self.restored_pushes = {}
+
+    def _settle(self, loop: WorkerLoop, ctx: Context, plan: Plan, layout: Layout,
+                repushed: List[Tuple[int, int]]) -> None:
+        if not plan.rollback and self.restored_pushes:
+            lost = set(lost_pieces(loop.pushed, loop.worker.slot, self.restored_pushes))
+            loop.pushed = [entry for entry in loop.pushed if entry not in lost]
+        if loop is self.former:
+            if plan.restart is not None:
+                loop.restart(plan.restart)
+            return
+        loop.worker = Worker(ctx.comm, layout, ctx.traffic, guard=watchdog.guard,
+                             clock=plan.clocks[loop.worker.slot])
+        if plan.restart is not None:
+            loop.restart(plan.restart)  # BSP: everything from the restart step on is computed again
+            return
+        if loop.outgoing is not None:
+            loop.acknowledged(repushed)
+            if loop.stage == PUSH:
+                loop.stage = CLOCK
+        loop.refetch = True
+
+    def rejoin(self, ctx: Context, layout: Layout) -> None:
+        """After growth: the running loop's worker over the new communicator and layout."""
+        if self.loop is not None:
+            self.loop.worker = Worker(ctx.comm, layout, ctx.traffic, guard=watchdog.guard,
+                                      clock=self.loop.worker.clock_value)
+
+
+def lost_pieces(pushed: List[Tuple[int, int, int]], slot: int, restored: PushRecord) -> List[Tuple[int, int, int]]:
+    """The logged pieces (step, table, key) a checkpoint restore lost: pushed to a restored
+    shard key after the checkpoint's record of this slot's last push to that table."""
+    lost = []
+    for step, table, key in pushed:
+        record = restored.get(key, {}).get(table)
+        if record is not None and step > (record[slot] if slot < len(record) else -1):
+            lost.append((step, table, key))
+    return lost

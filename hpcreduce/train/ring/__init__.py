@@ -1,0 +1,1 @@
+"""Ring AllReduce training: the trainer's three phases, its state, and its elastic driver."""
