@@ -44,6 +44,11 @@ def setting_problem(template: str, **values: object) -> SettingProblem:
 Problem = Union[str, SettingProblem]
 
 
+def worded(problem: Problem, names: Mapping[str, str] = {}) -> str:  # noqa: B006 (read only)
+    """A problem as text, its fields written as ``names`` gives them (see ``SettingProblem``)."""
+    return problem.render(names) if isinstance(problem, SettingProblem) else str(problem)
+
+
 class HpcreduceError(Exception):
     """Base class of every error hpcreduce raises on purpose.
 
@@ -56,7 +61,7 @@ class HpcreduceError(Exception):
         super().__init__(self.render())
 
     def render(self, names: Mapping[str, str] = {}) -> str:  # noqa: B006 (read only)
-        return "".join(p.render(names) if isinstance(p, SettingProblem) else str(p) for p in self.parts)
+        return "".join(worded(part, names) for part in self.parts)
 
 
 class InputMismatchError(HpcreduceError, ValueError):

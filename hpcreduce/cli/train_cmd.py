@@ -16,7 +16,7 @@ import sys
 import traceback
 from typing import TYPE_CHECKING, List, Mapping, Tuple
 
-from ..errors import Problem, SettingProblem
+from ..errors import Problem, worded
 from .fault_flags import add_fault_flags, fault_config
 from .flags import flag_names
 from .ranks import add_rank_options, relaunch_outside_mpi
@@ -126,6 +126,5 @@ def refuse(problems: List[Problem], rank: int, flags: Mapping[str, str]) -> int:
     """Print the problems, with their flags, on rank 0; every rank returns the usage-error status."""
     if rank == 0:
         for problem in problems:
-            text = problem.render(flags) if isinstance(problem, SettingProblem) else problem
-            print(f"hpcreduce train: {text}", file=sys.stderr, flush=True)
+            print(f"hpcreduce train: {worded(problem, flags)}", file=sys.stderr, flush=True)
     return 2

@@ -22,6 +22,7 @@ from ..runtime.files import atomic_file
 
 NAME = re.compile(r"^ckpt-(\d{9})\.npz$")
 METADATA_KEY = "__metadata__"
+UNREADABLE = (OSError, ValueError, KeyError, EOFError)  # what a torn or foreign file raises
 
 
 def path_for(directory: str, step: int) -> str:
@@ -63,8 +64,13 @@ def load_latest(directory: str) -> Optional[Tuple[Dict[str, object], Dict[str, n
         try:
             with np.load(path) as stored:
                 arrays = {name: stored[name] for name in stored.files if name != METADATA_KEY}
-                metadata = json.loads(stored[METADATA_KEY].tobytes().decode())
+                metadata = metadata_of(stored)
             return metadata, arrays
-        except (OSError, ValueError, KeyError, EOFError):
+        except UNREADABLE:
             continue
     return None
+
+
+def metadata_of(stored) -> Dict[str, object]:
+    """The metadata entry of a checkpoint opened with ``np.load``."""
+    return json.loads(stored[METADATA_KEY].tobytes().decode())

@@ -50,7 +50,7 @@ class LaunchPlan:
 
 def find_mpirun() -> str:
     """The ``mpirun`` beside this Python (PyPI's Open MPI wheel), else the one on PATH."""
-    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    beside = os.path.join(this_environment(), "mpirun")
     if os.access(beside, os.X_OK):
         return beside
     found = shutil.which("mpirun")

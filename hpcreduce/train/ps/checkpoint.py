@@ -15,7 +15,6 @@ restore reads every file of one checkpoint.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections import Counter
@@ -82,8 +81,8 @@ def latest_complete(directory: Optional[str]) -> Optional[int]:
 def _metadata(path: str) -> Optional[dict]:
     try:
         with np.load(path) as stored:
-            return json.loads(stored[checkpoint.METADATA_KEY].tobytes().decode())
-    except (OSError, ValueError, KeyError, EOFError):
+            return checkpoint.metadata_of(stored)
+    except checkpoint.UNREADABLE:
         return None
 
 
@@ -106,7 +105,7 @@ def _path(directory: str, key: Optional[int], step: int) -> str:
 
 def _load(path: str, specs: Sequence[ParamSpec], optimizers: Mapping[int, Optimizer]) -> ShardState:
     with np.load(path) as stored:
-        metadata = json.loads(stored[checkpoint.METADATA_KEY].tobytes().decode())
+        metadata = checkpoint.metadata_of(stored)
         slot_count = int(metadata["slot_count"])
         tables = {}
         for name, info in metadata["tables"].items():
