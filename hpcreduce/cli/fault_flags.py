@@ -7,7 +7,6 @@ from typing import List, Tuple
 from ..ft.config import FaultConfig
 from ..ft.growth import parse_grow
 from ..ft.inject import parse_kill
-from ..ft.watchdog import DEFAULT_DEADLINE_S
 
 
 def add_fault_flags(parser: argparse.ArgumentParser) -> None:
@@ -32,9 +31,9 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
                        help="write checkpoints here and resume from the latest one at start")
     group.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                        help="checkpoint every STEPS steps (needs --checkpoint-dir)")
-    group.add_argument("--deadline", dest="deadline_s", type=float, default=DEFAULT_DEADLINE_S, metavar="SECONDS",
+    group.add_argument("--deadline", dest="deadline_s", type=float, metavar="SECONDS",
                        help="abort the job when a blocking wait lasts longer (a hung peer; "
-                            "default %(default)s, HPCREDUCE_DEADLINE)")
+                            "default: HPCREDUCE_DEADLINE, else 120)")
 
 
 def fault_config(args: argparse.Namespace) -> Tuple[FaultConfig, List[str]]:

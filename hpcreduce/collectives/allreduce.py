@@ -5,11 +5,10 @@ takes ~5 us here), so this path avoids repeated lookups: settings are read once.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
-
 from ..runtime.context import Comm, Context, resolve
+from ..runtime.settings import Setting, switch
 from ..arrays import array_module
 from .native import native_allreduce
 from .ops import OP_NAMES, OPS, ReduceOp, dtype_code
@@ -26,7 +25,7 @@ ALGORITHM_FUNCTIONS = {
     "native": native_allreduce,
 }
 
-CHECK_BY_DEFAULT = os.environ.get("HPCREDUCE_CHECK", "1").strip().lower() not in ("0", "false", "no", "off")
+CHECK = Setting("HPCREDUCE_CHECK", switch, True, "on or off")
 
 
 def allreduce(x, op: str = "sum", *, algorithm: str = "auto", comm: Comm = None,
@@ -44,7 +43,7 @@ def allreduce(x, op: str = "sum", *, algorithm: str = "auto", comm: Comm = None,
     """
     context = resolve(comm)
     local = array_problem(x) or choice_problem(op, algorithm) or out_problem(x, out)
-    if CHECK_BY_DEFAULT if check is None else check:
+    if CHECK.value() if check is None else check:
         agree(context.comm, "allreduce", signature(x, op, algorithm), local)
     elif local is not None:
         raise_local("allreduce", local, context.rank)

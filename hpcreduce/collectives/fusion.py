@@ -8,23 +8,19 @@ Cost: one allreduce per fused buffer plus a copy in and a copy out of every byte
 """
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .allreduce import CHECK_BY_DEFAULT, Comm, reduce_flat
+from .allreduce import CHECK, Comm, reduce_flat
 from ..arrays import array_module, is_device_array
 from .workspace import workspace
 from .ops import OP_NAMES, OPS
 from .validate import (ALGORITHMS, agree, array_problem, choice_problem, first_problem,
                        raise_local, stable_hash)
 from ..runtime.context import resolve
+from ..runtime.settings import Setting, positive_integer
 
-DEFAULT_THRESHOLD_BYTES = 64 << 20
-
-
-def default_threshold() -> int:
-    """Fusion buffer size: ``HPCREDUCE_FUSION_BYTES`` or 64 MiB (Horovod's default)."""
-    return int(os.environ.get("HPCREDUCE_FUSION_BYTES", DEFAULT_THRESHOLD_BYTES))
+FUSION_BYTES = Setting("HPCREDUCE_FUSION_BYTES", positive_integer, 64 << 20, "a number of bytes above 0")
+"""Fusion buffer size: 64 MiB unless set (Horovod's default)."""
 
 
 def plan_buckets(arrays: Sequence, threshold_bytes: int) -> List[List[int]]:
@@ -59,7 +55,7 @@ def allreduce_many(arrays: Sequence, op: str = "sum", *, algorithm: str = "auto"
     arrays = list(arrays)
     local = first_problem(choice_problem(op, algorithm),
                           *(_fusable_problem(x) for x in arrays))
-    if CHECK_BY_DEFAULT if check is None else check:
+    if CHECK.value() if check is None else check:
         layout = [(getattr(x, "dtype", None) and x.dtype.str, tuple(getattr(x, "shape", ())))
                   for x in arrays]
         agree(context.comm, "allreduce_many", [
@@ -71,7 +67,7 @@ def allreduce_many(arrays: Sequence, op: str = "sum", *, algorithm: str = "auto"
     else:
         raise_local("allreduce_many", local, context.rank)
     reduce_op = OPS[op]
-    threshold = default_threshold() if threshold_bytes is None else threshold_bytes
+    threshold = FUSION_BYTES.value() if threshold_bytes is None else threshold_bytes
     results = list(arrays) if inplace else [None] * len(arrays)
     for bucket in plan_buckets(arrays, threshold):
         first = arrays[bucket[0]]

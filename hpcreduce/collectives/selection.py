@@ -12,8 +12,9 @@ small-message allreduce), so it has no row. Re-measure on your cluster and set
 """
 from __future__ import annotations
 
-import os
 from typing import Optional, Sequence, Tuple
+
+from ..runtime.settings import Setting
 
 Table = Sequence[Tuple[float, str]]
 
@@ -23,24 +24,36 @@ AUTO_TABLE: Table = (
 )
 
 
+CHOOSABLE = ("ring", "recursive_doubling", "native")
+
+
 def parse_table(text: str) -> Table:
-    """Parse ``"BYTES:ALGORITHM,..."`` (``inf`` allowed as the last bound)."""
+    """Parse ``"BYTES:ALGORITHM,..."``: bounds rising, ``inf`` as the last; ValueError says why not."""
     rows = []
     for item in text.split(","):
         bound, _, name = item.partition(":")
-        rows.append((float(bound), name.strip()))
-    if not rows or rows[-1][0] != float("inf"):
-        raise ValueError(f"HPCREDUCE_AUTO_TABLE={text!r} must end with an inf:ALGORITHM row")
+        try:
+            limit = float(bound)
+        except ValueError:
+            raise ValueError(f"{bound.strip()!r} is not a number of bytes") from None
+        if name.strip() not in CHOOSABLE:
+            raise ValueError(f"unknown algorithm {name.strip()!r} (known: {', '.join(CHOOSABLE)})")
+        if rows and limit <= rows[-1][0] or limit < 0 or limit != limit:
+            raise ValueError(f"bound {bound.strip()} must be above the one before it and 0 or more")
+        rows.append((limit, name.strip()))
+    if rows[-1][0] != float("inf"):
+        raise ValueError("the last row must be inf:ALGORITHM")
     return tuple(rows)
 
 
-_ACTIVE: Table = parse_table(os.environ["HPCREDUCE_AUTO_TABLE"]) \
-    if os.environ.get("HPCREDUCE_AUTO_TABLE") else AUTO_TABLE
+TABLE = Setting("HPCREDUCE_AUTO_TABLE", parse_table, AUTO_TABLE,
+                "a table of BYTES:ALGORITHM rows, e.g. 65536:native,inf:ring")
 
 
 def choose(nbytes: int, table: Optional[Table] = None) -> str:
     """The algorithm for a message of ``nbytes`` bytes (by ``table``, else the active one)."""
-    for bound, name in table or _ACTIVE:
+    rows = table or TABLE.value()
+    for bound, name in rows:
         if nbytes <= bound:
             return name
-    return (table or _ACTIVE)[-1][1]
+    return rows[-1][1]

@@ -7,7 +7,6 @@ from typing import List, Optional, Sequence, Tuple
 from ..errors import SettingProblem, setting_problem
 from .growth import GrowthRule
 from .inject import Kill, KillSchedule
-from .watchdog import DEFAULT_DEADLINE_S
 
 
 @dataclass
@@ -16,7 +15,7 @@ class FaultConfig:
     kill per step; ``grow``: (count, step) growth; ``discover``: file holding the wanted
     number of ranks, polled between steps; ``replace``: spawn a replacement per lost rank;
     ``checkpoint_dir``/``checkpoint_every``: periodic checkpoints (the fallback without
-    ULFM, resumed when the job is relaunched); ``deadline_s``: longest blocking wait."""
+    ULFM, resumed when the job is relaunched); ``deadline_s``: longest blocking wait (None: ``HPCREDUCE_DEADLINE``, else 120 s)."""
 
     kills: List[Kill] = field(default_factory=list)
     kill_random: float = 0.0
@@ -27,7 +26,7 @@ class FaultConfig:
     replace: bool = False
     checkpoint_dir: Optional[str] = None
     checkpoint_every: int = 0
-    deadline_s: float = DEFAULT_DEADLINE_S
+    deadline_s: Optional[float] = None
 
     def needs_ulfm(self) -> bool:
         """Whether the run can only go on in-job (ULFM): kills without checkpoints, growth."""
@@ -43,7 +42,7 @@ class FaultConfig:
             found.append(setting_problem("{checkpoint_every} must be >= 0 and {discover_every} >= 1"))
         if self.checkpoint_every and not self.checkpoint_dir:
             found.append(setting_problem("{checkpoint_every} needs {checkpoint_dir}"))
-        if not self.deadline_s > 0:
+        if self.deadline_s is not None and not 0 < self.deadline_s < float("inf"):
             found.append(setting_problem("{deadline_s} must be positive, got {value}", value=self.deadline_s))
         return found
 

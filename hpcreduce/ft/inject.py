@@ -22,6 +22,10 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, List, Sequence
 
+from ..runtime.settings import Setting, non_negative_integer, text_value
+
+ATTEMPT = Setting("HPCREDUCE_ATTEMPT", non_negative_integer, 0, "a launch attempt number (0 or more)")
+KILL_LOG = Setting("HPCREDUCE_KILL_LOG", text_value, "", "a file path")
 PHASES = ("step", "recovery", "checkpoint", "hang")
 
 
@@ -55,7 +59,7 @@ class KillSchedule:
         self.random_probability = random_probability
         self.seed = seed
         self.protected = set(protected)
-        self.enabled = int(os.environ.get("HPCREDUCE_ATTEMPT", "0")) == 0
+        self.enabled = ATTEMPT.value() == 0
 
     def victims(self, phase: str, step: int, alive: Sequence[int]) -> List[int]:
         """Stable ids to kill at this phase of this step, among ``alive`` ones.
@@ -88,7 +92,7 @@ class KillSchedule:
 
 def record(reason: str) -> None:
     """Append the moment and ``reason`` to ``HPCREDUCE_KILL_LOG``, if set."""
-    log = os.environ.get("HPCREDUCE_KILL_LOG")
+    log = KILL_LOG.value()
     if log:
         with open(log, "a", encoding="utf-8") as handle:
             handle.write(f"{time.time():.6f} {os.getpid()} {reason}\n")

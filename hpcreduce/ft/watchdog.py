@@ -8,21 +8,22 @@ so ending the job is the only answer that never hangs. Arming costs two assignme
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
-DEFAULT_DEADLINE_S = float(os.environ.get("HPCREDUCE_DEADLINE", "120"))
+from ..runtime.settings import Setting, positive_number
+
+DEADLINE = Setting("HPCREDUCE_DEADLINE", positive_number, 120.0, "a number of seconds above 0")
 
 
 class Watchdog:
     """One per process; ``guard(what)`` arms it for the duration of a ``with`` block."""
 
-    def __init__(self, deadline_s: float = DEFAULT_DEADLINE_S, poll_s: float = 0.25):
-        self.deadline_s = deadline_s
+    def __init__(self, deadline_s: Optional[float] = None, poll_s: float = 0.25):
+        self.deadline_s = deadline_s  # None: HPCREDUCE_DEADLINE, read when first armed
         self.poll_s = poll_s
         self._what: Optional[str] = None
         self._since = 0.0
@@ -33,6 +34,8 @@ class Watchdog:
         """Abort the job if the block is still running after the deadline."""
         if self._thread is None:
             self._start()
+        if self.deadline_s is None:
+            self.deadline_s = DEADLINE.value()
         outer = (self._what, self._since, self.deadline_s)
         self._since, self._what = time.monotonic(), what
         if deadline_s is not None:

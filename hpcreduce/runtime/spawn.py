@@ -9,12 +9,14 @@ Cost: one MPI_Comm_spawn (process start-up, ~0.2 s here) and one merge.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional, Sequence
 
 from mpi4py import MPI
 
-DEFAULT_SPAWN_INFO = "map_by=slot:oversubscribe"
+from .settings import Setting, text_value
+
+SPAWN_INFO = Setting("HPCREDUCE_SPAWN_INFO", text_value, "map_by=slot:oversubscribe",
+                     "spawn info as key=value;key=value")
 
 
 def spawn_info(text: Optional[str] = None) -> MPI.Info:
@@ -23,7 +25,7 @@ def spawn_info(text: Optional[str] = None) -> MPI.Info:
     The default lets a node take more ranks than cores (a single-node job); on a
     cluster name the hosts instead, e.g. ``host=node7`` or ``hostfile=/path``.
     """
-    text = os.environ.get("HPCREDUCE_SPAWN_INFO", DEFAULT_SPAWN_INFO) if text is None else text
+    text = SPAWN_INFO.value() if text is None else text
     info = MPI.Info.Create()
     for item in filter(None, (part.strip() for part in text.split(";"))):
         key, _, value = item.partition("=")
