@@ -133,8 +133,9 @@ class PSConfigError(ConfigurationError):
 
 
 class PSInputError(HpcreduceError, ValueError):
-    """A worker call with bad arguments: unknown table, wrong shape or dtype, ids out of
-    range or repeated. Raised by the worker before anything is sent; no state changed."""
+    """A worker call with bad arguments (unknown table, wrong shape or dtype, a read-only
+    output, ids out of range or repeated) or on a worker already released. Raised by the
+    worker before anything is sent; no state changed and the worker stays usable."""
 
 
 class PSRefusedError(HpcreduceError, RuntimeError):
@@ -145,7 +146,25 @@ class PSRefusedError(HpcreduceError, RuntimeError):
     """
 
 
-class PSTrainingError(HpcreduceError, RuntimeError):
+class ModelError(HpcreduceError, ValueError):
+    """A model broke the ``Model`` contract: its gradients do not match its parameters
+    (a missing or extra name, a wrong shape, dtype or kind, bad sparse row ids).
+
+    Raised on the rank whose model returned them, before they are used; training turns
+    it into ``TrainingError`` on every rank. Fix the model.
+    """
+
+
+class TrainingError(HpcreduceError, RuntimeError):
+    """Training stopped: a model failed on some rank (``ModelError`` or its own error), or
+    a gradient was NaN or Inf (refused, never applied).
+
+    Raised on every rank, naming the step, the failing ranks and their reasons, with the
+    parameters as the last applied step left them; the job exits instead of hanging.
+    """
+
+
+class PSTrainingError(TrainingError):
     """Parameter-server training failed on some rank (a refused push, a model error, a
     server that could not set up, a recovery with nothing left to recover from).
 
@@ -160,3 +179,21 @@ class PlottingUnavailableError(HpcreduceError, ImportError):
 
 class UnknownResultError(HpcreduceError, ValueError):
     """The file is not a result ``hpcreduce report`` knows how to draw. Nothing was drawn."""
+
+
+class OutputFileError(HpcreduceError, RuntimeError):
+    """A result, metrics, timeline or checkpoint file could not be written; the message
+    names the path and the system's reason (no space, permission, a folder in the way).
+
+    A file replaced atomically keeps its previous content and no temporary is left.
+    Training raises it on every rank, at the end for result and metrics files (what could
+    be written was), at once for a checkpoint. Fix the path or free space and rerun.
+    """
+
+
+class CheckpointMismatchError(ConfigurationError):
+    """The checkpoint folder holds checkpoints of another run (another model, seed, batch,
+    optimizer...); the message names the first difference. Nothing was restored.
+
+    Raised on every rank before training. Give another checkpoint folder, or remove it.
+    """

@@ -25,11 +25,13 @@ Tensors are not copied where it can be helped: a CPU tensor is reduced through i
 view (``tensor.numpy()`` shares its memory), a CUDA tensor through a cupy view
 (DLPack, zero-copy; needs cupy). Every rank must pass the same parameters in the same
 order; a parameter without a gradient counts as zeros (as Horovod does). Bad input
-(different models on different ranks, a dtype hpcreduce does not reduce, sparse
-gradients) raises on every rank before any data moves.
+(different models on different ranks, a dtype hpcreduce does not reduce, sparse or
+non-finite gradients, a root outside the communicator) raises on every rank, naming the
+parameters and ranks, before any data moves.
 Cost: ``allreduce_gradients`` is one ``allreduce_many`` of all gradients (see
-docs/algorithms.md); ``broadcast_parameters`` one small pickled signature broadcast and
-an allgather of verdicts, then one ``MPI_Bcast`` per tensor (any dtype, as bytes);
+docs/algorithms.md) after one ``isfinite`` pass over them (``check_finite``);
+``broadcast_parameters`` one small allreduce (the root), one small pickled signature
+broadcast and an allgather of verdicts, then one ``MPI_Bcast`` per tensor (any dtype, as bytes);
 ``pull``/``push``: one PS pull or push per parameter, all in flight together.
 """
 from __future__ import annotations
@@ -40,12 +42,12 @@ import numpy as np
 import torch
 
 from .collectives import allreduce_many
-from .errors import HpcreduceError, InputMismatchError, UnsupportedInputError
+from .collectives.validate import Unusable, agree, problem, stable_hash
+from .errors import InputMismatchError
 from .runtime.context import resolve
 
 DTYPES = {torch.float16: "float16", torch.float32: "float32", torch.float64: "float64",
           torch.int32: "int32", torch.int64: "int64"}
-UNSUPPORTED = np.empty(0, dtype=object)  # flagged by allreduce_many's check on every rank
 
 Parameters = Union[torch.nn.Module, Iterable[Tuple[str, torch.Tensor]]]
 
@@ -75,24 +77,23 @@ def array_view(tensor: torch.Tensor) -> Tuple[Any, Optional[str]]:
     return None, f"tensors on {tensor.device.type} are not supported (CPU or CUDA only)"
 
 
-def allreduce_gradients(parameters: Parameters, op: str = "mean", *, comm=None) -> None:
+def allreduce_gradients(parameters: Parameters, op: str = "mean", *, comm=None, check_finite: bool = True) -> None:
     """Reduce every parameter's ``.grad`` over all ranks, in place (``op`` "mean" by default,
-    or "sum"); a missing gradient is created as zeros first. Collective; raises
-    ``InputMismatchError``/``UnsupportedInputError`` on every rank on bad input."""
-    views, problems = [], []
+    or "sum"); a missing gradient is created as zeros first. Collective; on bad input (a
+    dtype or layout hpcreduce does not reduce, a NaN or Inf with ``check_finite``: pass
+    False under loss scaling, which expects them) every rank raises
+    ``InputMismatchError``/``UnsupportedInputError`` naming the parameters and ranks,
+    before any gradient changes."""
+    names, views = [], []
     for name, param in named(parameters):
         if param.grad is None:
             param.grad = torch.zeros_like(param)
-        view, problem = array_view(param.grad)
-        if problem:
-            problems.append(f"{name}: {problem}")
-        views.append(UNSUPPORTED if problem else view)
-    try:
-        allreduce_many(views, op, comm=comm, inplace=True)
-    except HpcreduceError as err:
-        if problems:
-            raise UnsupportedInputError(f"hpcreduce.torch: {'; '.join(problems)}") from err
-        raise
+        view, reason = array_view(param.grad)
+        if reason is None and check_finite and not bool(torch.isfinite(param.grad).all()):
+            reason = "has NaN or Inf values"
+        names.append(name)
+        views.append(Unusable(reason) if reason else view)
+    allreduce_many(views, op, comm=comm, inplace=True, names=names)
 
 
 def state_tensors(module: Union[torch.nn.Module, Dict[str, torch.Tensor]]) -> List[Tuple[str, torch.Tensor]]:
@@ -107,13 +108,18 @@ def broadcast_parameters(module: Union[torch.nn.Module, Dict[str, torch.Tensor]]
     Collective; ranks whose tensors differ in names, shapes or dtypes get
     ``InputMismatchError`` on every rank before anything is overwritten."""
     context = resolve(comm)
+    valid = isinstance(root, (int, np.integer)) and 0 <= root < context.size
+    agree(context.comm, "broadcast_parameters", [("root", int(root) if valid else -1, root)],
+          None if valid else problem(10, f"root={root!r}, but the communicator has {context.size} ranks "
+                                         f"(0..{context.size - 1})"))
     tensors = state_tensors(module)
     signature = [(name, tuple(t.shape), str(t.dtype)) for name, t in tensors]
     theirs = context.comm.bcast(signature if context.rank == root else None, root=root)
     verdict = None
     if theirs != signature:
-        different = next((f"{mine} here, {other} on rank {root}" for mine, other in zip(signature, theirs)
-                          if mine != other), f"{len(signature)} tensors here, {len(theirs)} on rank {root}")
+        different = next((f"{mine} here, {other} on rank {root}"
+                          for mine, other in zip(signature, theirs, strict=False) if mine != other),
+                         f"{len(signature)} tensors here, {len(theirs)} on rank {root}")
         verdict = f"rank {context.rank}: {different}"
     verdicts = [v for v in context.comm.allgather(verdict) if v]
     if verdicts:
@@ -187,10 +193,12 @@ def start_parameter_server(module: torch.nn.Module, *, servers: int = 1, consist
     from .ps import Consistency, ParamSpec, Server, start
     context = resolve(comm)
     params = named(module)
-    for name, param in params:
-        if param.dtype not in DTYPES or not param.is_floating_point():
-            raise UnsupportedInputError(f"start_parameter_server: {name} has dtype {param.dtype}; "
-                                        "parameter-server tables are float16, float32 or float64")
+    unusable = [f"{name} has dtype {param.dtype}" for name, param in params
+                if param.dtype not in DTYPES or not param.is_floating_point()]
+    layout = [(name, tuple(param.shape), str(param.dtype)) for name, param in params]
+    agree(context.comm, "start_parameter_server", [("parameters", stable_hash(layout), lambda: layout)],
+          problem(9, "; ".join(unusable) + " (parameter-server tables are float16, float32 or float64)")
+          if unusable else None)
     specs = [ParamSpec(name, tuple(param.shape), DTYPES[param.dtype]) for name, param in params]
     role = start(specs, lambda: {name: param.detach().cpu().numpy() for name, param in params},
                  servers=servers, consistency=Consistency(consistency, staleness), optimizer=optimizer, lr=lr,

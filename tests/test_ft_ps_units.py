@@ -80,9 +80,9 @@ def test_shard_checkpoints_are_complete_only_when_every_shard_wrote_them_and_res
     layout, optimizers, _, states = shards([0, 1, 2])
     for state in states:
         state.applied[:] = [5, 6, 7]
-        ps_checkpoint.save_shard(str(tmp_path), 10, state, [0, 1, 2], bsp=True)
+        ps_checkpoint.save_shard(str(tmp_path), 10, state, [0, 1, 2], bsp=True, identity={"seed": 0})
     for state in states[:2]:
-        ps_checkpoint.save_shard(str(tmp_path), 15, state, [0, 1, 2], bsp=True)
+        ps_checkpoint.save_shard(str(tmp_path), 15, state, [0, 1, 2], bsp=True, identity={"seed": 0})
     assert ps_checkpoint.latest_complete(str(tmp_path)) == 10, "shard 2 never wrote step 15"
     assert ps_checkpoint.latest_complete(str(tmp_path / "none")) is None
     saved = ps_checkpoint.load_states(str(tmp_path), 10, SPECS, optimizers)

@@ -1,8 +1,16 @@
 """Training pieces that need no MPI job: partitioning, state, parameter views, results, config."""
 import json
+import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpcreduce.cli import train_cmd
+from hpcreduce.cli.main import build_parser
+from hpcreduce.ft.config import FaultConfig
+from hpcreduce.ft.inject import parse_kill
 
 from hpcreduce.ps.optimizers import make_optimizer
 from hpcreduce.ps.stats import histogram, staleness_summary
@@ -127,3 +135,62 @@ def test_config_problems_name_the_fields_and_the_cli_words_them_as_flags():
     worded = " | ".join(p.render(flags) for p in problems)
     assert "--optimizer must be one of" in worded and "--seed" in worded and "--lr" in worded
     assert "--fetch-every and --push-every belong to --mode ps" in worded
+
+
+def fault(*kills, **fields):
+    return FaultConfig(kills=[parse_kill(k) for k in kills], **fields)
+
+
+@pytest.mark.parametrize("config, ranks, ps, ft", [  # the kills the fault-tolerance tests run, and more
+    (fault("2@15", "1@15:recovery"), 4, False, True),
+    (fault("4@10", "1@10:recovery"), 5, True, True),
+    (fault("4@12", "1@10:recovery"), 5, True, True),  # PS: the first recovery at or after step 10
+    (fault("0@20:checkpoint", checkpoint_dir="ckpt", checkpoint_every=10), 4, False, False),
+    (fault("1@8", "4@20", replace=True), 4, False, True),  # id 4 is the replacement
+    (fault("3@5:recovery", kill_random=0.1), 4, False, True),
+    (FaultConfig(grow=[(1, 5), (1, 20)], kills=[parse_kill("2@25")]), 2, False, True),  # id 2 joined at 5
+])
+def test_kills_that_can_fire_are_accepted(config, ranks, ps, ft):
+    assert config.problems(30, ranks, ft, ps) == []
+
+
+@pytest.mark.parametrize("config, ps, ft, said", [
+    (fault("4@5"), False, True, "no rank has id 4"),
+    (fault("1@31"), False, True, "STEP must be from 1 to 30"),
+    (fault("1@0"), False, True, "STEP must be from 1 to 30"),
+    (fault("1@10:checkpoint"), False, True, "no checkpoint is written at step 10"),
+    (fault("1@15:checkpoint", checkpoint_dir="ckpt", checkpoint_every=10), False, True, "no checkpoint"),
+    (fault("1@10:recovery"), True, True, "no recovery can happen"),
+    (fault("2@10", "1@12:recovery"), True, True, "no recovery can happen"),  # PS: none at or after 12
+    (fault("1@10", "1@10:recovery"), False, True, "no recovery can happen"),  # its own death is no recovery
+    (fault("2@10", "1@11:recovery"), False, True, "no recovery can happen"),  # ring: at that step only
+    (fault("2@10", "1@10:recovery", checkpoint_dir="c"), False, False, "no recovery can happen"),  # no ULFM
+    (FaultConfig(grow=[(1, 31)]), False, True, "grow 1@31: STEP must be from 1 to 30"),
+])
+def test_kills_and_growth_that_never_happen_are_refused(config, ps, ft, said):
+    problems = " | ".join(map(str, config.problems(30, 4, ft, ps)))
+    assert said in problems
+
+
+BAD_FLAGS = {  # flag -> bad values, each refused naming the flag (by check_train_flags, without MPI)
+    "--lr": ["0", "-1", "nan", "inf", "-inf"], "--steps": ["0", "-5"], "--batch": ["0"],
+    "--kill": ["9@5", "1@0", "1@999", "x@y", "1@5:boom", "1@5:checkpoint", "1@5:recovery"],
+    "--grow": ["1@999", "0@5", "a@b"], "--kill-random": ["1", "-0.1", "nan"], "--deadline": ["0", "nan", "inf"],
+    "--restarts": ["-1"], "--optimizer": ["rmsprop"], "--mode": ["star"], "--progress": ["loud"],
+    "--checkpoint-every": ["-1"], "--discover-every": ["0"], "-n": ["0"], "--seed": ["-1"],
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(BAD_FLAGS)), st.data(), min_size=1, max_size=4))
+def test_fuzzed_bad_train_flags_are_each_refused_by_name(picked):
+    chosen = {flag: data.draw(st.sampled_from(BAD_FLAGS[flag])) for flag, data in picked.items()}
+    argv = ["train", "--ft", "--steps", "30"] + [f"{flag}={value}" if flag.startswith("--") else f"{flag}{value}"
+                                           for flag, value in chosen.items()]
+    args = build_parser().parse_args(argv)
+    problems = train_cmd.launcher_problems(args)
+    assert problems, chosen
+    worded = [str(p) if isinstance(p, str) else p.render(args.flags) for p in problems]
+    for flag, value in chosen.items():
+        named = re.compile(re.escape(flag) + r"(?![\w-])")  # --kill, not --kill-random
+        assert any(named.search(text) for text in worded), (flag, value, worded)

@@ -130,6 +130,7 @@ class Bench:
         self.worker_comm.Barrier()
         began = time.perf_counter()
         if kind == "ps":
+            worker.reopen()  # each block is a serving session that ends with release()
             for _ in range(reps):
                 ps_call(worker)
                 worker.clock()

@@ -7,6 +7,7 @@ jobs; its flags are in ``bench_flags``.
 from __future__ import annotations
 
 import sys
+from typing import Dict, Optional
 
 from ..benchmarks import allreduce as allreduce_bench
 from ..benchmarks import ps as ps_bench
@@ -14,8 +15,9 @@ from ..benchmarks import recovery as recovery_bench
 from ..benchmarks import scaling as scaling_bench
 from ..runtime.files import write_json
 from .bench_flags import FLAGS, PROBLEMS
+from .checks import launch_problems, output_problems, refuse, setting_problems
 from .flags import flag_names
-from .ranks import add_rank_options, relaunch_outside_mpi
+from .ranks import add_rank_options, outside_mpi, relaunch
 
 BENCHMARKS = (allreduce_bench, ps_bench, scaling_bench, recovery_bench)
 
@@ -33,18 +35,21 @@ def register(subcommands) -> None:
 
 
 def run(args, argv) -> int:
-    problems = PROBLEMS.get(args.module.NAME, lambda _: [])(args)
-    if problems:
-        for problem in problems:
-            print(f"hpcreduce bench {args.module.NAME}: {problem}", file=sys.stderr)
-        return 2
+    name = args.module.NAME
     if hasattr(args.module, "drive"):  # launches its own jobs (bench scaling, bench recovery)
-        return args.module.drive(args)
-    exit_code = relaunch_outside_mpi(args, argv)
-    if exit_code is not None:
-        return exit_code
+        problems = [*PROBLEMS[name](args), *output_problems(_outputs(args)), *launch_problems(args),
+                    *setting_problems()]
+        return refuse(f"bench {name}", problems) if problems else args.module.drive(args)
+    if outside_mpi():
+        problems = [*PROBLEMS[name](args), *output_problems(_outputs(args)), *launch_problems(args),
+                    *setting_problems()]
+        return refuse(f"bench {name}", problems) if problems else relaunch(args, argv)
     from ..runtime.context import init
     context = init(ft=True if args.ft else None)
+    problems = context.comm.bcast(  # rank 0 writes the JSON: it decides for every rank
+        [*PROBLEMS[name](args), *output_problems(_outputs(args)), *setting_problems()] if context.rank == 0 else None)
+    if problems:
+        return refuse(f"bench {name}", problems, context.rank)
     result = args.module.run(context, args)
     if context.rank == 0:
         print(args.module.render(result), flush=True)
@@ -52,3 +57,8 @@ def run(args, argv) -> int:
             write_json(args.json_path, result)
             print(f"wrote {args.json_path}", file=sys.stderr)
     return 0
+
+
+def _outputs(args) -> Dict[str, Optional[str]]:
+    """The files the benchmark writes, by flag."""
+    return {"--json": args.json_path}

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Dict, List
+import os
+from typing import Callable, Dict, List, Sequence
 
 from ..benchmarks import allreduce, ps, recovery, scaling
 from ..benchmarks.timing import sizes_argument
 from ..runtime.environment import detect_launcher
+from ..runtime.files import path_problem
 
 
 def allreduce_flags(parser: argparse.ArgumentParser) -> None:
@@ -14,7 +16,7 @@ def allreduce_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=tuple(sizes), default="cpu",
                         help="cpu: numpy arrays; gpu: cupy arrays, one GPU per rank by its rank "
                              "on the node (ranks may share one), NCCL as the peer (default cpu)")
-    parser.add_argument("--sizes", type=sizes_argument, default=None,
+    parser.add_argument("--sizes", type=size_list, default=None,
                         help="message sizes in bytes, comma-separated (K, M suffixes; default "
                              + "; ".join(f"{device}: {text}" for device, text in sizes.items()) + ")")
     parser.add_argument("--fusion-arrays", type=int, default=100, help="arrays in the fusion case")
@@ -24,7 +26,7 @@ def allreduce_flags(parser: argparse.ArgumentParser) -> None:
 def ps_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--servers", type=int, default=None,
                         help="number of server ranks K (default: every K from 1 to N-1)")
-    parser.add_argument("--sizes", type=sizes_argument, default=sizes_argument(ps.DEFAULT_SIZES),
+    parser.add_argument("--sizes", type=size_list, default=size_list(ps.DEFAULT_SIZES),
                         help=f"dense table sizes in bytes (default {ps.DEFAULT_SIZES})")
     parser.add_argument("--rows", type=int, default=4096, help="rows per pull_rows/push_rows")
     parser.add_argument("--width", type=int, default=16, help="float32 elements per sparse row")
@@ -47,7 +49,7 @@ def scaling_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weak", action="store_true", help="weak scaling: the batch per worker stays fixed")
     parser.add_argument("--servers", type=int, default=1, help="PS server ranks K (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every run (default 0)")
-    parser.add_argument("--sizes", type=sizes_argument, default=sizes_argument(scaling.DEFAULT_SIZES),
+    parser.add_argument("--sizes", type=size_list, default=size_list(scaling.DEFAULT_SIZES),
                         help=f"allreduce message sizes for the alpha-beta fit (default {scaling.DEFAULT_SIZES})")
     parser.add_argument("--fit-ranks", type=int, default=None,
                         help="ranks of the allreduce fit (default: the most not oversubscribed, >= 2)")
@@ -77,9 +79,57 @@ def launcher_flags(parser: argparse.ArgumentParser, *, timeout: float) -> None:
                         help="seconds a run may take (default %(default)s)")
 
 
+def size_list(text: str) -> Sequence[int]:
+    """``--sizes``: message sizes of at least 4 bytes (one float32), e.g. ``4K,1M``."""
+    try:
+        parsed = sizes_argument(text)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of sizes such as 4K,1M") from None
+    if not parsed or min(parsed) < 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: give sizes of at least 4 bytes (one float32)")
+    return parsed
+
+
+def at_least(args: argparse.Namespace, least: float, *flags: str) -> List[str]:
+    """The problem of each of ``flags`` (given ones only) whose value is below ``least`` or not a number."""
+    found = []
+    for flag in flags:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None and not least <= value < float("inf"):
+            found.append(f"{flag} must be at least {least:g}, got {value}")
+    return found
+
+
+def allreduce_problems(args: argparse.Namespace) -> List[str]:
+    return at_least(args, 1, "--fusion-arrays", "--fusion-elements")
+
+
+def ps_problems(args: argparse.Namespace) -> List[str]:
+    return at_least(args, 1, "--servers", "--rows", "--width", "--table-rows", "--rounds")
+
+
+def recovery_problems(args: argparse.Namespace) -> List[str]:
+    """What stops ``bench recovery`` with these flags (empty when fine)."""
+    found = at_least(args, 1, "--repeats", "--batch") + at_least(args, recovery.KILL_STEP + 1, "--steps")
+    found += at_least(args, 1e-3, "--timeout")
+    try:
+        counts = [int(part) for part in args.counts.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 2:
+        found.append(f"--counts must be rank counts of at least 2, comma-separated, got {args.counts!r}")
+    unknown = [case for case in args.cases.split(",") if case and case not in recovery.CASES]
+    if unknown:
+        found.append(f"--cases: unknown {', '.join(map(repr, unknown))}; known: {', '.join(recovery.CASES)}")
+    return found + _outside_jobs("recovery")
+
+
 def scaling_problems(args: argparse.Namespace) -> List[str]:
     """What stops ``bench scaling`` with these flags (empty when fine)."""
-    found = []
+    found = at_least(args, 1, "--batch") + at_least(args, 2, "--fit-ranks") + at_least(args, 1e-3, "--timeout")
+    why = path_problem(os.path.join(args.out, "scaling.json"))
+    if why:
+        found.append(f"--out {args.out}: {why}")
     if args.steps <= args.warmup or args.warmup < 0:
         found.append(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}) >= 0")
     if args.counts is not None and (not args.counts or args.counts[0] < 1 or args.counts[-1] < 2):
@@ -91,13 +141,20 @@ def scaling_problems(args: argparse.Namespace) -> List[str]:
         found.append(f"-n must be at least 2, got {args.ranks}")
     if args.ft:
         found.append("--ft does not apply: the runs measure training without fault tolerance")
-    if detect_launcher() != "none":
-        found.append("bench scaling launches its own jobs: run it outside mpirun and srun "
-                     "(on a login node or in the batch script itself)")
-    return found
+    return found + _outside_jobs("scaling")
+
+
+def _outside_jobs(name: str) -> List[str]:
+    if detect_launcher() == "none":
+        return []
+    return [f"bench {name} launches its own jobs: run it outside mpirun and srun "
+            "(on a login node or in the batch script itself)"]
 
 
 FLAGS: Dict[str, Callable[[argparse.ArgumentParser], None]] = {
     allreduce.NAME: allreduce_flags, ps.NAME: ps_flags, scaling.NAME: scaling_flags, recovery.NAME: recovery_flags,
 }
-PROBLEMS: Dict[str, Callable[[argparse.Namespace], List[str]]] = {scaling.NAME: scaling_problems}
+PROBLEMS: Dict[str, Callable[[argparse.Namespace], List[str]]] = {
+    allreduce.NAME: allreduce_problems, ps.NAME: ps_problems, scaling.NAME: scaling_problems,
+    recovery.NAME: recovery_problems,
+}

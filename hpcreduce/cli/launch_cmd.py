@@ -8,10 +8,10 @@ packages hpcreduce was installed with, even where a bare ``python`` is another o
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ..errors import LaunchError
 from ..runtime.launch import build_mpirun, run_plan, this_environment
+from .checks import SET_BY_LAUNCH, launch_problems, refuse, setting_problems
 
 
 def register(subcommands) -> None:
@@ -30,11 +30,13 @@ def register(subcommands) -> None:
 
 def run(args: argparse.Namespace, _argv) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    problems = [*launch_problems(args), *setting_problems(skip=SET_BY_LAUNCH)]
+    if problems:
+        return refuse("launch", problems)
     try:
         plan = build_mpirun(args.ranks, command, ft=args.ft, hostfile=args.hostfile, path_first=this_environment())
     except LaunchError as err:
-        print(f"hpcreduce launch: {err}", file=sys.stderr)
-        return 2
+        return refuse("launch", [str(err)])
     if args.dry_run:
         print(plan.shell())
         return 0

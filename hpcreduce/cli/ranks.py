@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import Optional, Sequence
+from typing import Sequence
 
 from ..runtime.environment import detect_launcher
 from ..runtime.launch import build_mpirun, run_plan, self_command
@@ -22,13 +21,12 @@ def add_rank_options(parser: argparse.ArgumentParser) -> None:
                         help="relaunch a failed job up to R times (resuming from --checkpoint-dir)")
 
 
-def relaunch_outside_mpi(args: argparse.Namespace, argv: Sequence[str]) -> Optional[int]:
-    """Outside an MPI job, rerun this command under mpirun and return its exit code;
-    inside one (mpirun, srun), return None and let the caller run as a rank."""
-    if detect_launcher() != "none":
-        return None
-    if args.ranks < 1:
-        print(f"hpcreduce: -n must be at least 1, got {args.ranks}", file=sys.stderr)
-        return 2
+def outside_mpi() -> bool:
+    """Whether this process runs outside any MPI job (then it launches one)."""
+    return detect_launcher() == "none"
+
+
+def relaunch(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Rerun this command under mpirun on ``args.ranks`` ranks; its exit code."""
     plan = build_mpirun(args.ranks, self_command(argv), ft=args.ft, hostfile=args.hostfile)
     return run_plan(plan, restarts=args.restarts)

@@ -28,18 +28,44 @@ def register(subcommands) -> None:
     parser.set_defaults(run=run)
 
 
-def draw(result: Mapping[str, Any], folder: Path) -> List[Path]:
-    """The figures of ``result`` in ``folder``; UnknownResultError for anything else."""
-    from .. import plots
+# What each kind of result needs at its top level (what its figures read).
+NEEDS = {
+    "train": ("steps", "final", "model", "mode", "ranks", "workers", "samples_per_s", "staleness"),
+    "allreduce": ("rows",),
+    "scaling": ("rows", "model", "scaling", "cores", "predictions", "oversubscribed_ranks"),
+}
+
+
+def kind_of(result: Mapping[str, Any]) -> str:
+    """``train``, ``allreduce`` or ``scaling``; UnknownResultError for anything else."""
     benchmark = result.get("benchmark")
-    if benchmark == "allreduce":
-        return [plots.busbw_figure(result, folder / "allreduce_busbw.png")]
-    if benchmark == "scaling":
-        return [plots.scaling_figure(result, folder / "scaling.png")]
-    if "steps" in result and "final" in result:
-        return plots.training_figures(result, folder)
+    if benchmark in ("allreduce", "scaling"):
+        return benchmark
+    if benchmark is None and "steps" in result and "final" in result:
+        return "train"
     raise UnknownResultError("not a result of hpcreduce train --json, bench allreduce or bench scaling "
                              f"(keys: {', '.join(sorted(result)) or 'none'})")
+
+
+def draw(result: Mapping[str, Any], folder: Path) -> List[Path]:
+    """The figures of ``result`` in ``folder``; UnknownResultError, naming what is missing or
+    malformed, for anything else (checked before anything is drawn where it can be)."""
+    from .. import plots
+    kind = kind_of(result)
+    missing = [key for key in NEEDS[kind] if key not in result]
+    if missing:
+        raise UnknownResultError(f"a {kind} result needs {', '.join(NEEDS[kind])}; this one lacks "
+                                 f"{', '.join(missing)}")
+    try:
+        if kind == "allreduce":
+            return [plots.busbw_figure(result, folder / "allreduce_busbw.png")]
+        if kind == "scaling":
+            return [plots.scaling_figure(result, folder / "scaling.png")]
+        return plots.training_figures(result, folder)
+    except KeyError as err:
+        raise UnknownResultError(f"a {kind} result whose entries lack {err}") from None
+    except (TypeError, ValueError, IndexError) as err:
+        raise UnknownResultError(f"a {kind} result with a malformed entry ({err})") from None
 
 
 def run(args: argparse.Namespace, _argv) -> int:

@@ -14,15 +14,15 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from typing import TYPE_CHECKING, List, Mapping, Tuple
+from typing import TYPE_CHECKING, List, Tuple
 
-from ..errors import Problem, worded
+from ..errors import Problem
+from .checks import growth_slots_problem, launch_problems, refuse, setting_problems
 from .fault_flags import add_fault_flags, fault_config
 from .flags import flag_names
-from .ranks import add_rank_options, relaunch_outside_mpi
+from .ranks import add_rank_options, outside_mpi, relaunch
 
 if TYPE_CHECKING:
-    from ..runtime.context import Context
     from ..train.config import TrainConfig
 
 TUNABLE = ("steps", "batch", "lr", "optimizer")
@@ -66,23 +66,22 @@ def register(subcommands) -> None:
 
 
 def run(args: argparse.Namespace, argv: List[str]) -> int:
-    code = relaunch_outside_mpi(args, argv)
-    if code is not None:
-        return code
+    if outside_mpi():  # the launcher: refuse bad flags, settings and paths before any rank starts
+        problems = launcher_problems(args)
+        return refuse("train", problems, 0, args.flags) if problems else relaunch(args, argv)
+    config, problems = build_config(args)
     from mpi4py import MPI
     from ..errors import FaultToleranceUnavailableError, HpcreduceError
     from ..runtime.context import init
+    from ..runtime.launch import mark_done
+    from ..train.api import config_problems
     try:
         ctx = init(ft=True if args.ft else None)
     except FaultToleranceUnavailableError as err:
-        return refuse([str(err)], MPI.COMM_WORLD.Get_rank(), args.flags)
-    config, problems = build_config(args, ctx)
-    if config.fault.needs_ulfm() and not ctx.ft:
-        problems.append("--kill, --kill-random, --grow, --discover and --replace need in-job fault "
-                        "tolerance: launch with --ft (ULFM), or give --checkpoint-dir and "
-                        "--restarts to recover kills by relaunching")
+        return refuse("train", [str(err)], MPI.COMM_WORLD.Get_rank(), args.flags)
+    problems += [*config_problems(config, ctx), *setting_problems(), *_ulfm_problems(config, ctx.ft)]
     if problems:
-        return refuse(problems, ctx.rank, args.flags)
+        return refuse("train", problems, ctx.rank, args.flags)
     try:
         from ..train import train
         from ..train.models import build
@@ -99,32 +98,41 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
         traceback.print_exc()
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)
+    if ctx.rank == 0:
+        mark_done()  # the result is written: a launcher seeing mpirun fail after this does not rerun
     return 0
 
 
-def build_config(args: argparse.Namespace, ctx: "Context") -> Tuple["TrainConfig", List[Problem]]:
-    """The TrainConfig the flags ask for (model defaults filled in) and what is wrong with it."""
-    from ..train.api import config_problems
+def launcher_problems(args: argparse.Namespace) -> List[Problem]:
+    """Everything wrong with a launch of ``args.ranks`` ranks, found before any starts."""
+    config, problems = build_config(args)
+    problems += [*config.problems(args.ranks, args.ft), *config.output_problems(), *launch_problems(args),
+                 *setting_problems(), *_ulfm_problems(config, args.ft)]
+    grown = growth_slots_problem(args, sum(n for n, _ in config.fault.grow))
+    return problems + ([grown] if grown else [])
+
+
+def build_config(args: argparse.Namespace) -> Tuple["TrainConfig", List[Problem]]:
+    """The TrainConfig the flags ask for (model defaults filled in) and the flags that do not parse."""
     from ..train.config import TrainConfig
     from ..train.models import BUILTIN
     builtin = BUILTIN.get(args.model)
     chosen = {name: getattr(args, name) for name in TUNABLE if getattr(args, name) is not None}
-    fault, fault_problems = fault_config(args)
+    fault, problems = fault_config(args)
     config = TrainConfig(mode=args.mode, model=args.model, seed=args.seed, servers=args.servers,
                          consistency=args.consistency, staleness=args.staleness,
                          fetch_every=args.fetch_every, push_every=args.push_every,
                          json_path=args.json_path, progress=args.progress, metrics_path=args.metrics_path,
                          timeline_path=args.timeline_path, fault=fault,
                          **{**(builtin.defaults if builtin else {}), **chosen})
-    problems: List[Problem] = [*config_problems(config, ctx), *fault_problems]
     if builtin is None:
         problems.append(f"--model must be one of {', '.join(BUILTIN)}, got {args.model!r}")
     return config, problems
 
 
-def refuse(problems: List[Problem], rank: int, flags: Mapping[str, str]) -> int:
-    """Print the problems, with their flags, on rank 0; every rank returns the usage-error status."""
-    if rank == 0:
-        for problem in problems:
-            print(f"hpcreduce train: {worded(problem, flags)}", file=sys.stderr, flush=True)
-    return 2
+def _ulfm_problems(config: "TrainConfig", ft: bool) -> List[str]:
+    if config.fault.needs_ulfm() and not ft:
+        return ["--kill, --kill-random, --grow, --discover and --replace need in-job fault "
+                "tolerance: launch with --ft (ULFM), or give --checkpoint-dir and "
+                "--restarts to recover kills by relaunching"]
+    return []

@@ -5,17 +5,21 @@ are grouped by memory kind (host/device) and dtype, packed in order into fused
 buffers of at most ``threshold_bytes``, each buffer is reduced once, and the results
 are unpacked. An array larger than the threshold is reduced on its own, uncopied.
 Cost: one allreduce per fused buffer plus a copy in and a copy out of every byte.
+Every local check (arrays, settings, memory) runs before the first byte moves.
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .allreduce import CHECK, Comm, reduce_flat
 from ..arrays import array_module, is_device_array
+from .memory import first_overlap
 from .workspace import workspace
 from .ops import OP_NAMES, OPS
-from .validate import (ALGORITHMS, agree, array_problem, choice_problem, first_problem,
-                       raise_local, stable_hash)
+from .selection import TABLE, table_text
+from .validate import (ALGORITHMS, Problem, agree, array_problem, choice_problem, first_problem, problem,
+                       raise_local, read_only_problem, setting_value, stable_hash)
 from ..runtime.context import resolve
 from ..runtime.settings import Setting, positive_integer
 
@@ -43,58 +47,111 @@ def plan_buckets(arrays: Sequence, threshold_bytes: int) -> List[List[int]]:
 
 def allreduce_many(arrays: Sequence, op: str = "sum", *, algorithm: str = "auto",
                    comm: Comm = None, inplace: bool = False, check: Optional[bool] = None,
-                   threshold_bytes: Optional[int] = None) -> list:
+                   threshold_bytes: Optional[int] = None, names: Optional[Sequence[str]] = None) -> list:
     """Reduce every array in ``arrays`` over all ranks; return the results in order.
 
     Same ops, dtypes and ``comm`` as ``allreduce``; arrays may differ in shape and dtype
-    from each other and need not be contiguous, but every rank must pass the same list.
-    ``inplace=True`` writes each result back into its input array and returns them;
-    otherwise each result is a new array.
+    from each other and need not be contiguous, but every rank must pass the same list
+    (and the same fusion threshold and auto table). ``inplace=True`` writes each result
+    back into its input array (which must be writeable and share no memory with another)
+    and returns them; otherwise each result is a new array. ``names`` label the arrays
+    in error messages. If a reduction fails midway (e.g. a failed peer), the error's
+    notes say which arrays already hold their result.
     """
     context = resolve(comm)
     arrays = list(arrays)
-    local = first_problem(choice_problem(op, algorithm),
-                          *(_fusable_problem(x) for x in arrays))
-    if CHECK.value() if check is None else check:
-        layout = [(getattr(x, "dtype", None) and x.dtype.str, tuple(getattr(x, "shape", ())))
-                  for x in arrays]
+    labels = [*(names or [])][:len(arrays)]
+    labels += [f"array {i}" for i in range(len(labels), len(arrays))]
+    checking, local = (check, None) if check is not None else setting_value(CHECK, True)
+    threshold, unusable = (threshold_bytes, None) if threshold_bytes is not None else setting_value(FUSION_BYTES, 0)
+    table, unusable_table = setting_value(TABLE, ()) if algorithm == "auto" else ((), None)
+    local = first_problem(local, unusable, unusable_table, choice_problem(op, algorithm),
+                          *(_fusable_problem(x, label, inplace) for x, label in zip(arrays, labels)))
+    plan, results = [], []
+    if local is None:
+        local = _overlap_problem(arrays, labels) if inplace else None
+    if local is None:
+        plan = plan_buckets(arrays, threshold)
+        results, local = _prepare(context, arrays, plan, inplace)
+    if checking:
         agree(context.comm, "allreduce_many", [
-            ("number of arrays", len(arrays)),
-            ("op", OP_NAMES.index(op) if op in OP_NAMES else -1),
-            ("algorithm", ALGORITHMS.index(algorithm) if algorithm in ALGORITHMS else -1),
-            ("dtypes and shapes (hashed)", stable_hash(layout)),
+            ("number of arrays", len(arrays), len(arrays)),
+            ("op", OP_NAMES.index(op) if op in OP_NAMES else -1, op),
+            ("algorithm", ALGORITHMS.index(algorithm) if algorithm in ALGORITHMS else -1, algorithm),
+            ("fusion threshold (HPCREDUCE_FUSION_BYTES)", threshold, threshold),
+            ("auto table (HPCREDUCE_AUTO_TABLE)", _table_code(table), lambda: table_text(table)),
+            ("dtypes and shapes", stable_hash(_layout(arrays)), lambda: _described(arrays, labels)),
         ], local)
     else:
         raise_local("allreduce_many", local, context.rank)
-    reduce_op = OPS[op]
-    threshold = FUSION_BYTES.value() if threshold_bytes is None else threshold_bytes
-    results = list(arrays) if inplace else [None] * len(arrays)
-    for bucket in plan_buckets(arrays, threshold):
-        first = arrays[bucket[0]]
-        xp = array_module(first)
-        if len(bucket) == 1 and first.flags.c_contiguous:
-            target = first if inplace else xp.empty_like(first)
-            reduce_flat(context, first.reshape(-1), target.reshape(-1), reduce_op, algorithm)
-            results[bucket[0]] = target
-            continue
-        total = sum(arrays[i].size for i in bucket)
-        kind = "device" if is_device_array(first) else "host"
-        fused = workspace(context.cache, kind).get("fusion", first.dtype, total)
-        xp.concatenate([arrays[i].reshape(-1) for i in bucket], out=fused)
-        reduce_flat(context, fused, fused, reduce_op, algorithm)
-        offset = 0
-        for i in bucket:
-            x = arrays[i]
-            piece = fused[offset:offset + x.size].reshape(x.shape)
-            if inplace:
-                x[...] = piece
-            else:
-                results[i] = piece.copy()
-            offset += x.size
+    _reduce_buckets(context, arrays, plan, results, OPS[op], algorithm, inplace)
     return results
 
 
-def _fusable_problem(x):
-    """Like ``array_problem``, but fusion copies, so any layout is fine."""
+def _reduce_buckets(context, arrays: list, plan: List[List[int]], results: list, reduce_op, algorithm: str,
+                    inplace: bool) -> None:
+    """Reduce each bucket of ``plan`` into ``results``; on a failure, note what was applied."""
+    done: List[int] = []
+    try:
+        for bucket in plan:
+            first = arrays[bucket[0]]
+            if len(bucket) == 1 and first.flags.c_contiguous:
+                reduce_flat(context, first.reshape(-1), results[bucket[0]].reshape(-1), reduce_op, algorithm)
+                done.append(bucket[0])
+                continue
+            total = sum(arrays[i].size for i in bucket)
+            kind = "device" if is_device_array(first) else "host"
+            fused = workspace(context.cache, kind).get("fusion", first.dtype, total)
+            array_module(first).concatenate([arrays[i].reshape(-1) for i in bucket], out=fused)
+            reduce_flat(context, fused, fused, reduce_op, algorithm)
+            offset = 0
+            for i in bucket:
+                results[i][...] = fused[offset:offset + arrays[i].size].reshape(arrays[i].shape)
+                offset += arrays[i].size
+                done.append(i)
+    except BaseException as err:
+        if inplace:
+            applied = f"arrays {sorted(done)} already hold the reduced result" if done else "no array was changed"
+            # PEP 678's notes (printed with the traceback from Python 3.11; add_note is 3.11+ only)
+            err.__notes__ = [*getattr(err, "__notes__", []), f"allreduce_many(inplace=True) stopped midway: "
+                             f"on this rank {applied}; the others still hold this rank's input"]
+        raise
+
+
+def _prepare(context, arrays: list, plan: List[List[int]], inplace: bool) -> Tuple[list, Optional[Problem]]:
+    """The result arrays and the fusion workspace, allocated before any communication."""
+    try:
+        results = list(arrays) if inplace else [array_module(x).empty(x.shape, x.dtype) for x in arrays]
+        for bucket in plan:
+            first = arrays[bucket[0]]
+            if len(bucket) > 1 or not first.flags.c_contiguous:
+                kind = "device" if is_device_array(first) else "host"
+                workspace(context.cache, kind).get("fusion", first.dtype, sum(arrays[i].size for i in bucket))
+        return results, None
+    except MemoryError as err:
+        return [], problem(11, str(err))
+
+
+def _fusable_problem(x, label: str, inplace: bool) -> Optional[Problem]:
+    """Like ``array_problem`` (but fusion copies, so any layout is fine), and writeable when in place."""
     found = array_problem(x)
-    return None if found is not None and found.kind.code == 3 else found
+    if found is not None and found.kind.code != 3:
+        return problem(found.kind.code, f"{label}: {found.detail}")
+    return read_only_problem(x, label) if inplace else None
+
+
+def _overlap_problem(arrays: list, labels: List[str]) -> Optional[Problem]:
+    pair = first_overlap(arrays)
+    return None if pair is None else problem(8, f"{labels[pair[0]]} and {labels[pair[1]]}")
+
+
+_table_code = functools.lru_cache(maxsize=8)(stable_hash)
+
+
+def _layout(arrays: list) -> list:
+    return [(getattr(x, "dtype", None) and x.dtype.str, tuple(getattr(x, "shape", ()))) for x in arrays]
+
+
+def _described(arrays: list, labels: List[str]) -> List[str]:
+    return [f"{label}: {getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}"
+            for x, label in zip(arrays, labels)]

@@ -57,3 +57,8 @@ def choose(nbytes: int, table: Optional[Table] = None) -> str:
         if nbytes <= bound:
             return name
     return rows[-1][1]
+
+
+def table_text(table: Table) -> str:
+    """``table`` as ``HPCREDUCE_AUTO_TABLE`` writes it (``4194304:native,inf:ring``)."""
+    return ",".join(f"{'inf' if bound == float('inf') else f'{bound:.15g}'}:{name}" for bound, name in table) or "none"

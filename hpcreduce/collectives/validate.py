@@ -1,24 +1,27 @@
 """Input checks that fail on every rank, never in a hang.
 
 A rank whose input is bad must not raise alone: its peers would wait in the
-collective forever. So each rank folds its verdict and a signature of its input
-(dtype, op, shape, ...) into one small integer vector, and a single
+collective forever. So every local check (arrays, out=, settings) runs before any
+communication, and each rank folds its verdict and a signature of its input (dtype,
+op, shape, the algorithm it would run, ...) into one small integer vector; a single
 ``MPI_Allreduce(MAX)`` over ``[v, -v]`` gives every rank the maximum and minimum of
-each field. Any local problem, or any field whose minimum and maximum differ,
-raises the same error on every rank before data moves.
+each field. Any local problem, or any field whose minimum and maximum differ, raises
+the same error on every rank before data moves. Only then (the error path) do the
+ranks gather what each one passed, so the message names the real values per rank.
 Cost: one allreduce of 2 x (fields + 1) int64 values.
 """
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence, Tuple, Type
+from typing import Dict, List, Optional, Sequence, Tuple, Type
 
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import HpcreduceError, InputMismatchError, UnsupportedInputError
+from ..errors import ConfigurationError, InputMismatchError, UnsupportedInputError
 from ..arrays import is_device_array
+from ..runtime.settings import Setting
 from .ops import DTYPES, OP_NAMES, dtype_code
 
 ALGORITHMS = ("auto", "ring", "recursive_doubling", "native")
@@ -29,7 +32,7 @@ class ProblemKind:
     """A local input problem that every rank can name from its code alone."""
 
     code: int
-    error: Type[HpcreduceError]
+    error: Type[Exception]
     summary: str
 
 
@@ -42,6 +45,12 @@ PROBLEMS = {p.code: p for p in (
     ProblemKind(4, InputMismatchError, f"asked for an unknown op (known: {', '.join(OP_NAMES)})"),
     ProblemKind(5, InputMismatchError, f"asked for an unknown algorithm (known: {', '.join(ALGORITHMS)})"),
     ProblemKind(6, InputMismatchError, "passed an out= array whose shape, dtype or kind differs from the input"),
+    ProblemKind(7, UnsupportedInputError, "passed a read-only array to write the result into"),
+    ProblemKind(8, InputMismatchError, "passed arrays that share memory with inplace=True"),
+    ProblemKind(9, UnsupportedInputError, "passed an array it cannot reduce"),
+    ProblemKind(10, InputMismatchError, "asked for a root outside the communicator"),
+    ProblemKind(11, MemoryError, "could not allocate the result"),
+    ProblemKind(12, ConfigurationError, "has an unusable setting"),
 )}
 
 
@@ -57,9 +66,19 @@ def problem(code: int, detail: str) -> Problem:
     return Problem(PROBLEMS[code], detail)
 
 
+@dataclass(frozen=True)
+class Unusable:
+    """Stands in for an array a caller could not make (e.g. a torch dtype numpy lacks):
+    reported on every rank as problem 9 with ``reason``."""
+
+    reason: str
+
+
 def array_problem(x) -> Optional[Problem]:
     """What is wrong with ``x`` as a reduction buffer, if anything."""
     if type(x) is not np.ndarray and not is_device_array(x):
+        if isinstance(x, Unusable):
+            return problem(9, x.reason)
         return problem(1, f"got {type(x).__name__}")
     if dtype_code(x.dtype) < 0:
         return problem(2, f"got {x.dtype}")
@@ -83,7 +102,23 @@ def out_problem(x, out) -> Optional[Problem]:
             or not out.flags.c_contiguous):
         return problem(6, f"input {x.dtype}{tuple(x.shape)}, out= {getattr(out, 'dtype', '?')}"
                           f"{tuple(getattr(out, 'shape', ()))}")
-    return None
+    return read_only_problem(out, "out=")
+
+
+def read_only_problem(x, label: str) -> Optional[Problem]:
+    """Problem 7 when ``x`` (to be written into) is read-only."""
+    if getattr(x.flags, "writeable", True):
+        return None
+    return problem(7, f"{label} {x.dtype}{tuple(x.shape)} is not writeable")
+
+
+def setting_value(setting: Setting, fallback) -> Tuple[object, Optional[Problem]]:
+    """A setting's value, or ``fallback`` and problem 12 when this rank's value is unusable
+    (so that it is reported on every rank instead of raised here alone)."""
+    try:
+        return setting.value(), None
+    except ConfigurationError as err:
+        return fallback, problem(12, str(err))
 
 
 def first_problem(*found: Optional[Problem]) -> Optional[Problem]:
@@ -95,40 +130,68 @@ def stable_hash(value: object) -> int:
     return zlib.crc32(repr(value).encode()) & 0x7FFFFFFF
 
 
-Describe = Callable[[int], str]
+Field = Tuple[str, int, object]
+"""(name, the integer every rank compares, the value as a message shows it: a callable is
+called on the error path only, a list is compared item by item)."""
 
 
-def _describe_dtype(code: int) -> str:
-    return DTYPES[code].name if 0 <= code < len(DTYPES) else "unsupported"
-
-
-def _describe_op(code: int) -> str:
-    return OP_NAMES[code] if 0 <= code < len(OP_NAMES) else "unknown"
-
-
-DESCRIBE: Dict[str, Describe] = {"dtype": _describe_dtype, "op": _describe_op}
-
-
-def agree(comm: MPI.Intracomm, what: str, fields: Sequence[Tuple[str, int]],
-          local: Optional[Problem]) -> None:
+def agree(comm: MPI.Intracomm, what: str, fields: Sequence[Field], local: Optional[Problem]) -> None:
     """Raise the same error on every rank if any rank has a problem or the fields differ."""
     size, rank = comm.Get_size(), comm.Get_rank()
     key = local.kind.code * size + rank + 1 if local is not None else 0
-    values = np.array([key] + [value for _, value in fields], dtype=np.int64)
+    values = np.array([key] + [code for _, code, _ in fields], dtype=np.int64)
     both = np.concatenate([values, -values])
     comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
-    highest, lowest = both[:values.size], -both[values.size:]
-    if highest[0] > 0:
-        code, culprit = divmod(int(highest[0]) - 1, size)
-        kind = PROBLEMS[code]
-        detail = f": {local.detail}" if local is not None and culprit == rank else ""
-        raise kind.error(f"{what}: rank {culprit} {kind.summary}{detail}")
-    for i, (name, _) in enumerate(fields, start=1):
-        if highest[i] != lowest[i]:
-            show = DESCRIBE.get(name, str)
-            raise InputMismatchError(
-                f"{what}: ranks disagree on the {name}: from {show(int(lowest[i]))} to "
-                f"{show(int(highest[i]))} across ranks (this rank: {show(int(values[i]))})")
+    # A problem anywhere makes the highest key positive; each field's max - min is >= 0, so
+    # the fields all agree iff their sum is zero (the key's own max - min aside).
+    if both[0] > 0 or sum(both.tolist()):
+        _raise_disagreement(comm, what, fields, local, int(both[0]))
+
+
+def _raise_disagreement(comm: MPI.Intracomm, what: str, fields: Sequence[Field],
+                        local: Optional[Problem], worst: int) -> None:
+    """The error path: gather each rank's problem and values, raise one message everywhere."""
+    mine = (None if local is None else (local.kind.code, local.detail), [_shown(field[2]) for field in fields])
+    reports = comm.allgather(mine)
+    if worst > 0:
+        kind = PROBLEMS[(worst - 1) // comm.Get_size()]
+        culprits: Dict[Tuple[int, str], List[int]] = {}
+        for r, (found, _) in enumerate(reports):
+            if found is not None:
+                culprits.setdefault(found, []).append(r)
+        raise kind.error(f"{what}: " + "; ".join(f"{_ranks(ranks)} {PROBLEMS[code].summary}: {detail}"
+                                                 for (code, detail), ranks in culprits.items()))
+    for index, (name, _, _) in enumerate(fields):
+        shown = [values[index] for _, values in reports]
+        if len(set(map(repr, shown))) > 1:
+            raise InputMismatchError(f"{what}: ranks disagree on the {name}: {_first_difference(shown)}")
+    raise InputMismatchError(f"{what}: ranks disagree on "
+                             + ", ".join(name for name, _, _ in fields) + " (same descriptions)")
+
+
+def _shown(value: object):
+    value = value() if callable(value) else value
+    return [str(item) for item in value] if isinstance(value, list) else str(value)
+
+
+def _first_difference(shown: list) -> str:
+    """Each rank's value; for lists, the first item where they differ."""
+    if not all(isinstance(value, list) for value in shown):
+        return by_rank(shown)
+    index = next(i for i in range(max(map(len, shown)) + 1) if len({repr(v[i:i + 1]) for v in shown}) > 1)
+    return f"item {index}: " + by_rank([value[index] if index < len(value) else "nothing" for value in shown])
+
+
+def by_rank(shown: Sequence[str]) -> str:
+    """``rank 0 passed (3, 4), rank 1 passed (4, 3)``: ranks grouped by the value they passed."""
+    groups: Dict[str, List[int]] = {}
+    for rank, value in enumerate(shown):
+        groups.setdefault(value, []).append(rank)
+    return "; ".join(f"{_ranks(ranks)} passed {value}" for value, ranks in groups.items())
+
+
+def _ranks(ranks: List[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def raise_local(what: str, local: Optional[Problem], rank: int) -> None:

@@ -2,10 +2,14 @@
 
 A checkpoint is one ``.npz`` file of named arrays (host or device arrays, stored from
 host memory) plus a JSON metadata entry, written atomically (``runtime.files``): a
-kill during the write leaves the previous checkpoint intact and never a broken one.
-What the arrays are is the caller's: the ring stores whole arrays, so a job relaunched
-with another number of ranks resumes from them; a PS server stores its shard. The
-last ``keep`` checkpoints are kept.
+kill during the write leaves the previous checkpoint intact and never a broken one,
+and the temporaries of writers that died are removed by the next save. What the arrays
+are is the caller's: the ring stores whole arrays, so a job relaunched with another
+number of ranks resumes from them; a PS server stores its shard. The last ``keep``
+checkpoints are kept. The metadata carries the ``identity`` of the run that wrote it
+(model, shapes, optimizer, seed...: the caller's); ``identity_problem`` says how
+another run's differs, so that it is refused rather than restored. A file that does not
+read back whole (torn, truncated, corrupted, foreign) is passed over with a warning.
 """
 from __future__ import annotations
 
@@ -13,26 +17,51 @@ import io
 import json
 import os
 import re
-from typing import Callable, Dict, List, Optional, Tuple
+import sys
+import zipfile
+import zlib
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
 from ..arrays import to_host
-from ..runtime.files import atomic_file
+from ..runtime.files import atomic_file, remove_stale_temporaries
 
 NAME = re.compile(r"^ckpt-(\d{9})\.npz$")
 METADATA_KEY = "__metadata__"
-UNREADABLE = (OSError, ValueError, KeyError, EOFError)  # what a torn or foreign file raises
+# what a torn, corrupted or foreign file raises when read
+UNREADABLE = (OSError, ValueError, KeyError, EOFError, TypeError, zipfile.BadZipFile, zlib.error)
+Warn = Callable[[str], None]
+Arrays = Dict[str, np.ndarray]
+
+
+def print_warning(text: str) -> None:
+    print(f"hpcreduce: warning: {text}", file=sys.stderr, flush=True)
 
 
 def path_for(directory: str, step: int) -> str:
     return os.path.join(directory, f"ckpt-{step:09d}.npz")
 
 
-def save(directory: str, step: int, arrays: Dict[str, np.ndarray], metadata: Dict[str, object], *,
+def folder_problem(directory: str) -> Optional[str]:
+    """Why checkpoints could not be written in ``directory`` (checked before training), or None."""
+    if os.path.isdir(directory):
+        return None if os.access(directory, os.W_OK | os.X_OK) else "is a folder this user cannot write"
+    if os.path.lexists(directory):
+        return "is a file, not a folder" if os.path.exists(directory) else "is a broken symlink"
+    parent = os.path.dirname(os.path.abspath(directory))
+    while not os.path.isdir(parent):
+        if os.path.lexists(parent):
+            return f"cannot be created: {parent} is not a folder"
+        parent = os.path.dirname(parent)
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot be created: {parent} is not writable"
+
+
+def save(directory: str, step: int, arrays: Mapping[str, object], metadata: Dict[str, object], *,
          keep: int = 2, halfway: Callable[[], None] = lambda: None) -> str:
-    """Write the checkpoint of ``step`` atomically; ``halfway`` runs in the middle of the write
-    (fault injection kills a rank there)."""
+    """Write the checkpoint of ``step`` atomically (an ``OutputFileError`` if it cannot be);
+    ``halfway`` runs in the middle of the write (fault injection kills a rank there)."""
+    remove_stale_temporaries(directory)
     buffer = io.BytesIO()
     payload = {name: to_host(value) for name, value in arrays.items()}
     payload[METADATA_KEY] = np.frombuffer(json.dumps({**metadata, "step": step}).encode(), dtype=np.uint8)
@@ -50,7 +79,7 @@ def save(directory: str, step: int, arrays: Dict[str, np.ndarray], metadata: Dic
 
 
 def checkpoints(directory: str) -> List[Tuple[int, str]]:
-    """(step, path) of the complete checkpoints in ``directory``, oldest first."""
+    """(step, path) of the checkpoints in ``directory`` (by name), oldest first."""
     if not os.path.isdir(directory):
         return []
     found = [(int(m.group(1)), os.path.join(directory, name))
@@ -58,19 +87,54 @@ def checkpoints(directory: str) -> List[Tuple[int, str]]:
     return sorted(found)
 
 
-def load_latest(directory: str) -> Optional[Tuple[Dict[str, object], Dict[str, np.ndarray]]]:
-    """(metadata, arrays) of the newest checkpoint that reads back whole, or None."""
+def read(path: str, *, arrays: bool = True) -> Tuple[Dict[str, object], Arrays]:
+    """(metadata, arrays) of the checkpoint at ``path``, every array read whole (checksums
+    checked); with ``arrays`` off only the metadata. Raises one of ``UNREADABLE``."""
+    with np.load(path) as stored:
+        metadata = metadata_of(stored)
+        values = {name: stored[name] for name in stored.files if name != METADATA_KEY} if arrays else {}
+    return metadata, values
+
+
+def read_or_warn(path: str, warn: Warn, *, arrays: bool = True) -> Optional[Tuple[Dict[str, object], Arrays]]:
+    """``read(path)``, or None after ``warn`` said why it cannot be used."""
+    try:
+        return read(path, arrays=arrays)
+    except UNREADABLE as err:
+        warn(f"checkpoint {path} is unreadable ({type(err).__name__}: {err}); passed over")
+        return None
+
+
+def load_latest(directory: str, warn: Warn = print_warning) -> Optional[Tuple[Dict[str, object], Arrays]]:
+    """(metadata, arrays) of the newest checkpoint that reads back whole, or None; each newer
+    one that does not is named by ``warn``."""
     for _step, path in reversed(checkpoints(directory)):
-        try:
-            with np.load(path) as stored:
-                arrays = {name: stored[name] for name in stored.files if name != METADATA_KEY}
-                metadata = metadata_of(stored)
-            return metadata, arrays
-        except UNREADABLE:
-            continue
+        found = read_or_warn(path, warn)
+        if found is not None:
+            return found
     return None
 
 
 def metadata_of(stored) -> Dict[str, object]:
     """The metadata entry of a checkpoint opened with ``np.load``."""
-    return json.loads(stored[METADATA_KEY].tobytes().decode())
+    metadata = json.loads(stored[METADATA_KEY].tobytes().decode())
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("step"), int):
+        raise ValueError("its metadata is not a checkpoint's")
+    return metadata
+
+
+def identity_problem(metadata: Mapping[str, object], identity: Mapping[str, object]) -> Optional[str]:
+    """How the run that wrote a checkpoint (its ``metadata``) differs from the run of
+    ``identity``, first difference only, or None when it is the same run."""
+    mine = json.loads(json.dumps(identity))  # as the checkpoint stores it (lists, string keys)
+    theirs = metadata.get("identity")
+    if not isinstance(theirs, dict):
+        return "was written without a run identity (by another hpcreduce version)"
+    for key, value in mine.items():
+        if theirs.get(key) != value:
+            return f"was written by a run with {key} {_shown(theirs.get(key))}, this run has {key} {_shown(value)}"
+    return None
+
+
+def _shown(value: object) -> str:
+    return "(none)" if value is None else json.dumps(value) if isinstance(value, (dict, list)) else str(value)

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 from ..errors import SettingProblem, setting_problem
+from .checkpoint import folder_problem
 from .growth import GrowthRule
 from .inject import Kill, KillSchedule
 
@@ -33,8 +34,12 @@ class FaultConfig:
         return bool(self.grow or self.discover or self.replace
                     or ((self.kills or self.kill_random) and not self.checkpoint_dir))
 
-    def problems(self) -> List[SettingProblem]:
-        """What is wrong with these settings, by field name (empty when fine)."""
+    def problems(self, steps: Optional[int] = None, ranks: Optional[int] = None, ft: bool = True,
+                 recovery_kills_wait: bool = False) -> List[SettingProblem]:
+        """What is wrong with these settings, by field name (empty when fine). Given the run's
+        ``steps`` and its starting ``ranks`` (``ft``: with ULFM), also every kill or growth
+        that could never happen; ``recovery_kills_wait``: a ``:recovery`` kill fires in the
+        first recovery at or after its step (PS), not only in one at its step (ring)."""
         found = []
         if not 0 <= self.kill_random < 1:
             found.append(setting_problem("{kill_random} must be in [0, 1), got {value}", value=self.kill_random))
@@ -44,7 +49,51 @@ class FaultConfig:
             found.append(setting_problem("{checkpoint_every} needs {checkpoint_dir}"))
         if self.deadline_s is not None and not 0 < self.deadline_s < float("inf"):
             found.append(setting_problem("{deadline_s} must be positive, got {value}", value=self.deadline_s))
+        folder = folder_problem(self.checkpoint_dir) if self.checkpoint_dir else None
+        if folder:
+            found.append(setting_problem("{checkpoint_dir} {path}: {why}", path=self.checkpoint_dir, why=folder))
+        if steps is not None:
+            found += [setting_problem("{grow} %d@%d: STEP must be from 1 to %d ({steps})" % (n, at, steps))
+                      for n, at in self.grow if not 1 <= at <= steps]
+            found += [setting_problem("{kills} %s: %s" % (_spelled(kill), why))
+                      for kill in self.kills for why in [self._kill_problem(kill, steps, ranks, ft, recovery_kills_wait)]
+                      if why]
         return found
+
+    def _kill_problem(self, kill: Kill, steps: int, ranks: Optional[int], ft: bool, waits: bool) -> Optional[str]:
+        """Why ``kill`` could never fire in a run of ``steps`` steps from ``ranks`` ranks, or None."""
+        if not 1 <= kill.step <= steps:
+            return "STEP must be from 1 to %d ({steps})" % steps
+        most = self._most_ids(ranks)
+        if most is not None and kill.rank >= most:
+            return "no rank has id %d: the job has ids 0..%d (its ranks, then any that join)" % (kill.rank, most - 1)
+        if kill.phase == "checkpoint" and not (self.checkpoint_dir and self.checkpoint_every
+                                               and kill.step % self.checkpoint_every == 0):
+            return "no checkpoint is written at step %d: give {checkpoint_dir} and a {checkpoint_every} " \
+                   "that divides it" % kill.step
+        if kill.phase == "recovery" and not self._recovery_possible(kill, ft, waits):
+            return "no recovery can happen at step %d: a recovery follows a failure of another rank (a kill " \
+                   "at that step, or {kill_random}) in a job with in-job fault tolerance (--ft)" % kill.step
+        return None
+
+    def _most_ids(self, ranks: Optional[int]) -> Optional[int]:
+        """How many stable ids the job can ever have (None: unbounded or unknown)."""
+        if ranks is None or self.discover or (self.replace and self.kill_random):
+            return None
+        return ranks + sum(n for n, _ in self.grow) + (len(self.kills) if self.replace else 0)
+
+    def _recovery_possible(self, kill: Kill, ft: bool, waits: bool) -> bool:
+        """Whether some recovery can strike ``kill`` (a ``:recovery`` kill)."""
+        if not ft:
+            return False
+        if 0 < self.kill_random < 1:
+            return True
+        failing = {other.step + (other.phase == "checkpoint") for other in self.kills
+                   if other.rank != kill.rank and other.phase in ("step", "checkpoint")}
+        if waits:
+            failing |= {at for _, at in self.grow}
+            return any(at >= kill.step for at in failing) or bool(self.discover)
+        return kill.step in failing
 
     @property
     def growth(self) -> GrowthRule:
@@ -56,3 +105,9 @@ class FaultConfig:
         and never pick the ids in ``protected``."""
         return KillSchedule(self.kills, self.kill_random, seed if self.kill_seed is None else self.kill_seed,
                             protected)
+
+
+def _spelled(kill: Kill) -> str:
+    """A kill as ``--kill`` spells it."""
+    return f"{kill.rank}@{kill.step}" + ("" if kill.phase == "step" else f":{kill.phase}")
+

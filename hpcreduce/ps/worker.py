@@ -5,11 +5,13 @@
     worker.clock()                                         at the end of every step
     worker.*_async(...) -> Handle; handle.wait()           non-blocking forms
     worker.release()                                       done: the servers may stop
+    worker.reopen()                                        (rare) a new session after release
 
-A call is checked here first (table, shape, dtype, ids) and raises ``PSInputError``
-before anything is sent. It then goes to the shards holding the table's pieces or
-rows (``Layout.placement``), all at once; the reply receives are posted straight into
-the result (dense pulls land in the output array, no copy). Each request carries the
+A call is checked here first (table, shape, dtype, writable output, ids; a worker
+already released) and raises ``PSInputError`` before anything is sent, so a bad call
+leaves the worker and the servers as they were. It then goes to the shards holding
+the table's pieces or rows (``Layout.placement``), all at once; the reply receives are
+posted first, straight into the result (dense pulls land in the output array, no copy). Each request carries the
 worker's clock, which is a push's step: the pair (slot, step) lets a server refuse a
 duplicate, so push at most once per table per step.
 Cost per call: one 64 B header to each shard involved, the payload, and a 64 B reply.
@@ -52,6 +54,7 @@ class Worker:
         self.clock_value = clock
         self._unanswered: List[Tuple[MPI.Request, np.ndarray]] = []
         self._open: List[Handle] = []
+        self.released = False
 
     # -- dense tables ------------------------------------------------------------------
     def pull_async(self, table: str, out: Optional[np.ndarray] = None) -> Handle:
@@ -60,7 +63,7 @@ class Worker:
         if out is None:
             out = np.empty(spec.shape, dtype=spec.dtype)
         else:
-            _check_array(f"pull of {table!r}: out", out, spec.shape, spec.dtype, contiguous=True)
+            _check_array(f"pull of {table!r}: out", out, spec.shape, spec.dtype, output=True)
         flat = out.reshape(-1)
         parts = []
         for piece in self.layout.placement.pieces[t]:
@@ -91,7 +94,7 @@ class Worker:
     def pull_rows_async(self, table: str, ids) -> Handle:
         """Start reading rows ``ids`` of sparse ``table``; the result is aligned with ids."""
         t, spec = self._table(table, sparse=True)
-        ids = _check_ids(f"pull_rows of {table!r}", ids, spec.shape[0])
+        ids = checked_ids(f"pull_rows of {table!r}", ids, spec.shape[0])
         out = np.empty((len(ids),) + tuple(spec.shape[1:]), dtype=spec.dtype)
         groups = self._by_shard(t, ids)
         parts = []
@@ -114,7 +117,7 @@ class Worker:
     def push_rows_async(self, table: str, ids, grads: np.ndarray) -> Handle:
         """Start sending the gradients of rows ``ids`` (unique) of sparse ``table``."""
         t, spec = self._table(table, sparse=True)
-        ids = _check_ids(f"push_rows to {table!r}", ids, spec.shape[0])
+        ids = checked_ids(f"push_rows to {table!r}", ids, spec.shape[0])
         _check_array(f"push_rows to {table!r}: gradients", grads,
                      (len(ids),) + tuple(spec.shape[1:]), spec.dtype)
         order = np.argsort(ids, kind="stable")
@@ -135,17 +138,26 @@ class Worker:
     # -- clock and end -----------------------------------------------------------------
     def clock(self) -> int:
         """End this step: tell every server this worker's clock moved on; return it."""
+        self._check_not_released("clock()")
         self.clock_value += 1
         self._tell_servers(Op.CLOCK)
         return self.clock_value
 
     def release(self) -> None:
         """Tell every server this worker is done (it stops counting in consistency);
-        a server's ``serve()`` returns once every worker has released it."""
+        a server's ``serve()`` returns once every worker has released it. The worker
+        takes no call after it (``PSInputError``)."""
+        self._check_not_released("release()")
+        self.released = True
         self._tell_servers(Op.RELEASE)
         with self.guard(f"worker slot {self.slot} releasing the servers"):
             MPI.Request.Waitall([request for request, _ in self._unanswered])
         self._unanswered.clear()
+
+    def reopen(self) -> None:
+        """Take calls again after ``release()``, for servers that ``serve()`` another
+        session (the benchmarks do); without it a released worker refuses every call."""
+        self.released = False
 
     def abandon(self) -> None:
         """After a process failure: revoke the communicator and complete every request
@@ -156,8 +168,16 @@ class Worker:
         self._unanswered.clear()
 
     # -- internals ---------------------------------------------------------------------
+    def _check_not_released(self, call: str) -> None:
+        if self.released:
+            raise PSInputError(f"{call} on worker slot {self.slot} (rank {self.comm.Get_rank()}) after its "
+                               f"release(): a released worker sends nothing more")
+
     def _table(self, name: str, *, sparse: bool) -> Tuple[int, ParamSpec]:
-        t = self.layout.table_ids.get(name)
+        """The id and spec of table ``name`` (every call starts here, so it also refuses a
+        released worker)."""
+        self._check_not_released(f"{'pull_rows/push_rows' if sparse else 'pull/push'} of {name!r}")
+        t = self.layout.table_ids.get(name) if isinstance(name, str) else None
         if t is None:
             known = ", ".join(repr(s.name) for s in self.layout.specs)
             raise PSInputError(f"unknown table {name!r}; the tables are {known}")
@@ -180,16 +200,17 @@ class Worker:
 
     def _request(self, rank: int, header: np.ndarray, payloads: List[np.ndarray],
                  into: List[np.ndarray]) -> Part:
-        """Send a request to ``rank`` and post its reply receives (header, then ``into``)."""
+        """Post the reply receives from ``rank`` (header, then ``into``), then send it the
+        request: a receive that cannot be posted leaves nothing sent."""
         self._retire_unanswered()
         part = Part(rank, [], [header, *payloads, *into])
-        part.requests.append(self.comm.Isend(header, rank, TAG_REQUEST))
-        for payload in payloads:
-            part.requests.append(self.comm.Isend(payload, rank, TAG_PAYLOAD))
         part.requests.append(self.comm.Irecv(part.reply, rank, TAG_REPLY))
         for buffer in into:
             part.requests.append(self.comm.Irecv(buffer, rank, TAG_REPLY))
             part.received += buffer.nbytes
+        part.requests.append(self.comm.Isend(header, rank, TAG_REQUEST))
+        for payload in payloads:
+            part.requests.append(self.comm.Isend(payload, rank, TAG_PAYLOAD))
         self.traffic.add(sum(p.nbytes for p in payloads), 0)
         return part
 
@@ -215,25 +236,32 @@ class Worker:
             self._unanswered = [entry for i, entry in enumerate(self._unanswered) if i not in done]
 
 
-def _check_array(what: str, array, shape, dtype, *, contiguous: bool = False) -> None:
+def _check_array(what: str, array, shape, dtype, *, output: bool = False) -> None:
+    """``array`` is a numpy array of ``shape`` and ``dtype``; an ``output`` one is also
+    C-contiguous and writable (replies are received into it)."""
     if not isinstance(array, np.ndarray):
         raise PSInputError(f"{what} must be a numpy array, got {type(array).__name__}")
     if tuple(array.shape) != tuple(shape):
         raise PSInputError(f"{what} has shape {tuple(array.shape)}, the table needs {tuple(shape)}")
     if array.dtype != np.dtype(dtype):
         raise PSInputError(f"{what} has dtype {array.dtype}, the table needs {np.dtype(dtype)}")
-    if contiguous and not array.flags.c_contiguous:
+    if output and not array.flags.c_contiguous:
         raise PSInputError(f"{what} must be C-contiguous")
+    if output and not array.flags.writeable:
+        raise PSInputError(f"{what} is read-only; the pulled values are written into it")
 
 
-def _check_ids(what: str, ids, rows: int) -> np.ndarray:
-    """``ids`` as int64, if they are a 1-D integer array of row ids in [0, rows)."""
-    array = np.asarray(ids)
+def checked_ids(what: str, ids, rows: int) -> np.ndarray:
+    """``ids`` as int64, if they are a 1-D integer array of row ids in [0, rows); an id out
+    of range is reported as given (checked before the conversion, which would wrap it)."""
+    try:
+        array = np.asarray(ids)
+    except (ValueError, TypeError, OverflowError) as err:
+        raise PSInputError(f"{what}: ids must be a one-dimensional integer array ({err})") from None
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise PSInputError(f"{what}: ids must be a one-dimensional integer array, "
                            f"got dtype {array.dtype} and shape {array.shape}")
-    array = array.astype(np.int64, copy=False)
-    bad = array[(array < 0) | (array >= rows)]
+    bad = array[array >= rows] if array.dtype.kind == "u" else array[(array < 0) | (array >= rows)]
     if bad.size:
         raise PSInputError(f"{what}: row id {int(bad[0])} out of range [0, {rows})")
-    return array
+    return array.astype(np.int64, copy=False)

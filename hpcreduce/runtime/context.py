@@ -8,12 +8,13 @@ with ``Context.replace_comm``; everything cached for the old one is dropped.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, NoReturn, Optional, Union
 
 from mpi4py import MPI
 
-from ..errors import FaultToleranceUnavailableError
+from ..errors import FaultToleranceUnavailableError, UnsupportedInputError
 from . import environment
 from .spawn import merge_with_parent
 
@@ -127,14 +128,14 @@ def launch_settings(*, ft: Optional[bool] = None, cuda_aware: Optional[bool] = N
 def resolve(comm: Comm) -> Context:
     """The context a collective runs on: the default one, the one given, or the
     private duplicate of a user's communicator (made on first use, collectively over
-    that communicator, and cached on it as an attribute)."""
+    that communicator, and cached on it as an attribute). Anything else (a str, an
+    intercommunicator, ``COMM_NULL``): see ``refuse_comm``."""
     if comm is None:
         return init()
     if isinstance(comm, Context):
         return comm
-    if not isinstance(comm, MPI.Intracomm):
-        raise TypeError(f"comm must be an hpcreduce Context or an MPI intracommunicator, "
-                        f"not {type(comm).__name__}")
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        refuse_comm(comm)
     global _dup_keyval
     if _dup_keyval is None:
         _dup_keyval = MPI.Comm.Create_keyval(delete_fn=_free_duplicate)
@@ -147,6 +148,27 @@ def resolve(comm: Comm) -> Context:
         cached = Context(dup, **settings)
         comm.Set_attr(_dup_keyval, cached)
     return cached
+
+
+def refuse_comm(comm: object) -> NoReturn:
+    """An unusable ``comm=`` (a str, an intercommunicator, ``COMM_NULL``): in a one-rank job,
+    raise ``UnsupportedInputError``; in a larger job, print that error and abort the job
+    (``MPI_Abort``). The other ranks may be waiting in a collective on a communicator this
+    rank cannot name, so raising here alone would leave them hung; ending the job is the
+    answer that never hangs."""
+    start_mpi()
+    world = MPI.COMM_WORLD
+    kind = ("an intercommunicator" if isinstance(comm, MPI.Intercomm) else
+            "MPI.COMM_NULL (or a freed communicator)" if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL
+            else f"a {type(comm).__name__}")
+    message = (f"rank {world.Get_rank()} passed comm={comm!r}, {kind}: comm= must be None, "
+               "an hpcreduce Context or an MPI intracommunicator")
+    if world.Get_size() > 1:
+        sys.stderr.write(f"hpcreduce: UnsupportedInputError: {message}; its peers cannot be told on a "
+                         "communicator it cannot name, so it aborts the job\n")
+        sys.stderr.flush()
+        world.Abort(1)
+    raise UnsupportedInputError(message)
 
 
 def _free_duplicate(_comm: MPI.Comm, _keyval: int, context: Context) -> None:

@@ -1,39 +1,131 @@
-"""Files that are whole or absent: results, traces and checkpoints written atomically.
+"""Output files written whole, through whatever their path names.
 
-``atomic_file(path)`` opens a temporary file beside ``path``; when the ``with`` block
-ends without an error the file is flushed to disk (fsync), renamed over ``path``
-(``os.replace`` is atomic) and the rename itself made durable (fsync of the folder).
-A process killed half way leaves the previous file intact and, at worst, a hidden
-``.NAME.*.partial`` beside it; an error in the block removes the temporary file.
-Parent folders are created. ``write_json`` is the common case.
+``atomic_file(path)`` writes where ``path`` leads: a symlink is followed to its final
+target (the link stays a link); a device or FIFO (``/dev/null``, a named pipe) and
+whatever ``/dev/stdout`` leads to (a terminal, a pipe, the file the shell redirected it
+to) are written through (appended to); a regular file, or a new path, gets a temporary beside it
+that is flushed to disk (fsync), renamed over it (``os.replace`` is atomic) and the
+rename made durable (fsync of the folder). A process killed half way leaves the previous
+file intact and, at worst, a hidden ``.NAME.HOST.PID.XXXX.partial`` beside it, which
+``remove_stale_temporaries`` deletes once its writer (HOST, PID) is gone; an error in the
+block removes the temporary at once. ``LineStream`` is a file written line by line as a
+run goes (JSON lines), by the same rules. Every failure to write is an ``OutputFileError``
+naming the path and the system's reason. Parent folders are created. ``write_json`` is
+the common case.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
+import socket
+import stat
+import sys
 import tempfile
 from contextlib import contextmanager
-from typing import IO, Any, Iterator, Optional
+from typing import IO, Any, Iterator, List, Optional, Tuple
+
+from ..errors import OutputFileError
+
+SUFFIX = ".partial"
+TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[a-z0-9_]+\.partial$")
+
+
+def _host() -> str:
+    """This machine's name as a temporary's name carries it (no dots)."""
+    return socket.gethostname().replace(".", "_") or "localhost"
+
+
+@contextmanager
+def _as_output_error(path: str) -> Iterator[None]:
+    """An OSError in the block becomes an OutputFileError naming ``path`` (and where it leads)."""
+    try:
+        yield
+    except OSError as err:
+        target = os.path.realpath(path)
+        shown = path if target == os.path.abspath(path) else f"{path} (-> {target})"
+        raise OutputFileError(f"cannot write {shown}: {err.strerror or err}") from err
+
+
+def _resolved(path: str) -> Tuple[str, Optional[int]]:
+    """Where ``path``'s symlinks lead (not further than a link into /proc), and this
+    process's descriptor it names if it leads to one (``/dev/stdout``, ``/dev/fd/N``)."""
+    for _ in range(40):  # the kernel's own limit on links followed
+        folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+        path = os.path.join(folder, os.path.basename(path))
+        if folder == f"/proc/{os.getpid()}/fd" and os.path.basename(path).isdigit():
+            return path, int(os.path.basename(path))
+        if folder == "/proc" or folder.startswith("/proc/") or not os.path.islink(path):
+            break
+        path = os.path.join(folder, os.readlink(path))
+    return path, None
+
+
+def _written_through(path: str) -> bool:
+    """Whether ``path`` is written through rather than replaced: it leads into /proc
+    (``/dev/stdout``: a file some process has open, whatever it is) or to something that
+    is neither a regular file nor a folder (a device, a FIFO)."""
+    target, descriptor = _resolved(path)
+    if descriptor is not None or target.startswith("/proc/"):
+        return True
+    try:
+        mode = os.stat(target).st_mode
+    except (FileNotFoundError, NotADirectoryError):  # absent, or a path under a regular file
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def _open_through(path: str, mode: str, **options: Any) -> IO:
+    """``path`` opened to write through it: this process's descriptor itself when it names
+    one (sharing its offset: what the shell redirected stdout to is continued, not
+    overwritten), else the device or FIFO, appended to."""
+    descriptor = _resolved(path)[1]
+    if descriptor is None:
+        return open(path, mode.replace("w", "a"), **options)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    return open(os.dup(descriptor), mode, **options)
+
+
+def _text(mode: str) -> dict:
+    return {} if "b" in mode else {"encoding": "utf-8"}
 
 
 @contextmanager
 def atomic_file(path: str, mode: str = "w") -> Iterator[IO]:
-    """Write ``path`` through a temporary file renamed over it at the end (see the module
-    docstring); ``mode``: ``"w"`` (UTF-8 text) or ``"wb"``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".partial", dir=folder)
+    """Write ``path`` as the module docstring says; ``mode``: ``"w"`` (UTF-8 text) or ``"wb"``."""
+    target = os.path.realpath(path)
+    with _as_output_error(path):
+        if _written_through(path):
+            with _open_through(path, mode, **_text(mode)) as out:
+                yield out
+            return
+        folder = os.path.dirname(target)
+        os.makedirs(folder, exist_ok=True)
+        prefix = f".{os.path.basename(target)}.{_host()}.{os.getpid()}."
+        handle, temporary = tempfile.mkstemp(prefix=prefix, suffix=SUFFIX, dir=folder)
+        try:
+            with os.fdopen(handle, mode, **_text(mode)) as out:
+                os.fchmod(out.fileno(), _permissions(target))
+                yield out
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, target)
+        except BaseException:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            raise
+        _sync_folder(folder)
+
+
+def _permissions(target: str) -> int:
+    """The mode bits of the file ``target`` replaces, or a new file's (``0o666`` less the umask)."""
     try:
-        with os.fdopen(handle, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as out:
-            yield out
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-    _sync_folder(folder)
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def write_json(path: str, value: Any, *, indent: int = 1) -> None:
@@ -41,6 +133,42 @@ def write_json(path: str, value: Any, *, indent: int = 1) -> None:
     with atomic_file(path) as out:
         json.dump(value, out, indent=indent)
         out.write("\n")
+
+
+class LineStream:
+    """A text file written line by line as a run goes: a regular file emptied first when
+    ``fresh`` (else appended to), a device or FIFO written through; symlinks followed."""
+
+    def __init__(self, path: str, *, fresh: bool):
+        self.path = path
+        with _as_output_error(path):
+            through = _written_through(path)
+            if not through:
+                os.makedirs(os.path.dirname(os.path.realpath(path)), exist_ok=True)
+            self._out: Optional[IO[str]] = (_open_through(path, "w", encoding="utf-8", buffering=1) if through else
+                                            open(path, "w" if fresh else "a", encoding="utf-8", buffering=1))
+
+    def write_line(self, line: str) -> None:
+        """Write ``line`` and a newline (flushed); a failure closes the stream and raises."""
+        try:
+            with _as_output_error(self.path):
+                self._out.write(line + "\n")
+        except OutputFileError:
+            self.abandon()
+            raise
+
+    def close(self) -> None:
+        if self._out is not None:
+            out, self._out = self._out, None
+            with _as_output_error(self.path):
+                out.close()
+
+    def abandon(self) -> None:
+        """Close without reporting what could not be flushed (after an error already raised)."""
+        try:
+            self.close()
+        except OutputFileError:
+            pass
 
 
 def _sync_folder(folder: str) -> None:
@@ -55,13 +183,50 @@ def _sync_folder(folder: str) -> None:
         os.close(fd)
 
 
+def _alive(host: str, pid: int) -> bool:
+    """Whether the writer ``pid`` on ``host`` may still be running (another host's: assumed so)."""
+    if host != _host():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        pass
+    return True
+
+
+def remove_stale_temporaries(folder: str) -> List[str]:
+    """Delete the temporaries in ``folder`` whose writer (a process on this host) is gone,
+    never one a live process may be writing; returns their paths."""
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        match = TEMPORARY.match(name)
+        if match and not _alive(match["host"], int(match["pid"])):
+            path = os.path.join(folder, name)
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
 def path_problem(path: str) -> Optional[str]:
-    """Why a file could not be written at ``path`` (its folder is created if missing), or None."""
-    folder = os.path.dirname(os.path.abspath(path))
+    """Why a file could not be written at ``path`` (symlinks followed; its folder is created
+    if missing), or None. A device or FIFO is written through, so it passes when writable."""
+    if _written_through(path):
+        return None if os.access(path, os.W_OK) else "not writable"
+    target = os.path.realpath(path)
+    folder = os.path.dirname(target)
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as err:
         return f"cannot create its folder: {err.strerror}"
-    if os.path.isdir(path) or not os.access(folder, os.W_OK):
+    if os.path.isdir(target) or not os.access(folder, os.W_OK):
         return "not a writable file path"
     return None

@@ -10,11 +10,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from ..errors import LaunchError
 from .environment import usable_cores
+from .settings import Setting, text_value
+
+DONE_FILE = Setting("HPCREDUCE_DONE_FILE", text_value, "", "a file path (set by the launcher)")
 
 # ULFM, and the tcp transport (shared memory never reports a dead peer). Open MPI 5.0.11's
 # MPI_Finalize starts with a PMIx fence that has hung about one run in ten after a rank
@@ -125,31 +129,84 @@ def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0) -> int:
     With ``restarts`` R, a failed job (non-zero exit) is started again up to R times,
     with ``HPCREDUCE_ATTEMPT`` set to the attempt's number (0 first): a job with
     ``--checkpoint-dir`` resumes from its latest checkpoint, with however many ranks
-    the relaunch has. This is the fallback where MPI has no ULFM.
+    the relaunch has. This is the fallback where MPI has no ULFM. Never relaunched: a
+    job stopped by SIGINT or SIGTERM (a user's stop: passed on, then 128 + the signal
+    returned), and a job whose ranks marked it done (``mark_done``) before mpirun
+    exited non-zero (Open MPI's exit 137 after spawned ranks ended): that returns 0.
     """
+    if restarts < 0:
+        raise LaunchError(f"--restarts must be 0 or more, got {restarts}")
     if echo:
         print(f"hpcreduce: {plan.shell()}", file=sys.stderr, flush=True)
-    for attempt in range(restarts + 1):
-        code = _run_once(plan, attempt)
-        if code == 0 or attempt == restarts:
-            return code
-        print(f"hpcreduce: the job failed (exit code {code}); restart {attempt + 1} of {restarts}",
-              file=sys.stderr, flush=True)
-    return code
-
-
-def _run_once(plan: LaunchPlan, attempt: int) -> int:
-    child = subprocess.Popen(plan.argv, env={**plan.environment(os.environ), "HPCREDUCE_ATTEMPT": str(attempt)})
-
-    def forward(signum, _frame):
-        child.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop = _Stop()
+    previous = {sig: signal.signal(sig, stop.forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    marker_folder = _marker_folder()
     try:
-        return child.wait()
+        for attempt in range(restarts + 1):
+            done = os.path.join(marker_folder, f"done-{attempt}")
+            code = stop.run(plan, {"HPCREDUCE_ATTEMPT": str(attempt), DONE_FILE.name: done})
+            if stop.signum is not None:
+                print(f"hpcreduce: stopped by {signal.Signals(stop.signum).name}; not relaunched",
+                      file=sys.stderr, flush=True)
+                return 128 + stop.signum
+            if code != 0 and os.path.exists(done):
+                print(f"hpcreduce: the job finished (its ranks marked it done) but mpirun exited {code}; "
+                      "not relaunched", file=sys.stderr, flush=True)
+                return 0
+            if code == 0 or attempt == restarts:
+                return code
+            print(f"hpcreduce: the job failed (exit code {code}); restart {attempt + 1} of {restarts}",
+                  file=sys.stderr, flush=True)
+        return code
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        shutil.rmtree(marker_folder, ignore_errors=True)
+
+
+class _Stop:
+    """The running attempt's mpirun, and the first stop signal received (None until one is)."""
+
+    def __init__(self) -> None:
+        self.child: Optional[subprocess.Popen] = None
+        self.signum: Optional[int] = None
+
+    def forward(self, signum: int, _frame) -> None:
+        self.signum = signum if self.signum is None else self.signum
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def run(self, plan: LaunchPlan, added: Mapping[str, str]) -> int:
+        """One attempt to its end (none once a stop signal came)."""
+        if self.signum is not None:
+            return 128 + self.signum
+        self.child = subprocess.Popen(plan.argv, env={**plan.environment(os.environ), **added})
+        if self.signum is not None:  # it came while mpirun started
+            self.child.send_signal(self.signum)
+        return self.child.wait()
+
+
+def _marker_folder() -> str:
+    """A new folder for the attempts' done-markers: in the working folder (shared with rank
+    0's node on a cluster) where it is writable, else in the temporary folder."""
+    for parent in (os.getcwd(), None):
+        try:
+            return tempfile.mkdtemp(prefix=".hpcreduce-launch-", dir=parent)
+        except OSError:
+            continue
+    raise LaunchError("cannot create a folder for the job's done-marker")
+
+
+def mark_done() -> None:
+    """Rank 0 of a finished job: tell ``run_plan`` that the job's work is done."""
+    path = DONE_FILE.value()
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="utf-8"):
+            pass
+    except OSError:  # rank 0 on a node that does not share the launcher's folder: a rerun stays possible
+        return
 
 
 def this_environment() -> str:

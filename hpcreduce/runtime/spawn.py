@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 
 from mpi4py import MPI
 
+from ..errors import LaunchError
 from .settings import Setting, text_value
 
 SPAWN_INFO = Setting("HPCREDUCE_SPAWN_INFO", text_value, "map_by=slot:oversubscribe",
@@ -46,6 +47,10 @@ def spawn_and_merge(comm: MPI.Intracomm, count: int, command: Sequence[str]) -> 
     info = spawn_info()
     try:
         inter = comm.Spawn(command[0], list(command[1:]), maxprocs=count, info=info, root=0)
+    except MPI.Exception as err:  # every rank of ``comm`` gets the spawn's error
+        raise LaunchError(f"cannot start {count} more rank(s): MPI_Comm_spawn failed ({err.Get_error_string()}); "
+                          f"most often the hosts have no free slot left: give more slots (--hostfile) "
+                          f"or hosts ({SPAWN_INFO.name}, now {SPAWN_INFO.value()!r})") from None
     finally:
         info.Free()
     merged = inter.Merge(high=False)

@@ -16,7 +16,6 @@ import numpy as np
 from ..errors import ConfigurationError, SettingProblem
 from ..ps.stats import staleness_summary
 from ..runtime.context import Comm, Context, resolve
-from ..runtime.files import write_json
 from .config import OUTPUTS, TrainConfig
 from .data import Dataset
 from .evaluation import evaluate
@@ -60,10 +59,8 @@ def train(model: Model, dataset: Dataset, config: Optional[TrainConfig] = None, 
         result = run_ps_training(ctx, config, model, dataset, observer)
     else:
         result = train_ring(ctx, config, model, dataset, observer)
-    observer.finish()
     observer.echo(final_line(result))
-    if config.json_path and ctx.rank == 0:
-        write_json(config.json_path, result.to_json())
+    observer.finish(result.to_json)  # writes config.json_path on rank 0
     return result
 
 

@@ -1,6 +1,8 @@
 """Settings of one training run, shared by the ring and parameter-server trainers."""
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -55,8 +57,8 @@ class TrainConfig:
         if self.steps < 1 or self.batch < 1:
             found.append(setting_problem("{steps} and {batch} must be at least 1, got {a} and {b}",
                                          a=self.steps, b=self.batch))
-        if not self.lr > 0:
-            found.append(setting_problem("{lr} must be positive, got {value}", value=self.lr))
+        if not 0 < self.lr < math.inf:
+            found.append(setting_problem("{lr} must be positive and finite, got {value}", value=self.lr))
         if self.optimizer not in OPTIMIZERS:
             found.append(_choice("optimizer", tuple(OPTIMIZERS), self.optimizer))
         if self.seed < 0:
@@ -69,7 +71,7 @@ class TrainConfig:
                                          "{push_every} belong to {mode} ps; ring mode is synchronous"))
         if self.mode == "ps":
             found += self._ps_problems(size, ft)
-        return found + self.fault.problems()
+        return found + self._shared_outputs() + self.fault.problems(self.steps, size, ft, self.mode == "ps")
 
     def _ps_problems(self, size: int, ft: bool) -> List[SettingProblem]:
         found = [servers_problem(self.servers, size)]
@@ -89,6 +91,18 @@ class TrainConfig:
                 "need in-job fault tolerance: launch with ULFM (hpcreduce launch --ft); the parameter "
                 "server has no checkpoint-and-relaunch fallback"))
         return [problem for problem in found if problem is not None]
+
+    def _shared_outputs(self) -> List[SettingProblem]:
+        """Outputs given one file: each would overwrite the other (streams such as
+        ``/dev/stdout`` and FIFOs are written through, so they may be shared)."""
+        by_path: Dict[str, List[str]] = {}
+        for name in OUTPUTS:
+            path = getattr(self, name)
+            if path and (not os.path.exists(path) or os.path.isfile(path)):
+                by_path.setdefault(os.path.realpath(path), []).append(name)
+        return [setting_problem(" and ".join("{%s}" % name for name in names) + " name one file, {path}: "
+                                "give each its own", path=getattr(self, names[0]))
+                for names in by_path.values() if len(names) > 1]
 
     def output_problems(self) -> List[SettingProblem]:
         """The output files (json_path, metrics_path, timeline_path) that cannot be written

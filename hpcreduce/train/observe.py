@@ -4,7 +4,7 @@
     trainer = observer.timed(trainer, {"compute": "compute", "reduce": "communication",
                                        "apply": "compute"}, collective=("reduce",))
     ... after each committed step: log.record(...); observer.step_done(log)
-    observer.finish()                                        # collective, at the end
+    observer.finish(result.to_json)                          # collective, at the end
 
 One rank reports (``reporter``: rank 0 in ring mode, the first worker in PS mode):
 
@@ -19,6 +19,11 @@ One rank reports (``reporter``: rank 0 in ring mode, the first worker in PS mode
   (PS: ``read_staleness``, the largest the servers reported for the step's reads).
 - ``config.timeline_path``: every rank's phases, gathered to rank 0 at the end into one
   Chrome-trace file (``timeline``).
+- ``config.json_path``: the result, written by rank 0 at the end (``finish``).
+
+Files are written by ``runtime.files``'s rules (devices and FIFOs written through,
+symlinks followed). A file that cannot be written does not stop the run: what can be
+written still is, and ``finish`` then raises ``OutputFileError`` on every rank.
 
 With all three off nothing is timed and ``timed`` returns the trainer itself.
 """
@@ -28,11 +33,14 @@ import json
 import os
 import sys
 import time
-from typing import IO, Any, Iterable, Mapping, Optional
+from contextlib import contextmanager
+from typing import IO, Any, Callable, Iterable, Iterator, Mapping, Optional
 
+from ..errors import OutputFileError
 from ..runtime.context import Context
 from ..runtime.environment import detect_launcher
-from .config import TrainConfig
+from ..runtime.files import LineStream, write_json
+from .config import OUTPUTS, TrainConfig
 from .results import StepLog
 from .timeline import Timeline
 
@@ -119,9 +127,10 @@ class Observer:
         self.reporter = reporter
         self.mode = progress_mode(config.progress) if verbose else "none"
         self.bar = ProgressBar(config.steps) if self.mode == "bar" else None
-        self.metrics: Optional[IO[str]] = None
+        self.metrics: Optional[LineStream] = None
+        self.failure: Optional[OutputFileError] = None  # the first output this rank could not write
         if config.metrics_path and self.reporting:
-            self._metrics_file().truncate(0)
+            self._metrics_file(fresh=True)
         self.timeline = Timeline() if config.timeline_path else None
         self.previous_wall = 0.0
 
@@ -139,13 +148,28 @@ class Observer:
             self.bar.clear()
         print(line, flush=True)
 
-    def _metrics_file(self) -> Optional[IO[str]]:
-        """The JSON-lines file, opened by whichever rank reports first (appended to by a
-        rank that takes over after the reporter died)."""
-        if self.metrics is None and self.config.metrics_path:
-            os.makedirs(os.path.dirname(os.path.abspath(self.config.metrics_path)), exist_ok=True)
-            self.metrics = open(self.config.metrics_path, "a", encoding="utf-8", buffering=1)
+    def _metrics_file(self, fresh: bool = False) -> Optional[LineStream]:
+        """The JSON-lines file, opened by whichever rank reports first (``fresh``: emptied;
+        appended to by a rank that takes over after the reporter died); None once an
+        output failed on this rank."""
+        if self.metrics is None and self.config.metrics_path and self.failure is None:
+            with self._keeping_failure():
+                self.metrics = LineStream(self.config.metrics_path, fresh=fresh)
         return self.metrics
+
+    def output_failed(self, err: OutputFileError) -> None:
+        """An output file of this rank could not be written: ``finish`` raises ``err`` on every
+        rank (the first such error); metrics are written no more."""
+        self.failure = self.failure or err
+        self.metrics = None
+
+    @contextmanager
+    def _keeping_failure(self) -> Iterator[None]:
+        """An ``OutputFileError`` in the block is kept for ``finish``; the run goes on."""
+        try:
+            yield
+        except OutputFileError as err:
+            self.output_failed(err)
 
     def timed(self, target: Any, phases: Mapping[str, str], collective: Iterable[str] = ()) -> Any:
         """``target`` with the methods in ``phases`` timed on the timeline; itself when off."""
@@ -160,11 +184,13 @@ class Observer:
         self.previous_wall = row["wall_s"]
         if not self.reporting:
             return
-        if self._metrics_file():
-            self.metrics.write(json.dumps({
-                **row, "samples_per_s": row["examples"] / step_s if step_s > 0 else None,
-                "step_s": step_s, "bytes_sent": log.bytes_sent[-1],
-                "bytes_received": log.bytes_received[-1]}) + "\n")
+        metrics = self._metrics_file()
+        if metrics:
+            with self._keeping_failure():
+                metrics.write_line(json.dumps({
+                    **row, "samples_per_s": row["examples"] / step_s if step_s > 0 else None,
+                    "step_s": step_s, "bytes_sent": log.bytes_sent[-1],
+                    "bytes_received": log.bytes_received[-1]}))
         if self.mode == "lines":
             line = log.progress_line()
             if line:
@@ -172,12 +198,23 @@ class Observer:
         elif self.bar:
             self.bar.update(row["step"], row["loss"], row["examples"])
 
-    def finish(self) -> None:
-        """End the progress bar, close the metrics file, write the timeline (collective
-        when a timeline is on)."""
+    def finish(self, result_json: Callable[[], Any]) -> None:
+        """End the progress bar, close the metrics file, write the timeline and (rank 0)
+        ``result_json()`` as the result file; collective when any output file is on. Raises
+        ``OutputFileError`` on every rank if some rank could not write its file (or a PS
+        server its checkpoint)."""
         if self.bar:
             self.bar.clear()
-        if self.metrics:
-            self.metrics.close()
-        if self.timeline:
-            self.timeline.write(self.ctx.comm, self.config.timeline_path)
+        with self._keeping_failure():
+            if self.metrics:
+                self.metrics.close()
+            if self.timeline:
+                self.timeline.write(self.ctx.comm, self.config.timeline_path)
+            if self.config.json_path and self.ctx.rank == 0:
+                write_json(self.config.json_path, result_json())
+        if not (self.config.fault.checkpoint_dir or any(getattr(self.config, name) for name in OUTPUTS)):
+            return
+        failures = self.ctx.comm.allgather(self.failure.parts if self.failure else None)
+        for rank, parts in enumerate(failures):
+            if parts:
+                raise OutputFileError(*parts, f" (on rank {rank}; what could be written was)")

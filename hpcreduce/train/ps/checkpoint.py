@@ -10,8 +10,11 @@ Checkpoint C is *complete* when every shard of the placement it was written unde
 written it. A shard lost together with its replica (K = 1, or two neighbours on the
 ring) is rebuilt from the latest complete checkpoint, whatever the placement is now:
 every file is cut along the current placement (``ps.fragments``) and the lost
-shard's ranges are assembled. Cost: the shard's bytes to disk every checkpoint; a
-restore reads every file of one checkpoint.
+shard's ranges are assembled. A checkpoint that does not read back whole is passed
+over (with a warning) for the previous complete one. Checkpoints carry the identity of
+their run (``train.identity``): ``refuse_foreign`` refuses, before training, a folder
+holding another run's. Cost: the shard's bytes to disk every checkpoint; a restore
+reads every file of one checkpoint (so does finding the latest complete one).
 """
 from __future__ import annotations
 
@@ -22,7 +25,9 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ...errors import CheckpointMismatchError, setting_problem
 from ...ft import checkpoint
+from ...runtime.files import remove_stale_temporaries
 from ...ps.fragments import assemble, cut
 from ...ps.optimizers import Optimizer
 from ...ps.placement import Placement
@@ -37,8 +42,9 @@ def folder(directory: str, key: int) -> str:
 
 
 def save_shard(directory: str, step: int, state: ShardState, keys: Sequence[int], bsp: bool, *,
-               halfway: Callable[[], None] = lambda: None) -> str:
-    """Write shard ``state`` as checkpoint ``step`` (``keys``: the shards of the placement)."""
+               identity: Mapping[str, object], halfway: Callable[[], None] = lambda: None) -> str:
+    """Write shard ``state`` as checkpoint ``step`` (``keys``: the shards of the placement;
+    ``identity``: the run's)."""
     arrays: Dict[str, np.ndarray] = {}
     tables = {}
     for t, table in state.tables.items():
@@ -53,7 +59,8 @@ def save_shard(directory: str, step: int, state: ShardState, keys: Sequence[int]
     metadata = {"key": state.shard, "keys": sorted(int(k) for k in keys), "slot_count": state.slot_count,
                 "applied_steps": min(state.applied_steps, step) if bsp else state.applied_steps,
                 "tables": tables, "refusals": dict(state.refusals),
-                "read_staleness": _plain(state.read_staleness), "update_lag": _plain(state.update_lag)}
+                "read_staleness": _plain(state.read_staleness), "update_lag": _plain(state.update_lag),
+                "identity": dict(identity)}
     return checkpoint.save(folder(directory, state.shard), step, arrays, metadata, halfway=halfway)
 
 
@@ -61,35 +68,52 @@ def _plain(histogram: Counter) -> Dict[str, int]:
     return {str(k): int(v) for k, v in histogram.items()}
 
 
-def latest_complete(directory: Optional[str]) -> Optional[int]:
-    """The newest step every shard of its placement wrote a checkpoint of, or None."""
-    if not directory or not os.path.isdir(directory):
-        return None
+def _shard_files(directory: Optional[str]) -> Dict[int, Dict[int, str]]:
+    """Per step, per shard key: the checkpoint files in ``directory``."""
     steps: Dict[int, Dict[int, str]] = {}
-    for name in os.listdir(directory):
-        match = FOLDER.match(name)
-        if match:
-            for step, path in checkpoint.checkpoints(os.path.join(directory, name)):
-                steps.setdefault(step, {})[int(match.group(1))] = path
+    if directory and os.path.isdir(directory):
+        for name in os.listdir(directory):
+            match = FOLDER.match(name)
+            if match:
+                for step, path in checkpoint.checkpoints(os.path.join(directory, name)):
+                    steps.setdefault(step, {})[int(match.group(1))] = path
+    return steps
+
+
+def latest_complete(directory: Optional[str], warn: checkpoint.Warn = checkpoint.print_warning) -> Optional[int]:
+    """The newest step every shard of its placement wrote a checkpoint of that reads back
+    whole, or None; ``warn`` names each file passed over."""
+    steps = _shard_files(directory)
     for step in sorted(steps, reverse=True):
-        metadata = _metadata(next(iter(steps[step].values())))
-        if metadata is not None and set(metadata["keys"]) <= set(steps[step]):
+        read = [checkpoint.read_or_warn(path, warn) for path in steps[step].values()]
+        if all(read) and set(read[0][0]["keys"]) <= set(steps[step]):
             return step
     return None
 
 
-def _metadata(path: str) -> Optional[dict]:
-    try:
-        with np.load(path) as stored:
-            return checkpoint.metadata_of(stored)
-    except checkpoint.UNREADABLE:
-        return None
+def refuse_foreign(directory: Optional[str], identity: Mapping[str, object]) -> None:
+    """Raise ``CheckpointMismatchError`` if a checkpoint in ``directory`` was written by a
+    run other than ``identity``'s (unreadable files are left to ``latest_complete``);
+    remove the temporaries of writers that died."""
+    if not (directory and os.path.isdir(directory)):
+        return
+    for step, files in sorted(_shard_files(directory).items()):
+        for path in files.values():
+            found = checkpoint.read_or_warn(path, lambda _text: None, arrays=False)
+            problem = found and checkpoint.identity_problem(found[0], identity)
+            if problem:
+                raise CheckpointMismatchError(setting_problem(
+                    "{checkpoint_dir} {path}: its checkpoint of step {step} {why}; give another folder or empty it",
+                    path=directory, step=step, why=problem))
+    for name in os.listdir(directory):
+        if FOLDER.match(name):
+            remove_stale_temporaries(os.path.join(directory, name))
 
 
 def load_states(directory: str, step: int, specs: Sequence[ParamSpec],
                 optimizers: Mapping[int, Optimizer]) -> List[ShardState]:
     """Every shard state written as checkpoint ``step`` (counters included)."""
-    metadata = _metadata(_path(directory, None, step))
+    metadata, _ = checkpoint.read(_path(directory, None, step), arrays=False)
     return [_load(_path(directory, key, step), specs, optimizers) for key in metadata["keys"]]
 
 

@@ -37,6 +37,7 @@ from ..config import TrainConfig
 from ..data import Dataset
 from ..model import Model
 from ..observe import Observer
+from ..identity import run_identity
 from . import checkpoint, growth
 from .loop import WorkerLoop
 from .progress import StepHooks
@@ -65,10 +66,13 @@ class ElasticPS:
             Membership.founding(ctx.size, ctx.rank)
         self.hooks = StepHooks(ctx, self.fault, self.fault.schedule(config.seed, protected=(0, config.servers)),
                                self.members, self.events, observer.echo, self.consistency.aggregates,
-                               ask=self._revoke_for_growth)
+                               ask=self._revoke_for_growth,
+                               identity=run_identity(config, model, next(iter(self.optimizers.values()))),
+                               output_failed=observer.output_failed)
         if control:
             growth.join(self, control)
         else:
+            checkpoint.refuse_foreign(self.fault.checkpoint_dir, self.hooks.identity)
             self._start()
 
     @property

@@ -36,7 +36,7 @@ from ...ps.worker import Worker
 from ...runtime.context import Context
 from ..config import TrainConfig
 from ..data import Dataset
-from ..model import Model, SparseRows, StepOutput
+from ..model import Model, SparseRows, StepOutput, checked_grads
 from ..partition import worker_batch
 from ..results import StepLog
 
@@ -155,12 +155,14 @@ class WorkerLoop:
         return params, max([reported_staleness(h, self.worker.clock_value) for h in handles], default=0)
 
     def compute(self, params: Dict[str, object], batch) -> StepOutput:
-        """The model's loss and gradients; the gradients, scaled by 1/global batch, are
-        added to those waiting to be pushed."""
+        """The model's loss and gradients; the gradients, checked against the parameters
+        (``ModelError``, reported on every rank as ``PSTrainingError``) and scaled by
+        1/global batch, are added to those waiting to be pushed."""
         output = self.model.loss_and_grads(params, batch)
+        grads = checked_grads(self.model, self.specs, output)
         scale = 1.0 / self.config.batch
         for spec in self.specs:
-            grad = output.grads[spec.name]
+            grad = grads[spec.name]
             if spec.sparse:
                 values = (np.asarray(grad.values) * scale).astype(spec.dtype, copy=False)
                 self.summed_rows.setdefault(spec.name, []).append((np.asarray(grad.ids), values))

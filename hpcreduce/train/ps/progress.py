@@ -12,8 +12,9 @@ The first steps after a recovery close its event (its time to the next step).
 """
 from __future__ import annotations
 
-from typing import Callable, Tuple
+from typing import Callable, Mapping, Tuple
 
+from ...errors import OutputFileError
 from ...ft.config import FaultConfig
 from ...ft.events import EventLog
 from ...ft.inject import KillSchedule
@@ -30,13 +31,17 @@ class StepHooks:
 
     ``growth_wanted``: (newcomers, before step) rank 0 asked for; ``ask``: called when it
     does (revokes the communicator); ``resume_mark``: the slowest clock right after the
-    last recovery; ``grown_before``: growth is done for steps up to it.
+    last recovery; ``grown_before``: growth is done for steps up to it; ``identity``: the
+    run's, written into its checkpoints; ``output_failed``: told of a checkpoint that could
+    not be written (the run goes on without checkpoints and fails at the end, everywhere).
     """
 
     def __init__(self, ctx: Context, fault: FaultConfig, kills: KillSchedule, members: Membership,
-                 events: EventLog, echo: Echo, aggregates: bool, ask: Callable[[], None]):
+                 events: EventLog, echo: Echo, aggregates: bool, ask: Callable[[], None],
+                 identity: Mapping[str, object], output_failed: Callable[[OutputFileError], None]):
         self.ctx, self.fault, self.kills, self.events, self.echo = ctx, fault, kills, events, echo
-        self.members, self.aggregates, self.ask = members, aggregates, ask
+        self.members, self.aggregates, self.ask, self.identity = members, aggregates, ask, identity
+        self.output_failed, self.saving = output_failed, True
         self.struck = self.struck_recovery = self.checkpointed = self.resume_mark = 0
         self.growth_wanted: Tuple[int, int] = (0, 0)
         self.grown_before = 0
@@ -72,13 +77,17 @@ class StepHooks:
 
     def _checkpoint(self, server: Server, slowest: int) -> None:
         every, directory = self.fault.checkpoint_every, self.fault.checkpoint_dir
-        if not (every and directory):
+        if not (every and directory and self.saving):
             return
         step = slowest - slowest % every
         if step > self.checkpointed:
             self.checkpointed = step
-            save_shard(directory, step, server.state, sorted(server.layout.shard_ranks), self.aggregates,
-                       halfway=lambda: self.strike("checkpoint", step))
+            try:
+                save_shard(directory, step, server.state, sorted(server.layout.shard_ranks), self.aggregates,
+                           identity=self.identity, halfway=lambda: self.strike("checkpoint", step))
+            except OutputFileError as err:
+                self.saving = False
+                self.output_failed(err)
 
     def _ask_growth(self, step: int) -> None:
         """Rank 0: growth due before ``step``? Then revoke, so that everyone recovers and grows."""

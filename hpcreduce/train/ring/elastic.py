@@ -14,8 +14,9 @@ ULFM, checkpoints (``ft.checkpoint``) and a relaunch take over.
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
+from ...errors import CheckpointMismatchError, OutputFileError, setting_problem
 from ...ft import checkpoint
 from ...ft.config import FaultConfig
 from ...ft.events import EventLog, RecoveryEvent
@@ -23,12 +24,15 @@ from ...ft.membership import Membership
 from ...ft.rounds import Shrunk, attempt, shrink_until_restored
 from ...ft.watchdog import watchdog
 from ...runtime.context import Context
+from ...runtime.files import remove_stale_temporaries
 from ...runtime.launch import this_program
 from ...runtime.spawn import spawn_and_merge
+from ..identity import run_identity
 from .state import TrainState
 from .trainer import RingTrainer, StepGrads, StepMetrics
 
 Echo = Callable[[str], None]
+T = TypeVar("T")
 
 
 class ElasticRing:
@@ -42,6 +46,7 @@ class ElasticRing:
         self.grown_before = 0  # growth for steps up to this one has been done
         watchdog.deadline_s = fault.deadline_s
         self.state: TrainState = trainer.initial_state()
+        self.identity = run_identity(trainer.config, trainer.model, trainer.optimizer)
         if ctx.joined:
             control = ctx.comm.bcast(None, root=0)
             self.members = Membership.from_control(control, ctx.rank)
@@ -69,8 +74,11 @@ class ElasticRing:
 
     def _attempt(self) -> Optional[StepGrads]:
         """The step's reduced gradients once every rank has them, else None (a rank failed)."""
-        what = f"step {self.state.step + 1} (compute and allreduce)"
-        work = lambda: self.trainer.reduce(self.trainer.compute(self.state))  # noqa: E731
+        return self._together(lambda: self.trainer.reduce(self.trainer.compute(self.state)),
+                              f"step {self.state.step + 1} (compute and allreduce)")
+
+    def _together(self, work: Callable[[], T], what: str) -> Optional[T]:
+        """``work()``'s result (never None) once every rank has done it, else None (a rank failed)."""
         if not self.ctx.ft:
             with watchdog.guard(what):
                 return work()
@@ -135,21 +143,43 @@ class ElasticRing:
             comm.Bcast(array, root=0)
 
     def _checkpoint(self) -> None:
+        """Rank 0 writes the checkpoint when one is due; every rank learns whether it could
+        (an ``OutputFileError`` everywhere if not; rank 0 dying meanwhile is recovered)."""
         every, folder, step = self.fault.checkpoint_every, self.fault.checkpoint_dir, self.state.step
-        if not (folder and every and step % every == 0) or self.ctx.rank != 0:
+        if not (folder and every and step % every == 0):
             return
-        checkpoint.save(folder, step, dict(self.state.arrays()), {"ranks": self.ctx.size},
-                        halfway=lambda: self.kills.strike("checkpoint", step, self.members.me,
-                                                          self.members.ids))
+        failure = None
+        if self.ctx.rank == 0:
+            try:
+                checkpoint.save(folder, step, dict(self.state.arrays()),
+                                {"ranks": self.ctx.size, "identity": self.identity},
+                                halfway=lambda: self.kills.strike("checkpoint", step, self.members.me,
+                                                                  self.members.ids))
+            except OutputFileError as err:
+                failure = err.parts
+        shared = self._together(lambda: [self.ctx.comm.bcast(failure, root=0)], f"checkpoint of step {step}")
+        if shared is None:
+            self._recover()
+        elif shared[0]:
+            raise OutputFileError(*shared[0])
 
     def _resume(self) -> None:
-        """Start from the latest checkpoint, if there is one (any number of ranks)."""
-        if not self.fault.checkpoint_dir:
+        """Start from the latest checkpoint, if there is one (any number of ranks) and it
+        was written by this run (``train.identity``); a foreign one is refused on every rank."""
+        folder = self.fault.checkpoint_dir
+        if not folder:
             return
-        found = checkpoint.load_latest(self.fault.checkpoint_dir)
+        if self.ctx.rank == 0:  # the writer, before it writes
+            remove_stale_temporaries(folder)
+        found = checkpoint.load_latest(folder, checkpoint.print_warning if self.ctx.rank == 0 else _silent)
         if found is None:
             return
         metadata, arrays = found
+        problem = checkpoint.identity_problem(metadata, self.identity)
+        if problem:
+            raise CheckpointMismatchError(setting_problem("{checkpoint_dir} {path}: its checkpoint of step {step} "
+                                                          "{why}; give another folder or empty it",
+                                                          path=folder, step=metadata["step"], why=problem))
         for name, array in self.state.arrays():
             array[...] = arrays[name]
         self.state.step = int(metadata["step"])
@@ -157,3 +187,7 @@ class ElasticRing:
         event.ranks_after = self.ctx.size
         self.echo(f"resumed from the checkpoint of step {self.state.step} "
                   f"(written by {metadata['ranks']} ranks, now {self.ctx.size})")
+
+
+def _silent(_text: str) -> None:
+    """Warnings of ranks other than rank 0 (which prints the same)."""

@@ -5,9 +5,17 @@ Every rank holds the whole model. A step has three phases:
 * ``compute``: the rank's share of the step's global batch (``partition``) gives
   summed gradients; sparse gradients are scattered into dense zero tables.
 * ``reduce``: one fused ``allreduce_many(..., "sum")`` of every gradient and of the
-  step's [loss, correct, count] over all ranks.
+  step's [loss, correct, count, failed ranks] over all ranks.
 * ``apply``: gradients are divided by the global batch and the optimizer runs
   locally, so all ranks keep bitwise-identical parameters.
+
+Errors (the same policy as PS training): a rank whose model fails (its own error, or
+gradients that do not match the parameters: ``model.checked_grads``) takes part in the
+reduce with zero gradients and counts itself as failed, so no rank is left waiting;
+every rank then sees the count, gathers the reasons and raises ``TrainingError``. A
+reduced gradient with NaN or Inf is refused on every rank (it is the same everywhere,
+so they all decide alike without another message): the step is not applied and
+``TrainingError`` names the step and the parameter, as a PS server refuses such a push.
 
 ``compute`` and ``reduce`` change nothing, so a step whose reduce fails can be
 retried from the same state on a replaced communicator (with the shares re-split
@@ -28,11 +36,13 @@ import numpy as np
 
 from ...arrays import array_module
 from ...collectives import allreduce_many
+from ...errors import TrainingError
+from ...ps.inbox import all_finite
 from ...ps.optimizers import Optimizer, make_optimizer
 from ...runtime.context import Context
 from ..config import TrainConfig
 from ..data import Dataset
-from ..model import Model
+from ..model import Model, checked_grads
 from ..params import batch_view, dense_grads, zero_grads
 from ..partition import worker_batch
 from .state import TrainState
@@ -40,11 +50,15 @@ from .state import TrainState
 
 @dataclass
 class StepGrads:
-    """Summed gradients (whole tensors) and ``stats`` = float64 [loss_sum, correct, count],
-    of one rank's share (after ``compute``) or of the global batch (after ``reduce``)."""
+    """Summed gradients (whole tensors) and ``stats`` = float64 [loss_sum, correct, count,
+    failed ranks], of one rank's share (after ``compute``) or of the global batch (after
+    ``reduce``), for ``step``; ``failure``: why this rank's model failed (its gradients
+    are then zeros)."""
 
     grads: Dict[str, object]
     stats: np.ndarray
+    step: int
+    failure: Optional[str] = None
 
 
 @dataclass
@@ -70,21 +84,42 @@ class RingTrainer:
         return TrainState.initial(self.model, self.optimizer, self.config.seed)
 
     def compute(self, state: TrainState) -> StepGrads:
-        """This rank's summed gradients for step ``state.step``; changes nothing."""
+        """This rank's summed gradients for step ``state.step``; changes nothing. A model
+        error is kept in ``failure`` (with zero gradients) for ``reduce`` to report."""
         indices = worker_batch(state.step, self.ctx.rank, self.ctx.size, batch=self.config.batch,
                                num_examples=self.dataset.size("train"), seed=self.config.seed)
+        step = state.step + 1
         if len(indices) == 0:
-            return StepGrads(zero_grads(self.specs, state.params), np.zeros(3))
-        batch = self.dataset.batch("train", indices)
-        output = self.model.loss_and_grads(batch_view(self.model, state.params, batch), batch)
-        grads = dense_grads(self.specs, output.grads, state.params)
-        return StepGrads(grads, np.array([output.loss_sum, output.correct, output.count], np.float64))
+            return StepGrads(zero_grads(self.specs, state.params), np.zeros(4), step)
+        try:
+            batch = self.dataset.batch("train", indices)
+            output = self.model.loss_and_grads(batch_view(self.model, state.params, batch), batch)
+            grads = dense_grads(self.specs, checked_grads(self.model, self.specs, output), state.params)
+            stats = np.array([output.loss_sum, output.correct, output.count, 0], np.float64)
+        except Exception as err:  # reported on every rank by reduce
+            failure = f"rank {self.ctx.rank}: {type(err).__name__}: {err}"
+            failed = np.array([0, 0, 0, 1], np.float64)
+            return StepGrads(zero_grads(self.specs, state.params), failed, step, failure)
+        return StepGrads(grads, stats, step)
 
     def reduce(self, local: StepGrads) -> StepGrads:
-        """Sum every rank's gradients and statistics; changes nothing."""
+        """Sum every rank's gradients and statistics; changes nothing. Raises
+        ``TrainingError`` on every rank when a model failed on some rank or a summed
+        gradient is not finite."""
         arrays = [local.grads[spec.name] for spec in self.specs] + [local.stats]
         summed = allreduce_many(arrays, "sum", comm=self.ctx)
-        return StepGrads({spec.name: grad for spec, grad in zip(self.specs, summed)}, summed[-1])
+        step = local.step
+        total = StepGrads({spec.name: grad for spec, grad in zip(self.specs, summed)}, summed[-1], step)
+        if total.stats[3]:  # the same count on every rank: all of them gather the reasons
+            reasons = [text for text in self.ctx.comm.allgather(local.failure) if text]
+            raise TrainingError(f"training stopped at step {step}: model {self.model.name!r} failed on "
+                                f"{len(reasons)} rank(s): " + "; ".join(reasons))
+        for spec in self.specs:
+            if not all_finite(total.grads[spec.name]):
+                raise TrainingError(f"training stopped at step {step}: the summed gradient of parameter "
+                                    f"{spec.name!r} contains NaN or Inf; refused on every rank, the step "
+                                    f"was not applied")
+        return total
 
     def apply(self, state: TrainState, total: StepGrads) -> StepMetrics:
         """Update ``state`` in place with the global batch's mean gradient."""
@@ -105,5 +140,5 @@ class RingTrainer:
             for name, value in row_arrays.items():
                 arrays[name][rows] = value
         state.step = step
-        loss_sum, correct, count = (float(v) for v in total.stats)
+        loss_sum, correct, count = (float(v) for v in total.stats[:3])
         return StepMetrics(step, loss_sum / max(count, 1.0), correct / max(count, 1.0), int(count))

@@ -1,0 +1,78 @@
+"""What every command checks before it starts anything: the ``HPCREDUCE_*`` settings, the
+launch flags (-n, --restarts, --hostfile) and the files it will write. A problem is
+printed once (by rank 0 inside a job) and every process exits with the usage status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Mapping, Optional, Sequence
+
+from ..collectives.allreduce import CHECK
+from ..collectives.fusion import FUSION_BYTES
+from ..collectives.selection import TABLE
+from ..errors import LaunchError, Problem, worded
+from ..ft.inject import ATTEMPT, KILL_LOG
+from ..ft.watchdog import DEADLINE
+from ..runtime import settings
+from ..runtime.files import path_problem
+from ..runtime.launch import DONE_FILE, hostfile_slots
+from ..runtime.spawn import SPAWN_INFO
+
+# Every environment setting hpcreduce reads; ``hpcreduce launch`` sets the last two itself.
+SETTINGS = (CHECK, FUSION_BYTES, TABLE, DEADLINE, SPAWN_INFO, KILL_LOG, ATTEMPT, DONE_FILE)
+SET_BY_LAUNCH = (ATTEMPT, DONE_FILE)
+USAGE_ERROR = 2
+
+
+def setting_problems(skip: Sequence[settings.Setting] = ()) -> List[str]:
+    """What is wrong with this process's ``HPCREDUCE_*`` settings (those in ``skip`` aside)."""
+    return settings.problems(s for s in SETTINGS if s not in skip)
+
+
+def launch_problems(args: argparse.Namespace) -> List[str]:
+    """What stops a launch of ``args.ranks`` ranks: -n, --restarts, --hostfile."""
+    found = []
+    if args.ranks < 1:
+        found.append(f"-n must be at least 1, got {args.ranks}")
+    if args.restarts < 0:
+        found.append(f"--restarts must be 0 or more, got {args.restarts}")
+    if args.hostfile:
+        try:
+            hostfile_slots(args.hostfile)
+        except LaunchError as err:
+            found.append(f"--hostfile: {err}")
+    return found
+
+
+def output_problems(paths: Mapping[str, Optional[str]]) -> List[str]:
+    """The files that could not be written, by flag (``{"--json": path}``); unset ones skipped."""
+    found = []
+    for flag, path in paths.items():
+        why = path_problem(path) if path else None
+        if why:
+            found.append(f"{flag} {path}: {why}")
+    return found
+
+
+def growth_slots_problem(args: argparse.Namespace, grown: int) -> Optional[str]:
+    """Growth by ``grown`` ranks past --hostfile's slots, where spawned ranks may not
+    oversubscribe (``HPCREDUCE_SPAWN_INFO`` without ``oversubscribe``): Spawn would fail."""
+    if not (grown and args.hostfile) or "oversubscribe" in SPAWN_INFO.value():
+        return None
+    try:
+        slots = hostfile_slots(args.hostfile)
+    except LaunchError:  # reported by launch_problems
+        return None
+    if slots is None or args.ranks + grown <= slots:
+        return None
+    return (f"--grow takes the job to {args.ranks + grown} ranks, past the {slots} slots of --hostfile "
+            f"{args.hostfile} (spawned ranks need free slots; {SPAWN_INFO.name} does not allow oversubscribe)")
+
+
+def refuse(command: str, problems: Sequence[Problem], rank: int = 0, flags: Mapping[str, str] = {}) -> int:  # noqa: B006
+    """Print the problems, with their flags, on rank 0; every rank returns the usage-error status."""
+    if rank == 0:
+        for problem in problems:
+            print(f"hpcreduce {command}: {worded(problem, flags)}", file=sys.stderr, flush=True)
+    return USAGE_ERROR

@@ -1,0 +1,150 @@
+"""Bad flags, settings and paths refused up front; restarts that stop on a user's signal and
+never rerun a finished job; growth past the slots; results of the wrong kind.
+
+Most cases are refusals that never start MPI (fast); the few jobs are 2 ranks.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from hpcreduce.runtime.launch import LaunchPlan, build_mpirun, run_plan
+from mpi_run import hpcreduce_cli, run_job
+
+BAD_TRAIN = {  # flags -> what the refusal says (each printed once)
+    ("--kill", "7@5"): "--kill 7@5: no rank has id 7",
+    ("--kill", "1@500"): "--kill 1@500: STEP must be from 1 to 200 (--steps)",
+    ("--kill", "1@10:checkpoint"): "--kill 1@10:checkpoint: no checkpoint is written at step 10",
+    ("--kill", "2@6:recovery"): "--kill 2@6:recovery: no recovery can happen at step 6",
+    ("--grow", "1@500"): "--grow 1@500: STEP must be from 1 to 200",
+    ("--lr", "inf"): "--lr must be positive and finite, got inf",
+    ("--json", "same.json", "--timeline", "same.json"): "--json and --timeline name one file",
+    ("--restarts", "-1"): "--restarts must be 0 or more, got -1",
+    ("--checkpoint-dir", "a-file"): "--checkpoint-dir a-file: is a file, not a folder",
+}
+
+
+def assert_refused(job, *messages, prefix="hpcreduce train: "):
+    assert job.returncode == 2, job
+    assert "Traceback" not in job.output and "mpirun" not in job.output, job  # nothing launched
+    for message in messages:
+        assert job.output.count(prefix + message) == 1, (message, job.output)
+
+
+def test_train_refuses_every_bad_flag_at_once_before_launching(tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    args = [arg for flags in BAD_TRAIN for arg in flags]
+    job = hpcreduce_cli("train", "-n", "3", "--ft", *args, timeout=60, cwd=str(tmp_path))
+    assert_refused(job, *BAD_TRAIN.values())
+    assert not (tmp_path / "same.json").exists()
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"HPCREDUCE_DEADLINE": "abc"}, "HPCREDUCE_DEADLINE='abc' is not a number of seconds"),
+    ({"HPCREDUCE_FUSION_BYTES": "abc"}, "HPCREDUCE_FUSION_BYTES='abc' is not a number of bytes"),
+    ({"HPCREDUCE_AUTO_TABLE": "inf:bogus"}, "HPCREDUCE_AUTO_TABLE='inf:bogus' is not a table"),
+])
+def test_bad_settings_are_refused_like_flags(env, message):
+    assert_refused(hpcreduce_cli("train", "-n", "2", timeout=60, env=env), message)
+    assert_refused(hpcreduce_cli("bench", "allreduce", "-n", "2", timeout=60, env=env), message,
+                   prefix="hpcreduce bench allreduce: ")
+    assert_refused(hpcreduce_cli("launch", "-n", "2", "--", "true", timeout=60, env=env), message,
+                   prefix="hpcreduce launch: ")
+
+
+def test_under_mpirun_itself_every_rank_exits_and_rank_0_alone_says_why():
+    plan = build_mpirun(2, [sys.executable, "-m", "hpcreduce", "train", "--lr", "nan", "--kill", "5@3"])
+    job = run_job(plan.argv, timeout=60, env={**plan.env, "HPCREDUCE_DEADLINE": "-1"})
+    assert job.returncode == 2 and "Traceback" not in job.output, job
+    for message in ("--lr must be positive and finite, got nan", "--kill 5@3: no rank has id 5",
+                    "HPCREDUCE_DEADLINE='-1' is not"):
+        assert job.output.count(message) == 1, (message, job.output)
+
+
+def test_bench_flags_and_paths_are_refused_before_any_work(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert_refused(hpcreduce_cli("bench", "ps", "-n", "2", "--rounds", "0", "--width", "-1", timeout=60),
+                   "--rounds must be at least 1, got 0", "--width must be at least 1, got -1",
+                   prefix="hpcreduce bench ps: ")
+    assert_refused(hpcreduce_cli("bench", "recovery", "--counts", "abc", "--repeats", "0", timeout=60),
+                   "--counts must be rank counts of at least 2", "--repeats must be at least 1",
+                   prefix="hpcreduce bench recovery: ")
+    assert_refused(hpcreduce_cli("bench", "allreduce", "-n", "2", "--json", f"{blocker}/x.json", timeout=60),
+                   f"--json {blocker}/x.json:", prefix="hpcreduce bench allreduce: ")
+    assert_refused(hpcreduce_cli("bench", "scaling", "--out", str(blocker), timeout=60),
+                   f"--out {blocker}:", prefix="hpcreduce bench scaling: ")
+    job = hpcreduce_cli("bench", "allreduce", "--sizes", "inf", timeout=60)
+    assert job.returncode == 2 and "'inf' is not a list of sizes" in job.output and "Traceback" not in job.output
+
+
+def test_report_names_what_a_result_of_the_wrong_kind_lacks(tmp_path):
+    path = tmp_path / "scaling.json"
+    path.write_text(json.dumps({"benchmark": "scaling", "rows": [], "cores": 2}))
+    job = hpcreduce_cli("report", str(path), timeout=60)
+    assert job.returncode == 1 and "Traceback" not in job.output, job
+    assert "a scaling result needs" in job.output and "lacks model, scaling, predictions" in job.output
+
+
+def test_growth_past_the_slots_is_refused_up_front_and_a_failed_spawn_is_clear_on_every_rank(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    env = {"HPCREDUCE_SPAWN_INFO": "map_by=slot"}  # no oversubscribe: spawned ranks need free slots
+    grow = ["train", "--ft", "--grow", "1@3", "--steps", "6", "--quiet"]
+    assert_refused(hpcreduce_cli(*grow, "-n", "2", "--hostfile", str(hostfile), timeout=60, env=env),
+                   "--grow takes the job to 3 ranks, past the 2 slots of --hostfile")
+    plan = build_mpirun(2, [sys.executable, "-m", "hpcreduce", *grow], ft=True, hostfile=str(hostfile))
+    job = run_job(plan.argv, timeout=90, env={**plan.env, **env})
+    assert job.returncode != 0 and "Traceback" not in job.output, job
+    assert job.output.count("cannot start 1 more rank(s): MPI_Comm_spawn failed") == 2, job.output
+
+
+def attempts_plan(tmp_path, code):
+    """A job that counts its attempts in a file, marks itself done, then exits ``code``."""
+    script = ("import sys; from hpcreduce.runtime.launch import mark_done; "
+              f"open({str(tmp_path / 'attempts')!r}, 'a').write('x'); mark_done(); sys.exit({code})")
+    return LaunchPlan([sys.executable, "-c", script])
+
+
+def test_a_finished_job_is_not_rerun_when_mpirun_fails_after_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_plan(attempts_plan(tmp_path, 137), restarts=2, echo=False) == 0
+    assert (tmp_path / "attempts").read_text() == "x"
+    unmarked = LaunchPlan([sys.executable, "-c", f"open({str(tmp_path / 'n')!r}, 'a').write('x'); exit(3)"])
+    assert run_plan(unmarked, restarts=2, echo=False) == 3 and (tmp_path / "n").read_text() == "xxx"
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".hpcreduce-launch-")] == []  # markers cleaned
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_to_the_launcher_stops_the_job_without_a_relaunch(tmp_path, signum, code):
+    launcher = subprocess.Popen([sys.executable, "-m", "hpcreduce", "train", "-n", "2", "--restarts", "2",
+                                 "--steps", "1000000", "--progress", "lines"], cwd=str(tmp_path),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines, started = [], threading.Event()
+
+    def read():
+        for line in launcher.stdout:
+            lines.append(line)
+            if line.startswith("hpcreduce train: logreg"):
+                started.set()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert started.wait(60), "".join(lines)
+        sent = time.monotonic()
+        launcher.send_signal(signum)  # to the launcher alone, as a scheduler's stop does
+        assert launcher.wait(timeout=30) == code, "".join(lines)
+        assert time.monotonic() - sent < 30
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+    reader.join(5)
+    output = "".join(lines)
+    assert "restart 1 of 2" not in output and f"stopped by {signal.Signals(signum).name}" in output, output
+    assert output.count("hpcreduce train: logreg") == 1, output  # one attempt, not relaunched
