@@ -22,6 +22,7 @@ from mpi_checks import expect_raised
 context = hpcreduce.init()
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
+LAST = size - 1  # the rank with the odd input (rank 0 itself in a one-rank job)
 
 
 def expect_everywhere(error, fragments, call):
@@ -67,12 +68,12 @@ def check_overlapping_out():
 
 def check_read_only_on_one_rank():
     out = np.zeros(4)
-    out.flags.writeable = rank != 1
-    expect_everywhere(UnsupportedInputError, "rank 1 passed a read-only array",
+    out.flags.writeable = rank != LAST
+    expect_everywhere(UnsupportedInputError, f"rank {LAST} passed a read-only array",
                       lambda: hpcreduce.allreduce(np.ones(4), out=out))
     arrays = [np.full(3, rank + 1.0), np.full(5000, rank + 1.0)]  # two buckets at 64 bytes
-    arrays[1].flags.writeable = rank != 1
-    expect_everywhere(UnsupportedInputError, ["rank 1 passed a read-only array", "array 1"],
+    arrays[1].flags.writeable = rank != LAST
+    expect_everywhere(UnsupportedInputError, [f"rank {LAST} passed a read-only array", "array 1"],
                       lambda: hpcreduce.allreduce_many(arrays, inplace=True, threshold_bytes=64))
     assert all(np.all(a == rank + 1.0) for a in arrays), "an array was overwritten before the error"
 
@@ -88,14 +89,18 @@ def check_settings_that_differ():
     expect_everywhere(InputMismatchError, ["fusion threshold", "rank 1 passed 64"],
                       lambda: with_env("HPCREDUCE_FUSION_BYTES", "64" if rank == 1 else None,
                                        lambda: hpcreduce.allreduce_many([small, small])))
-    for name, bad in (("HPCREDUCE_AUTO_TABLE", "lots:ring"), ("HPCREDUCE_CHECK", "maybe"),
-                      ("HPCREDUCE_FUSION_BYTES", "-1")):
-        expect_everywhere(ConfigurationError, ["rank 1 has an unusable setting", name],
-                          lambda name=name, bad=bad: with_env(name, bad if rank == 1 else None,
-                                                              lambda: hpcreduce.allreduce_many([small, small])))
     # The same tables everywhere: auto and an explicit choice of the same algorithm agree.
     got = hpcreduce.allreduce(small, algorithm="native" if rank == 0 else "auto")
     assert got[0] == size
+
+
+def check_unusable_setting_on_one_rank():
+    small = np.ones(256, np.float32)
+    for name, bad in (("HPCREDUCE_AUTO_TABLE", "lots:ring"), ("HPCREDUCE_CHECK", "maybe"),
+                      ("HPCREDUCE_FUSION_BYTES", "-1")):
+        expect_everywhere(ConfigurationError, [f"rank {LAST} has an unusable setting", name],
+                          lambda name=name, bad=bad: with_env(name, bad if rank == LAST else None,
+                                                              lambda: hpcreduce.allreduce_many([small, small])))
 
 
 def check_messages_name_values():
@@ -130,8 +135,9 @@ if sys.argv[1:] == ["one-bad-comm"]:
     hpcreduce.allreduce(np.ones(2), comm="world" if rank == 1 else None)
     raise AssertionError(f"rank {rank}: an unusable comm= on rank 1 did not end the job")
 
-for check in (check_overlapping_out, check_read_only_on_one_rank, check_settings_that_differ,
-              check_messages_name_values, check_failed_fusion_says_what_was_applied):
+ACROSS_RANKS = (check_settings_that_differ, check_messages_name_values)  # need two ranks to differ
+for check in (check_overlapping_out, check_read_only_on_one_rank, check_unusable_setting_on_one_rank,
+              *(ACROSS_RANKS if size > 1 else ()), check_failed_fusion_says_what_was_applied):
     check()
     world.Barrier()
     if rank == 0:
