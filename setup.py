@@ -17,7 +17,8 @@ setup(
         "gpu": ["cupy"],
         "plot": ["matplotlib"],  # hpcreduce report, bench scaling's figures
         "torch": ["torch>=2.0"],  # hpcreduce.torch (the tests pin 2.13.0, the CPU build on these machines)
-        "test": ["pytest>=7", "pytest-timeout>=2", "import-linter>=2", "hypothesis>=6", "matplotlib", "torch==2.13.0"],
+        "test": ["pytest>=7", "pytest-timeout>=2", "import-linter>=2", "hypothesis>=6", "matplotlib", "torch==2.13.0",
+                 "scipy"],  # scipy: the L-BFGS reference (hpcreduce.train.reference)
     },
     entry_points={"console_scripts": ["hpcreduce = hpcreduce.cli.main:main"]},
 )

@@ -13,13 +13,14 @@ from ..benchmarks import allreduce as allreduce_bench
 from ..benchmarks import ps as ps_bench
 from ..benchmarks import recovery as recovery_bench
 from ..benchmarks import scaling as scaling_bench
+from ..benchmarks import stragglers as stragglers_bench
 from ..runtime.files import write_json
 from .bench_flags import FLAGS, PROBLEMS
 from .checks import launch_problems, output_problems, refuse, setting_problems
 from .flags import flag_names
 from .ranks import add_rank_options, outside_mpi, relaunch
 
-BENCHMARKS = (allreduce_bench, ps_bench, scaling_bench, recovery_bench)
+BENCHMARKS = (allreduce_bench, ps_bench, scaling_bench, recovery_bench, stragglers_bench)
 
 
 def register(subcommands) -> None:
@@ -36,7 +37,7 @@ def register(subcommands) -> None:
 
 def run(args, argv) -> int:
     name = args.module.NAME
-    if hasattr(args.module, "drive"):  # launches its own jobs (bench scaling, bench recovery)
+    if hasattr(args.module, "drive"):  # launches its own jobs (bench scaling, recovery, stragglers)
         problems = [*PROBLEMS[name](args), *output_problems(_outputs(args)), *launch_problems(args),
                     *setting_problems()]
         return refuse(f"bench {name}", problems) if problems else args.module.drive(args)

@@ -5,7 +5,7 @@ import argparse
 import os
 from typing import Callable, Dict, List, Sequence
 
-from ..benchmarks import allreduce, ps, recovery, scaling
+from ..benchmarks import allreduce, ps, recovery, scaling, stragglers
 from ..benchmarks.timing import sizes_argument
 from ..runtime.environment import detect_launcher
 from ..runtime.files import path_problem
@@ -67,6 +67,26 @@ def recovery_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
     parser.add_argument("--batch", type=int, default=1024, help="global batch (default 1024)")
     launcher_flags(parser, timeout=120)
+
+
+def stragglers_flags(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(ranks=6)
+    parser.add_argument("--servers", type=int, default=1, help="server ranks K (default 1)")
+    parser.add_argument("--model", default="logreg", help="built-in model to train (default logreg)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every run (default 0)")
+    parser.add_argument("--batch", type=int, default=65536, help="Sandblaster: examples per pass (default 65536)")
+    parser.add_argument("--unit", type=int, default=1024, help="Sandblaster: examples per work unit (default 1024)")
+    parser.add_argument("--history", type=int, default=10, help="L-BFGS memory (default 10)")
+    parser.add_argument("--steps", type=int, default=8, help="L-BFGS iterations of the straggler runs (default 8)")
+    parser.add_argument("--factor", type=float, default=4.0, help="the slow worker's factor (default 4)")
+    parser.add_argument("--target", type=float, default=0.77, help="held-out accuracy to reach (default 0.77)")
+    parser.add_argument("--methods", default=",".join(stragglers.METHODS),
+                        help="time-to-accuracy methods, of %(default)s (empty: none)")
+    parser.add_argument("--lbfgs-steps", default="2,4,8,16,32", help="L-BFGS budgets, ascending (default %(default)s)")
+    parser.add_argument("--sgd-steps", default="25,50,100,200,400",
+                        help="Downpour and ring budgets in steps, ascending (default %(default)s)")
+    parser.add_argument("--sgd-batch", type=int, default=4096, help="Downpour and ring global batch (default 4096)")
+    launcher_flags(parser, timeout=600)
 
 
 def launcher_flags(parser: argparse.ArgumentParser, *, timeout: float) -> None:
@@ -144,6 +164,30 @@ def scaling_problems(args: argparse.Namespace) -> List[str]:
     return found + _outside_jobs("scaling")
 
 
+def stragglers_problems(args: argparse.Namespace) -> List[str]:
+    """What stops ``bench stragglers`` with these flags (empty when fine)."""
+    found = at_least(args, 1, "--servers", "--batch", "--unit", "--history", "--steps", "--sgd-batch", "--factor")
+    found += at_least(args, 1e-3, "--timeout")
+    if args.unit > args.batch:
+        found.append(f"--unit ({args.unit}) must not exceed --batch ({args.batch})")
+    if args.ranks < args.servers + 3:
+        found.append(f"-n must be at least --servers + 3 ({args.servers + 3}: the servers, a coordinator and two "
+                     f"workers, one of them slow), got {args.ranks}")
+    if not 0 < args.target <= 1:
+        found.append(f"--target must be an accuracy in (0, 1], got {args.target}")
+    for flag in ("--lbfgs-steps", "--sgd-steps"):
+        try:
+            stragglers.step_list(getattr(args, flag[2:].replace("-", "_")))
+        except ValueError as err:
+            found.append(f"{flag} {err}")
+    unknown = [method for method in args.methods.split(",") if method and method not in stragglers.METHODS]
+    if unknown:
+        found.append(f"--methods: unknown {', '.join(map(repr, unknown))}; known: {', '.join(stragglers.METHODS)}")
+    if args.ft:
+        found.append("--ft does not apply: the runs measure stragglers, not failures")
+    return found + _outside_jobs("stragglers")
+
+
 def _outside_jobs(name: str) -> List[str]:
     if detect_launcher() == "none":
         return []
@@ -153,8 +197,9 @@ def _outside_jobs(name: str) -> List[str]:
 
 FLAGS: Dict[str, Callable[[argparse.ArgumentParser], None]] = {
     allreduce.NAME: allreduce_flags, ps.NAME: ps_flags, scaling.NAME: scaling_flags, recovery.NAME: recovery_flags,
+    stragglers.NAME: stragglers_flags,
 }
 PROBLEMS: Dict[str, Callable[[argparse.Namespace], List[str]]] = {
     allreduce.NAME: allreduce_problems, ps.NAME: ps_problems, scaling.NAME: scaling_problems,
-    recovery.NAME: recovery_problems,
+    recovery.NAME: recovery_problems, stragglers.NAME: stragglers_problems,
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import List, Tuple
 
-from ..ft.config import FaultConfig
+from ..ft.config import FaultConfig, parse_slow
 from ..ft.growth import parse_grow
 from ..ft.inject import parse_kill
 
@@ -31,6 +31,9 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
                        help="write checkpoints here and resume from the latest one at start")
     group.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                        help="checkpoint every STEPS steps (needs --checkpoint-dir)")
+    group.add_argument("--slow", action="append", default=[], metavar="RANK:FACTOR",
+                       help="straggler injection: rank RANK's compute takes FACTOR (>= 1) times as long; "
+                            "repeatable")
     group.add_argument("--deadline", dest="deadline_s", type=float, metavar="SECONDS",
                        help="abort the job when a blocking wait lasts longer (a hung peer; "
                             "default: HPCREDUCE_DEADLINE, else 120)")
@@ -39,8 +42,9 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
 def fault_config(args: argparse.Namespace) -> Tuple[FaultConfig, List[str]]:
     """The FaultConfig the flags ask for, and the flags that do not parse."""
     problems: List[str] = []
-    kills, grow = [], []
-    for flag, texts, parse, into in (("--kill", args.kills, parse_kill, kills), ("--grow", args.grow, parse_grow, grow)):
+    kills, grow, slow = [], [], []
+    for flag, texts, parse, into in (("--kill", args.kills, parse_kill, kills), ("--grow", args.grow, parse_grow, grow),
+                                     ("--slow", args.slow, parse_slow, slow)):
         for text in texts:
             try:
                 into.append(parse(text))
@@ -49,5 +53,5 @@ def fault_config(args: argparse.Namespace) -> Tuple[FaultConfig, List[str]]:
     config = FaultConfig(kills=kills, kill_random=args.kill_random, kill_seed=args.kill_seed, grow=grow,
                          discover=args.discover, discover_every=args.discover_every, replace=args.replace,
                          checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                         deadline_s=args.deadline_s)
+                         deadline_s=args.deadline_s, slow=slow)
     return config, problems

@@ -7,7 +7,9 @@ and accuracy; --json writes the whole result, --metrics one JSON line per step,
 --timeline a Chrome trace of every rank's phases.
 Flag errors are printed by rank 0 and every rank exits with status 2.
 Each model brings the --steps, --batch, --lr and --optimizer it trains well with;
-flags override them.
+flags override them. --mode sandblaster minimises the batch objective with --optimizer
+lbfgs (default) or gd over K servers, one coordinator and the other ranks as workers,
+for at most --steps iterations (default 100).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def register(subcommands) -> None:
         "train", help="train a model over MPI ranks (ring AllReduce or parameter server)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_rank_options(parser)
-    parser.add_argument("--mode", default="ring", metavar="MODE", help="ring (every rank a worker) or ps (default ring)")
+    parser.add_argument("--mode", default="ring", metavar="MODE", help="ring (every rank a worker), ps or sandblaster (default ring)")
     parser.add_argument("--servers", type=int, default=1, metavar="K", help="ps: server ranks K (default 1)")
     parser.add_argument("--consistency", default="bsp", metavar="C", help="ps: bsp, ssp or asp (default bsp)")
     parser.add_argument("--staleness", type=int, default=0, metavar="S", help="ps with ssp: clocks a worker may run ahead")
@@ -46,7 +48,8 @@ def register(subcommands) -> None:
     parser.add_argument("--batch", type=int, metavar="B", help="global batch per step, split over the workers "
                                                   "(default: the model's)")
     parser.add_argument("--lr", type=float, metavar="X", help="learning rate (default: the model's)")
-    parser.add_argument("--optimizer", metavar="NAME", help="sgd, momentum, adagrad or adam (default: the model's)")
+    parser.add_argument("--optimizer", metavar="NAME", help="sgd, momentum, adagrad or adam (default: the model's); "
+                                                            "sandblaster: lbfgs (default) or gd")
     parser.add_argument("--seed", type=int, default=0, metavar="SEED", help="seed of data, initial parameters and "
                                                             "batch order (default 0)")
     parser.add_argument("--json", dest="json_path", metavar="PATH",
@@ -61,8 +64,25 @@ def register(subcommands) -> None:
     parser.add_argument("--timeline", dest="timeline_path", metavar="PATH",
                         help="write every rank's compute/communication/wait phases here "
                              "(Chrome trace JSON, gathered to rank 0 at the end)")
+    add_sandblaster_flags(parser)
     add_fault_flags(parser)
     parser.set_defaults(run=run, flags=flag_names(parser))
+
+
+def add_sandblaster_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sandblaster (--mode sandblaster)")
+    group.add_argument("--unit", type=int, metavar="N", help="examples per work unit (default: batch / (8 x workers))")
+    group.add_argument("--history", type=int, default=10, metavar="M", help="L-BFGS memory: (s, y) pairs (default 10)")
+    group.add_argument("--backups", default="on", metavar="on|off", help="backup tasks near the end of a pass "
+                                                                         "(default on)")
+    group.add_argument("--gtol", type=float, default=1e-6, metavar="X", help="stop when ||gradient|| <= X "
+                                                                            "(default 1e-6)")
+    group.add_argument("--ftol", type=float, default=1e-10, metavar="X",
+                       help="stop when an iteration lowers the objective by <= X relative (default 1e-10)")
+    group.add_argument("--l2", type=float, default=1e-4, metavar="X", help="weight of 0.5 ||x||^2 in the objective "
+                                                                          "(default 1e-4)")
+    group.add_argument("--push-units", type=int, default=4, metavar="N",
+                       help="a worker pushes its gradients every N units kept (default 4)")
 
 
 def run(args: argparse.Namespace, argv: List[str]) -> int:
@@ -90,7 +110,7 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
             print(f"hpcreduce train: {model.name} on {dataset.name} "
                   f"({dataset.size('train')} train / {dataset.size('test')} test examples), "
                   f"{config.mode} over {ctx.size} ranks, {config.steps} steps of {config.batch}, "
-                  f"{config.optimizer} lr {config.lr}", flush=True)
+                  f"{config.optimizer}" + ("" if config.mode == "sandblaster" else f" lr {config.lr}"), flush=True)
         train(model, dataset, config, comm=ctx)
     except HpcreduceError:  # raised on every rank alike: main reports it, every rank exits 1
         raise
@@ -119,12 +139,20 @@ def build_config(args: argparse.Namespace) -> Tuple["TrainConfig", List[Problem]
     builtin = BUILTIN.get(args.model)
     chosen = {name: getattr(args, name) for name in TUNABLE if getattr(args, name) is not None}
     fault, problems = fault_config(args)
+    defaults = dict(builtin.defaults if builtin else {})
+    if args.mode == "sandblaster":  # a batch method: the model's SGD settings do not apply
+        defaults.update(steps=100, optimizer="lbfgs")
+        if args.ft:
+            problems.append("--ft: --mode sandblaster does not recover from failures yet; leave --ft out")
+    if args.backups not in ("on", "off"):
+        problems.append(f"--backups must be on or off, got {args.backups!r}")
     config = TrainConfig(mode=args.mode, model=args.model, seed=args.seed, servers=args.servers,
                          consistency=args.consistency, staleness=args.staleness,
                          fetch_every=args.fetch_every, push_every=args.push_every,
                          json_path=args.json_path, progress=args.progress, metrics_path=args.metrics_path,
-                         timeline_path=args.timeline_path, fault=fault,
-                         **{**(builtin.defaults if builtin else {}), **chosen})
+                         timeline_path=args.timeline_path, fault=fault, unit=args.unit, history=args.history,
+                         backups=args.backups != "off", gtol=args.gtol, ftol=args.ftol, l2=args.l2,
+                         push_units=args.push_units, **{**defaults, **chosen})
     if builtin is None:
         problems.append(f"--model must be one of {', '.join(BUILTIN)}, got {args.model!r}")
     return config, problems

@@ -1,6 +1,7 @@
 """Fault-tolerance settings of a run: injected failures, growth, checkpoints, deadlines."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
@@ -16,7 +17,8 @@ class FaultConfig:
     kill per step; ``grow``: (count, step) growth; ``discover``: file holding the wanted
     number of ranks, polled between steps; ``replace``: spawn a replacement per lost rank;
     ``checkpoint_dir``/``checkpoint_every``: periodic checkpoints (the fallback without
-    ULFM, resumed when the job is relaunched); ``deadline_s``: longest blocking wait (None: ``HPCREDUCE_DEADLINE``, else 120 s)."""
+    ULFM, resumed when the job is relaunched); ``deadline_s``: longest blocking wait (None: ``HPCREDUCE_DEADLINE``, else 120 s);
+    ``slow``: (rank id, factor) stragglers, whose compute takes factor times as long (``train.straggler``)."""
 
     kills: List[Kill] = field(default_factory=list)
     kill_random: float = 0.0
@@ -28,6 +30,7 @@ class FaultConfig:
     checkpoint_dir: Optional[str] = None
     checkpoint_every: int = 0
     deadline_s: Optional[float] = None
+    slow: List[Tuple[int, float]] = field(default_factory=list)
 
     def needs_ulfm(self) -> bool:
         """Whether the run can only go on in-job (ULFM): kills without checkpoints, growth."""
@@ -52,12 +55,31 @@ class FaultConfig:
         folder = folder_problem(self.checkpoint_dir) if self.checkpoint_dir else None
         if folder:
             found.append(setting_problem("{checkpoint_dir} {path}: {why}", path=self.checkpoint_dir, why=folder))
+        found += self._slow_problems(ranks)
         if steps is not None:
             found += [setting_problem("{grow} %d@%d: STEP must be from 1 to %d ({steps})" % (n, at, steps))
                       for n, at in self.grow if not 1 <= at <= steps]
             found += [setting_problem("{kills} %s: %s" % (_spelled(kill), why))
                       for kill in self.kills for why in [self._kill_problem(kill, steps, ranks, ft, recovery_kills_wait)]
                       if why]
+        return found
+
+    def _slow_problems(self, ranks: Optional[int]) -> List[SettingProblem]:
+        """Stragglers that cannot be: a factor below 1 or not finite, a rank slowed twice, a
+        rank id that is not one of the job's starting ranks (``ranks``, when known)."""
+        found, seen = [], set()
+        for rank, factor in self.slow:
+            why = None
+            if not 1 <= factor < math.inf:
+                why = f"FACTOR must be >= 1 and finite, got {factor}"
+            elif rank in seen:
+                why = f"rank {rank} is slowed twice"
+            elif rank < 0 or (ranks is not None and rank >= ranks):
+                why = f"no rank has id {rank}: the job starts with ranks 0..{ranks - 1}" if ranks else \
+                      f"RANK must be >= 0, got {rank}"
+            seen.add(rank)
+            if why:
+                found.append(setting_problem("{slow} %d:%g: %s" % (rank, factor, why)))
         return found
 
     def _kill_problem(self, kill: Kill, steps: int, ranks: Optional[int], ft: bool, waits: bool) -> Optional[str]:
@@ -111,3 +133,11 @@ def _spelled(kill: Kill) -> str:
     """A kill as ``--kill`` spells it."""
     return f"{kill.rank}@{kill.step}" + ("" if kill.phase == "step" else f":{kill.phase}")
 
+
+def parse_slow(text: str) -> Tuple[int, float]:
+    """``RANK:FACTOR``: (rank id, factor); whether they fit the job is ``problems``'s to say."""
+    try:
+        rank, factor = text.split(":")
+        return int(rank), float(factor)
+    except ValueError:
+        raise ValueError(f"{text!r}: expected RANK:FACTOR, e.g. 1:4 (rank 1 computes 4x as long)") from None

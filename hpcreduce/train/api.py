@@ -25,6 +25,7 @@ from .ps.trainer import run_ps_training
 from .results import FinalMetrics, StepLog, TrainResult, checksum, final_line
 from .ring.elastic import ElasticRing
 from .ring.trainer import RingTrainer
+from .sandblaster.trainer import run_sandblaster_training
 
 
 def config_problems(config: TrainConfig, ctx: Context) -> List[SettingProblem]:
@@ -43,8 +44,9 @@ def train(model: Model, dataset: Dataset, config: Optional[TrainConfig] = None, 
     """Train ``model`` on ``dataset`` over the ranks of ``comm`` (a Context, an MPI
     intracommunicator, or None for ``hpcreduce.init()``'s); call it on every rank.
 
-    ``config.mode`` picks the topology: ``ring`` (every rank a worker) or ``ps``
-    (``hpcreduce.train.ps.trainer.run_ps_training``). Returns the result on every rank,
+    ``config.mode`` picks the topology: ``ring`` (every rank a worker), ``ps``
+    (``hpcreduce.train.ps.trainer.run_ps_training``) or ``sandblaster`` (a batch method,
+    ``hpcreduce.train.sandblaster.trainer.run_sandblaster_training``). Returns the result on every rank,
     with the trained parameters (the same on every rank) in ``result.params``. Rank 0
     prints progress and the final line when ``verbose`` and writes ``config.json_path``
     when set. Bad settings raise ``ConfigurationError`` on every rank.
@@ -54,9 +56,11 @@ def train(model: Model, dataset: Dataset, config: Optional[TrainConfig] = None, 
     problems = config_problems(config, ctx)
     if problems:
         raise ConfigurationError(problems)
-    observer = Observer(ctx, config, verbose=verbose, reporter=config.servers if config.mode == "ps" else 0)
+    observer = Observer(ctx, config, verbose=verbose, reporter=config.servers if config.mode != "ring" else 0)
     if config.mode == "ps":
         result = run_ps_training(ctx, config, model, dataset, observer)
+    elif config.mode == "sandblaster":
+        result = run_sandblaster_training(ctx, config, model, dataset, observer)
     else:
         result = train_ring(ctx, config, model, dataset, observer)
     observer.echo(final_line(result))

@@ -12,8 +12,9 @@ from ..ps.consistency import KINDS as CONSISTENCIES
 from ..ps.layout import servers_problem
 from ..ps.optimizers import OPTIMIZERS
 from ..runtime.files import path_problem
+from ..sandblaster import METHODS, roles_problem
 
-MODES = ("ring", "ps")
+MODES = ("ring", "ps", "sandblaster")
 PROGRESS = ("auto", "bar", "lines", "none")
 OUTPUTS = ("json_path", "metrics_path", "timeline_path")
 
@@ -24,7 +25,12 @@ class TrainConfig:
 
     ``batch`` is the global batch per step, split over the workers (all ranks in ring
     mode, the non-server ranks in PS mode), so the run computes the same thing for any
-    number of workers.
+    number of workers. In ``sandblaster`` mode ``batch`` is the fixed batch of a batch method
+    (``optimizer`` lbfgs or gd), ``steps`` its most iterations, cut into work units of ``unit``
+    examples (None: batch // (8 * workers)); ``history`` is L-BFGS's memory, ``backups``
+    turns backup tasks on, ``gtol``/``ftol`` stop on the gradient norm or the relative drop of
+    the objective, ``l2`` weighs its 0.5 ||x||^2 term and a worker pushes every ``push_units``
+    kept units.
     """
 
     mode: str = "ring"
@@ -43,6 +49,13 @@ class TrainConfig:
     progress: str = "auto"
     metrics_path: Optional[str] = None
     timeline_path: Optional[str] = None
+    unit: Optional[int] = None
+    history: int = 10
+    backups: bool = True
+    gtol: float = 1e-6
+    ftol: float = 1e-10
+    l2: float = 1e-4
+    push_units: int = 4
     fault: FaultConfig = field(default_factory=FaultConfig)
 
     def problems(self, size: int, ft: bool = True) -> List[SettingProblem]:
@@ -59,8 +72,7 @@ class TrainConfig:
                                          a=self.steps, b=self.batch))
         if not 0 < self.lr < math.inf:
             found.append(setting_problem("{lr} must be positive and finite, got {value}", value=self.lr))
-        if self.optimizer not in OPTIMIZERS:
-            found.append(_choice("optimizer", tuple(OPTIMIZERS), self.optimizer))
+        found += self._optimizer_problems()
         if self.seed < 0:
             found.append(setting_problem("{seed} must be >= 0, got {value}", value=self.seed))
         if self.progress not in PROGRESS:
@@ -71,6 +83,14 @@ class TrainConfig:
                                          "{push_every} belong to {mode} ps; ring mode is synchronous"))
         if self.mode == "ps":
             found += self._ps_problems(size, ft)
+        if self.mode == "sandblaster":
+            found += self._sandblaster_problems(size)
+        else:
+            given = [name for name in SANDBLASTER_FIELDS if getattr(self, name) != DEFAULTS[name]]
+            if given:
+                found.append(setting_problem(", ".join("{%s}" % name for name in given)
+                                             + (" only apply" if len(given) > 1 else " only applies")
+                                             + " to {mode} sandblaster"))
         return found + self._shared_outputs() + self.fault.problems(self.steps, size, ft, self.mode == "ps")
 
     def _ps_problems(self, size: int, ft: bool) -> List[SettingProblem]:
@@ -90,6 +110,40 @@ class TrainConfig:
                 "in {mode} ps, {kills}, {kill_random}, {grow}, {discover}, {replace} and {checkpoint_dir} "
                 "need in-job fault tolerance: launch with ULFM (hpcreduce launch --ft); the parameter "
                 "server has no checkpoint-and-relaunch fallback"))
+        return [problem for problem in found if problem is not None]
+
+    def _optimizer_problems(self) -> List[SettingProblem]:
+        if self.mode == "sandblaster" and self.optimizer not in METHODS:
+            return [setting_problem("{optimizer} {value!r} does not fit {mode} sandblaster, a batch method: "
+                                    "use one of {choices}", value=self.optimizer, choices=", ".join(METHODS))]
+        if self.mode != "sandblaster" and self.optimizer in METHODS:
+            return [setting_problem("{optimizer} {value!r} is a batch method of {mode} sandblaster; {mode} %s "
+                                    "takes one of {choices}" % self.mode, value=self.optimizer,
+                                    choices=", ".join(OPTIMIZERS))]
+        if self.mode != "sandblaster" and self.optimizer not in OPTIMIZERS:
+            return [_choice("optimizer", tuple(OPTIMIZERS), self.optimizer)]
+        return []
+
+    def _sandblaster_problems(self, size: int) -> List[SettingProblem]:
+        found = [roles_problem(self.servers, size)]
+        if self.consistency != "bsp" or self.staleness or self.fetch_every != 1 or self.push_every != 1:
+            found.append(setting_problem("{consistency}, {staleness}, {fetch_every} and {push_every} belong to "
+                                         "{mode} ps; sandblaster runs passes over the whole batch"))
+        if self.unit is not None and not 1 <= self.unit <= self.batch:
+            found.append(setting_problem("{unit} must be from 1 to {batch} ({size}), got {value}",
+                                         size=self.batch, value=self.unit))
+        for name in ("gtol", "ftol", "l2"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:
+                found.append(setting_problem("{%s} must be >= 0 and finite, got {value}" % name, value=value))
+        if self.history < 1 or self.push_units < 1:
+            found.append(setting_problem("{history} and {push_units} must be at least 1, got {a} and {b}",
+                                         a=self.history, b=self.push_units))
+        fault = self.fault
+        if fault.kills or fault.kill_random or fault.grow or fault.discover or fault.replace or fault.checkpoint_dir:
+            found.append(setting_problem(
+                "{mode} sandblaster does not recover from failures yet: leave out {kills}, {kill_random}, "
+                "{grow}, {discover}, {replace} and {checkpoint_dir}"))
         return [problem for problem in found if problem is not None]
 
     def _shared_outputs(self) -> List[SettingProblem]:
@@ -117,6 +171,10 @@ class TrainConfig:
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
+
+
+SANDBLASTER_FIELDS = ("unit", "history", "backups", "gtol", "ftol", "l2", "push_units")
+DEFAULTS = {name: TrainConfig.__dataclass_fields__[name].default for name in SANDBLASTER_FIELDS}
 
 
 def _choice(name: str, choices: Sequence[str], value: object) -> SettingProblem:

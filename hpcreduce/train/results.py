@@ -116,7 +116,10 @@ class TrainResult:
     ``traffic``: ``bytes_sent``/``bytes_received`` per rank, per step; ``staleness``:
     ``read_max``, ``read_hist``, ``lag_hist``; ``recovery``: the recovery events (runs
     that can recover); ``ps``: what the parameter servers report (PS mode);
-    ``params``: the trained parameters, whole (kept in memory, never written).
+    ``sandblaster``: the Sandblaster counters (units counted, backups issued, duplicates
+    discarded, iterations, evaluations, pass_s, units_by_worker, ...; sandblaster mode);
+    ``params``: the trained parameters, whole, and ``gradient`` (sandblaster mode): the flat
+    objective gradient at them (both kept in memory, never written).
     ``to_json()`` is what ``--json`` writes, under the names scripts read.
     """
 
@@ -134,6 +137,8 @@ class TrainResult:
     params: Dict[str, Any] = field(default_factory=dict, repr=False)
     recovery: Optional[List[Dict[str, Any]]] = None
     ps: Optional[Dict[str, Any]] = None
+    sandblaster: Optional[Dict[str, Any]] = None
+    gradient: Optional[np.ndarray] = field(default=None, repr=False)
 
     @property
     def mode(self) -> str:
@@ -157,6 +162,8 @@ class TrainResult:
             found["ps"] = self.ps
         if self.recovery is not None:
             found["recovery"] = self.recovery
+        if self.sandblaster is not None:
+            found["sandblaster"] = self.sandblaster
         return found
 
 

@@ -39,6 +39,7 @@ from ..data import Dataset
 from ..model import Model, SparseRows, StepOutput, checked_grads
 from ..partition import worker_batch
 from ..results import StepLog
+from ..straggler import factor_for, slow_down
 
 PHASES = {"read": "communication", "compute": "compute", "push": "communication"}
 READ, PUSH, CLOCK = "read", "push", "clock"
@@ -86,6 +87,8 @@ class WorkerLoop:
         self.refetch = False
         self.before_step: Callable[[int], None] = lambda step: None
         self._current: Tuple[np.ndarray, int] = (np.zeros(3), 0)
+        # a straggler (--slow) is named by its stable id, slot + K for the workers the job started with
+        self.slow = factor_for(config.fault, worker.slot + config.servers)
 
     def run(self, ctx: Context, observer: Optional[Any] = None) -> WorkerLog:
         """Every step, then release the servers; errors end up in ``failure``."""
@@ -158,8 +161,9 @@ class WorkerLoop:
         """The model's loss and gradients; the gradients, checked against the parameters
         (``ModelError``, reported on every rank as ``PSTrainingError``) and scaled by
         1/global batch, are added to those waiting to be pushed."""
-        output = self.model.loss_and_grads(params, batch)
-        grads = checked_grads(self.model, self.specs, output)
+        with slow_down(self.slow):
+            output = self.model.loss_and_grads(params, batch)
+            grads = checked_grads(self.model, self.specs, output)
         scale = 1.0 / self.config.batch
         for spec in self.specs:
             grad = grads[spec.name]

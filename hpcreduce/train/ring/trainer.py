@@ -45,6 +45,7 @@ from ..data import Dataset
 from ..model import Model, checked_grads
 from ..params import batch_view, dense_grads, zero_grads
 from ..partition import worker_batch
+from ..straggler import factor_for, slow_down
 from .state import TrainState
 
 
@@ -79,6 +80,8 @@ class RingTrainer:
         self.ctx, self.config, self.model, self.dataset = ctx, config, model, dataset
         self.optimizer = optimizer or make_optimizer(config.optimizer, config.lr)
         self.specs = model.param_specs()
+        # a straggler (--slow) is named by its stable id: its launch rank (ranks that join are never slowed)
+        self.slow = 1.0 if ctx.joined else factor_for(config.fault, ctx.rank)
 
     def initial_state(self) -> TrainState:
         return TrainState.initial(self.model, self.optimizer, self.config.seed)
@@ -92,9 +95,10 @@ class RingTrainer:
         if len(indices) == 0:
             return StepGrads(zero_grads(self.specs, state.params), np.zeros(4), step)
         try:
-            batch = self.dataset.batch("train", indices)
-            output = self.model.loss_and_grads(batch_view(self.model, state.params, batch), batch)
-            grads = dense_grads(self.specs, checked_grads(self.model, self.specs, output), state.params)
+            with slow_down(self.slow):
+                batch = self.dataset.batch("train", indices)
+                output = self.model.loss_and_grads(batch_view(self.model, state.params, batch), batch)
+                grads = dense_grads(self.specs, checked_grads(self.model, self.specs, output), state.params)
             stats = np.array([output.loss_sum, output.correct, output.count, 0], np.float64)
         except Exception as err:  # reported on every rank by reduce
             failure = f"rank {self.ctx.rank}: {type(err).__name__}: {err}"

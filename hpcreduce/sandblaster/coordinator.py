@@ -1,0 +1,133 @@
+"""The Sandblaster coordinator: issues vector ops to the servers and runs passes of work units.
+
+It holds no parameters. ``ops`` sends one batch of op rows to every server and sums the
+servers' partial results (dot products); ``evaluate(point)`` runs one pass at x[point]:
+servers begin the pass, workers are handed units (``schedule.UnitPass``: load balancing
+and backups), each report is kept (first) or dropped (later), and the pass ends when every
+unit is confirmed pushed. Returns [loss_sum, correct, count] of the kept units.
+Cost: per op batch 48n + 16 bytes to each server and 8n back; per unit 64 bytes from the
+worker and 40 back.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ..runtime.context import Traffic
+from .protocol import (DONE, ROW, TAG_ANSWER, TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, TAG_WORK, WORK_LEN,
+                       Action, Code, Kind, Work, answer, header)
+from .schedule import UnitPass
+
+OpRow = Tuple[float, float, float, float, float, float]
+
+
+class Coordinator:
+    """Ops to the servers (ranks ``servers``) and passes over ``units`` units by ``workers``."""
+
+    def __init__(self, comm: MPI.Intracomm, servers: Sequence[int], workers: Sequence[int], units: int,
+                 backups: bool, traffic: Traffic):
+        self.comm, self.servers, self.workers, self.traffic = comm, list(servers), list(workers), traffic
+        self.units, self.backups = units, backups
+        self.pass_id = -1
+        self.sched = UnitPass(0, backups)
+        self.parked: List[int] = []
+        self.given: Dict[int, float] = {}
+        self.unit_s: Dict[int, float] = {}
+        self.counted = self.backups_issued = self.duplicates = 0
+        self.pass_s: List[float] = []
+        self.units_by_worker: Dict[int, int] = {rank: 0 for rank in workers}
+
+    def ops(self, rows: Sequence[OpRow]) -> np.ndarray:
+        """Apply ``rows`` on every server, in order; each row's result summed over the servers."""
+        payload = np.asarray(rows, np.float64).reshape(-1, ROW)
+        for server in self.servers:
+            self.comm.Send(header(Kind.OPS, len(payload)), dest=server, tag=TAG_REQUEST)
+            self.comm.Send(payload, dest=server, tag=TAG_PAYLOAD)
+        total, part = np.zeros(len(payload)), np.empty(len(payload))
+        for server in self.servers:
+            self.comm.Recv(part, source=server, tag=TAG_REPLY)
+            total += part
+        self.traffic.add(payload.nbytes * len(self.servers), part.nbytes * len(self.servers))
+        return total
+
+    def evaluate(self, point: int) -> np.ndarray:
+        """One pass at x[point]: [loss_sum, correct, count] of the units kept."""
+        started = time.perf_counter()
+        self.pass_id += 1
+        self.ops([(Code.BEGIN, point, 0, 0, self.pass_id, 0)])
+        self.sched = UnitPass(self.units, self.backups)
+        stats = np.zeros(3)
+        parked, self.parked = self.parked, []
+        for worker in parked:
+            self._answer(worker, False)
+        message, status = np.zeros(WORK_LEN), MPI.Status()
+        while not self.sched.done:
+            self.comm.Recv(message, source=MPI.ANY_SOURCE, tag=TAG_WORK, status=status)
+            worker = status.Get_source()
+            self._answer(worker, self._take(worker, message, stats))
+        self.counted += self.units
+        self.backups_issued += self.sched.backups_issued
+        self.duplicates += self.sched.duplicates
+        self.pass_s.append(time.perf_counter() - started)
+        return stats
+
+    def _take(self, worker: int, message: np.ndarray, stats: np.ndarray) -> bool:
+        """Book a worker's message; whether the unit it reports is kept."""
+        current = int(message[Work.PASS]) == self.pass_id
+        if message[Work.PUSHED] and current:
+            self.sched.confirm(worker)
+        if message[Work.KIND] != DONE:
+            return False
+        now = time.perf_counter()
+        self.unit_s[worker] = now - self.given.get(worker, now)
+        if current and self.sched.report(worker, int(message[Work.UNIT])):
+            stats += message[Work.LOSS:Work.COUNT + 1]
+            self.units_by_worker[worker] += 1
+            return True
+        self.duplicates += not current  # a late result of a pass already complete
+        return False
+
+    def _answer(self, worker: int, keep: bool) -> None:
+        """Give ``worker`` its next unit, tell it to flush, or park it until the next pass."""
+        unit = self.sched.next_unit(worker)
+        if unit is not None:
+            self.given[worker] = time.perf_counter()
+            reply = answer(keep, Action.UNIT, self.pass_id, unit, self._push_first(worker))
+        elif self.sched.holding(worker):
+            reply = answer(keep, Action.FLUSH, self.pass_id)
+        else:
+            self.parked.append(worker)
+            return
+        self.comm.Send(reply, dest=worker, tag=TAG_ANSWER)
+
+    def _push_first(self, worker: int) -> bool:
+        """Whether ``worker`` should push what it holds before computing its next unit: when
+        its units take longer than the fresh units left will last (else a straggler holding
+        kept units would keep the pass open after its backups finished)."""
+        sched = self.sched
+        if not sched.holding(worker):
+            return False
+        rate = len(sched.kept) / max(time.perf_counter() - sched.started, 1e-9)
+        left = sched.fresh_left() / rate if rate > 0 else math.inf
+        return self.unit_s.get(worker, 0.0) >= left
+
+    def stop(self) -> None:
+        """End the run: the servers stop, and every worker is told so (late reports dropped)."""
+        for server in self.servers:
+            self.comm.Send(header(Kind.STOP), dest=server, tag=TAG_REQUEST)
+        waiting = set(self.workers) - set(self.parked)
+        for worker in self.parked:
+            self.comm.Send(answer(False, Action.STOP), dest=worker, tag=TAG_ANSWER)
+        message, status = np.zeros(WORK_LEN), MPI.Status()
+        while waiting:
+            self.comm.Recv(message, source=MPI.ANY_SOURCE, tag=TAG_WORK, status=status)
+            worker = status.Get_source()
+            self.duplicates += message[Work.KIND] == DONE
+            self.comm.Send(answer(False, Action.STOP), dest=worker, tag=TAG_ANSWER)
+            waiting.discard(worker)
+        self.parked = []
+

@@ -1,0 +1,75 @@
+"""Which worker computes which work unit of a pass: load balancing and backup tasks.
+
+Units are handed out in order to whichever worker asks. Once every unit has been handed
+out, a free worker gets a backup: the unfinished unit handed out longest ago that it does
+not hold, at most one backup per unit. The first report of a unit is kept, later ones
+are dropped (``duplicates``). A pass is over when every unit is kept and its keeper has
+confirmed it pushed to the servers. Pure bookkeeping: no messages.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Dict, List, Optional, Set
+
+
+class UnitPass:
+    """One pass over ``units`` work units; ``backups``: hand out backup tasks."""
+
+    def __init__(self, units: int, backups: bool):
+        self.units, self.backups = units, backups
+        self.fresh = deque(range(units))
+        self.handed: Dict[int, float] = {}     # unit -> when first handed out
+        self.holders: Dict[int, Set[int]] = {}  # unit -> workers computing it
+        self.kept: Dict[int, int] = {}          # unit -> the worker whose result counts
+        self.unpushed: Dict[int, List[int]] = {}  # worker -> kept units not yet on the servers
+        self.backed: Set[int] = set()
+        self.pushed = 0
+        self.started = time.perf_counter()
+        self.backups_issued = self.duplicates = 0
+
+    @property
+    def done(self) -> bool:
+        return self.pushed == self.units
+
+    def next_unit(self, worker: int) -> Optional[int]:
+        """The unit ``worker`` computes next, or None (nothing for it now)."""
+        if self.fresh:
+            unit = self.fresh.popleft()
+            self.handed[unit] = time.perf_counter()
+        else:
+            unit = self._backup_for(worker)
+            if unit is None:
+                return None
+            self.backed.add(unit)
+            self.backups_issued += 1
+        self.holders.setdefault(unit, set()).add(worker)
+        return unit
+
+    def _backup_for(self, worker: int) -> Optional[int]:
+        if not self.backups:
+            return None
+        waiting = [unit for unit in self.handed if unit not in self.kept and unit not in self.backed
+                   and worker not in self.holders.get(unit, ())]
+        return min(waiting, key=self.handed.__getitem__) if waiting else None
+
+    def report(self, worker: int, unit: int) -> bool:
+        """``worker`` computed ``unit``: whether its result is the one kept."""
+        self.holders.get(unit, set()).discard(worker)
+        if unit in self.kept or unit not in self.handed:
+            self.duplicates += 1
+            return False
+        self.kept[unit] = worker
+        self.unpushed.setdefault(worker, []).append(unit)
+        return True
+
+    def holding(self, worker: int) -> bool:
+        """Whether ``worker`` holds kept units not yet pushed."""
+        return bool(self.unpushed.get(worker))
+
+    def confirm(self, worker: int) -> None:
+        """``worker`` pushed every unit it was told to keep."""
+        self.pushed += len(self.unpushed.pop(worker, []))
+
+    def fresh_left(self) -> int:
+        return len(self.fresh)

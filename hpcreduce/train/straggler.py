@@ -1,0 +1,36 @@
+"""Straggler injection (``--slow RANK:FACTOR``): a rank whose compute takes FACTOR times as long.
+
+    factor = factor_for(config.fault, stable_id)       # 1.0 unless this rank is slowed
+    with slow_down(factor):
+        output = model.loss_and_grads(params, batch)
+
+``slow_down`` times the block and then sleeps (factor - 1) x that time, so the block
+with its sleep lasts factor x as long as the block alone, however fast or slow the
+machine is today: a rank that really is slower (another job on its cores, a smaller
+GPU), not a fixed delay. The sleep gives its cores to the other ranks.
+Cost: none on the wire; factor - 1 times the block's time on the slowed rank.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from ..ft.config import FaultConfig
+
+
+def factor_for(fault: FaultConfig, stable_id: int) -> float:
+    """How many times as long the rank with ``stable_id`` computes (1.0 when not slowed)."""
+    return next((factor for rank, factor in fault.slow if rank == stable_id), 1.0)
+
+
+@contextmanager
+def slow_down(factor: float) -> Iterator[None]:
+    """Around a compute block: afterwards sleep (factor - 1) x the block's measured time
+    (nothing at 1.0; nothing either when the block raises)."""
+    if factor == 1.0:
+        yield
+        return
+    started = time.perf_counter()
+    yield
+    time.sleep((factor - 1.0) * (time.perf_counter() - started))
