@@ -23,7 +23,6 @@ def test_sandblaster_gradient_lbfgs_and_user_model():
     (["--mode", "sandblaster", "--slow", "7:4"], "--slow 7:4"),
     (["--mode", "sandblaster", "--servers", "3"], "--mode sandblaster needs --servers K >= 1"),
     (["--mode", "sandblaster", "--backups", "sometimes"], "--backups must be on or off"),
-    (["--mode", "sandblaster", "--ft"], "--ft: --mode sandblaster does not recover from failures yet"),
     (["--mode", "ring", "--unit", "8"], "--unit only applies to --mode sandblaster"),
 ])
 def test_bad_sandblaster_input_refused_by_flag(flags, said):

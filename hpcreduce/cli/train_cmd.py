@@ -142,8 +142,6 @@ def build_config(args: argparse.Namespace) -> Tuple["TrainConfig", List[Problem]
     defaults = dict(builtin.defaults if builtin else {})
     if args.mode == "sandblaster":  # a batch method: the model's SGD settings do not apply
         defaults.update(steps=100, optimizer="lbfgs")
-        if args.ft:
-            problems.append("--ft: --mode sandblaster does not recover from failures yet; leave --ft out")
     if args.backups not in ("on", "off"):
         problems.append(f"--backups must be on or off, got {args.backups!r}")
     config = TrainConfig(mode=args.mode, model=args.model, seed=args.seed, servers=args.servers,

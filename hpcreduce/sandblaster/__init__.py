@@ -3,8 +3,9 @@
 Ranks 0..K-1 are servers holding slices of named vectors (``server``), rank K the
 coordinator (``coordinator``: vector ops, passes of work units with load balancing and
 backup tasks, ``lbfgs``: L-BFGS or gradient descent as op programs), the others workers
-(``worker``: fetch, compute units, push). ``hpcreduce.train.sandblaster`` trains a model
-with it. Wire format: ``protocol``.
+(``worker``: fetch, compute units, push). For fault tolerance each slice also lives on a
+replica server (``placement``) and the coordinator's committed state on every server
+(``record``). ``hpcreduce.train.sandblaster`` trains a model with it. Wire format: ``protocol``.
 """
 from __future__ import annotations
 

@@ -4,35 +4,38 @@ It holds no parameters. ``ops`` sends one batch of op rows to every server and s
 servers' partial results (dot products); ``evaluate(point)`` runs one pass at x[point]:
 servers begin the pass, workers are handed units (``schedule.UnitPass``: load balancing
 and backups), each report is kept (first) or dropped (later), and the pass ends when every
-unit is confirmed pushed. Returns [loss_sum, correct, count] of the kept units.
+unit is confirmed pushed. Returns [loss_sum, correct, count] of the kept units. ``record``
+leaves the optimizer's committed state on every server (``record``).
 Cost: per op batch 48n + 16 bytes to each server and 8n back; per unit 64 bytes from the
-worker and 40 back.
+worker and 48 back; per record its bytes to each server.
 """
 from __future__ import annotations
 
 import math
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from ..runtime.context import Traffic
-from .protocol import (DONE, ROW, TAG_ANSWER, TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, TAG_WORK, WORK_LEN,
-                       Action, Code, Kind, Work, answer, header)
+from .protocol import (DONE, HEADER_LEN, ROW, TAG_ANSWER, TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, TAG_WORK,
+                       WORK_LEN, Action, Code, Kind, Work, answer, header)
 from .schedule import UnitPass
 
 OpRow = Tuple[float, float, float, float, float, float]
 
 
 class Coordinator:
-    """Ops to the servers (ranks ``servers``) and passes over ``units`` units by ``workers``."""
+    """Ops to the servers (ranks ``servers``) and passes over ``units`` units by ``workers``;
+    ``on_begin(iteration)`` once each pass has begun on the servers."""
 
     def __init__(self, comm: MPI.Intracomm, servers: Sequence[int], workers: Sequence[int], units: int,
-                 backups: bool, traffic: Traffic):
+                 backups: bool, traffic: Traffic, on_begin: Callable[[int], None] = lambda iteration: None):
         self.comm, self.servers, self.workers, self.traffic = comm, list(servers), list(workers), traffic
-        self.units, self.backups = units, backups
+        self.units, self.backups, self.on_begin = units, backups, on_begin
         self.pass_id = -1
+        self.passes = self.iteration = 0
         self.sched = UnitPass(0, backups)
         self.parked: List[int] = []
         self.given: Dict[int, float] = {}
@@ -54,11 +57,23 @@ class Coordinator:
         self.traffic.add(payload.nbytes * len(self.servers), part.nbytes * len(self.servers))
         return total
 
-    def evaluate(self, point: int) -> np.ndarray:
-        """One pass at x[point]: [loss_sum, correct, count] of the units kept."""
+    def record(self, values: np.ndarray) -> None:
+        """Keep ``values`` (the committed state) on every server; returns once all have it."""
+        for server in self.servers:
+            self.comm.Send(header(Kind.RECORD, len(values)), dest=server, tag=TAG_REQUEST)
+            self.comm.Send(values, dest=server, tag=TAG_PAYLOAD)
+        ack = np.empty(HEADER_LEN, np.int64)
+        for server in self.servers:
+            self.comm.Recv(ack, source=server, tag=TAG_REPLY)
+        self.traffic.add(values.nbytes * len(self.servers), 0)
+
+    def evaluate(self, point: int, iteration: int = 0) -> np.ndarray:
+        """One pass at x[point] (of ``iteration``): [loss_sum, correct, count] of the units kept."""
         started = time.perf_counter()
         self.pass_id += 1
-        self.ops([(Code.BEGIN, point, 0, 0, self.pass_id, 0)])
+        self.iteration = iteration
+        self.ops([(Code.BEGIN, point, 0, 0, self.pass_id, iteration)])
+        self.on_begin(iteration)
         self.sched = UnitPass(self.units, self.backups)
         stats = np.zeros(3)
         parked, self.parked = self.parked, []
@@ -70,6 +85,7 @@ class Coordinator:
             worker = status.Get_source()
             self._answer(worker, self._take(worker, message, stats))
         self.counted += self.units
+        self.passes += 1
         self.backups_issued += self.sched.backups_issued
         self.duplicates += self.sched.duplicates
         self.pass_s.append(time.perf_counter() - started)
@@ -96,7 +112,7 @@ class Coordinator:
         unit = self.sched.next_unit(worker)
         if unit is not None:
             self.given[worker] = time.perf_counter()
-            reply = answer(keep, Action.UNIT, self.pass_id, unit, self._push_first(worker))
+            reply = answer(keep, Action.UNIT, self.pass_id, unit, self._push_first(worker), self.iteration)
         elif self.sched.holding(worker):
             reply = answer(keep, Action.FLUSH, self.pass_id)
         else:

@@ -12,9 +12,11 @@ history is dropped and d = -g. Line search: trial x[1-c] = x[c] + t d, one pass 
 bound| g_t.d <= c2 |g.d| (c2 = 0.9), else t shrinks to a safeguarded cubic step in
 [0.1 t, 0.5 t]. First t = min(1, 1/||g||), then 1 (L-BFGS) or twice the last accepted (gd).
 On acceptance s = x[1-c] - x[c], y = g[1-c] - g[c] (dropped if s.y <= 1e-10); c := 1-c.
-Stops on ||g|| <= gtol, a relative drop of f <= ftol, or ``iterations``.
+Stops on ||g|| <= gtol, a relative drop of f <= ftol, or ``iterations``. After the first
+evaluation and each commit the state is recorded on the servers (``record.Committed``);
+``resume`` starts from such a record instead of x[0] (after a failure).
 Cost: per iteration 2m + 3 op round trips of at most 4 ops (48 bytes each) to each server,
-plus per evaluation a pass and one round trip; only scalars come back.
+one record, plus per evaluation a pass and one round trip; only scalars come back.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Callable, Deque, List, Optional, Tuple
 
 from .coordinator import Coordinator
 from .protocol import Code, VectorNames
+from .record import STOPS, Committed
 
 C1, C2 = 1e-4, 0.9
 MAX_EVALUATIONS = 20
@@ -66,21 +69,21 @@ class BatchOptimizer:
     """Runs ``settings.method`` through ``coordinator``; ``on_iteration`` gets each iteration."""
 
     def __init__(self, coordinator: Coordinator, settings: Settings,
-                 on_iteration: Callable[[Iteration], None]):
-        self.co, self.settings, self.on_iteration = coordinator, settings, on_iteration
+                 on_iteration: Callable[[Iteration], None], resume: Optional[Committed] = None):
+        self.co, self.settings, self.on_iteration, self.resume = coordinator, settings, on_iteration, resume
         self.names = VectorNames(settings.history)
         self.c = 0
         self.pairs: Deque[Tuple[int, float]] = deque()  # (slot, rho), newest first
         self.gamma = 1.0
         self.iterations = 0
         self.stopped_by = "iterations"
+        self.finished = False
 
     def run(self) -> Point:
-        """Optimise from x[0]; the committed point's evaluation at the end."""
+        """Optimise from x[0] (or from ``resume``); the committed point's evaluation at the end."""
         s = self.settings
-        point = self._evaluate(0)
-        t = min(1.0, 1.0 / max(math.sqrt(point.gg), 1e-300))
-        while self.iterations < s.iterations:
+        point, t = self._start()
+        while not self.finished and self.iterations < s.iterations:
             if math.sqrt(point.gg) <= s.gtol:
                 self.stopped_by = "gtol"
                 break
@@ -93,18 +96,41 @@ class BatchOptimizer:
             if found is None:
                 self.stopped_by = "line search"
                 break
-            trial, t, evaluations = found
+            trial, step, evaluations = found
             self._commit()
             self.iterations += 1
+            if point.f - trial.f <= s.ftol * max(abs(point.f), abs(trial.f), 1.0):
+                self.stopped_by, self.finished = "ftol", True
+            t = 1.0 if s.method == "lbfgs" else 2.0 * step
+            self._save(trial, t, step, evaluations)
             count = max(trial.stats[2], 1.0)
             self.on_iteration(Iteration(self.iterations, trial.f, trial.stats[1] / count, math.sqrt(trial.gg),
-                                        t, evaluations))
-            previous, point = point, trial
-            if previous.f - point.f <= s.ftol * max(abs(previous.f), abs(point.f), 1.0):
-                self.stopped_by = "ftol"
-                break
-            t = 1.0 if s.method == "lbfgs" else 2.0 * t
+                                        step, evaluations))
+            point = trial
         return point
+
+    def _start(self) -> Tuple[Point, float]:
+        """The committed point and the first step to try: x[0]'s evaluation (recorded), or the record's."""
+        r = self.resume
+        if r is None:
+            point = self._evaluate(0)
+            t = min(1.0, 1.0 / max(math.sqrt(point.gg), 1e-300))
+            self._save(point, t, 0.0, 1)
+            return point, t
+        self.iterations, self.c, self.gamma, self.pairs = r.iteration, r.c, r.gamma, deque(r.pairs)
+        self.finished = r.stop >= 0
+        self.stopped_by = STOPS[r.stop] if self.finished else self.stopped_by
+        co = self.co
+        co.counted, co.passes, co.backups_issued, co.duplicates = r.units, r.passes, r.backups, r.duplicates
+        co.pass_id = r.passes - 1
+        return Point(r.f, r.gg, 0.0, r.stats), r.t
+
+    def _save(self, point: Point, t: float, step: float, evaluations: int) -> None:
+        co = self.co
+        stop = STOPS.index(self.stopped_by) if self.finished else -1
+        co.record(Committed(self.iterations, self.c, t, self.gamma, point.f, point.gg, point.stats, step,
+                            evaluations, co.counted, co.passes, co.backups_issued, co.duplicates, stop,
+                            list(self.pairs)).to_array())
 
     def _ops(self, rows: List[tuple]) -> List[float]:
         return list(self.co.ops([tuple(row) + (0,) * (6 - len(row)) for row in rows]))
@@ -112,8 +138,8 @@ class BatchOptimizer:
     def _evaluate(self, j: int) -> Point:
         """A pass at x[j], then g[j] = acc/batch + l2 x[j]; f, ||g||^2 and g.d."""
         n, s = self.names, self.settings
-        loss, correct, count = self.co.evaluate(n.X[j])
-        _, xx, gg, gd = self._ops([(Code.LINCOMB, n.ACC, n.G[j], n.X[j], 1.0 / s.batch, s.l2),
+        loss, correct, count = self.co.evaluate(n.X[j], self.iterations + 1)
+        _, _, xx, gg, gd = self._ops([(Code.SYNC,), (Code.LINCOMB, n.ACC, n.G[j], n.X[j], 1.0 / s.batch, s.l2),
                                    (Code.DOT, n.X[j], n.X[j]), (Code.DOT, n.G[j], n.G[j]),
                                    (Code.DOT, n.G[j], n.D)])
         return Point(loss / s.batch + 0.5 * s.l2 * xx, gg, gd, (loss, correct, count))

@@ -4,15 +4,19 @@ Every message is a numpy buffer; nothing is pickled. Three conversations:
 
     coordinator -> server   header [OPS, n], then float64 (n, 6) op rows on TAG_PAYLOAD;
                             reply float64 (n,) on TAG_REPLY (a dot's partial, else 0)
-    worker -> server        [FETCH, pass]: reply the current point's slice (float64);
-                            [PUSH, pass, u], then int64 unit ids (u) and the float64 gradient
-                            slice on TAG_PAYLOAD; reply [ACK, applied(1) or duplicate(0)]
+                            [RECORD, n], then float64 (n,) the committed state (``record``);
+                            reply [ACK]
+    worker -> server        [FETCH, pass, 0, slice]: reply the current point of that slice
+                            (float64); [PUSH, pass, u, slice], then int64 unit ids (u) and the
+                            float64 gradient slice on TAG_PAYLOAD; reply [ACK, applied or not]
     worker <-> coordinator  float64 [kind, pass, unit, pushed, loss, correct, count, 0] on
-                            TAG_WORK; reply int64 [keep, action, pass, unit, push_first]
+                            TAG_WORK; reply int64 [keep, action, pass, unit, push_first, iteration]
+    server -> server        SYNC: each slice's accumulator, primary to replica, on TAG_SYNC
 
 An op row is [code, a, b, c, alpha, beta] on named vectors (``VectorNames``); a server
 applies a message's rows in order. Cost: a batch of n ops is 48n + 16 bytes out and 8n back
-per server; a fetch or push moves the slice (8 bytes an element) once per server.
+per server; a fetch or push moves the slice (8 bytes an element) once per server; a SYNC
+moves each slice once more, from its primary to its replica (once per pass, with ``--ft``).
 """
 from __future__ import annotations
 
@@ -26,9 +30,10 @@ TAG_PAYLOAD = 7402
 TAG_REPLY = 7403
 TAG_WORK = 7404
 TAG_ANSWER = 7405
+TAG_SYNC = 7406
 HEADER_LEN = 4
 WORK_LEN = 8
-ANSWER_LEN = 5
+ANSWER_LEN = 6
 ROW = 6
 
 
@@ -38,6 +43,7 @@ class Kind(IntEnum):
     PUSH = 3     # worker: accumulated gradient of some units
     ACK = 4      # server -> worker: push handled
     STOP = 5     # coordinator: the run is over
+    RECORD = 6   # coordinator: its committed state, kept by every server
 
 
 class Code(IntEnum):
@@ -47,7 +53,8 @@ class Code(IntEnum):
     AXPY = 2     # b += alpha a
     SCALE = 3    # a *= alpha
     LINCOMB = 4  # b = alpha a + beta c  (b may be a or c)
-    BEGIN = 5    # pass alpha at point a: acc = 0, forget the units applied
+    BEGIN = 5    # pass alpha of iteration beta at point a: acc = 0, forget the units applied
+    SYNC = 6     # every slice's acc from its primary to its replica (servers exchange)
 
 
 class Work(IntEnum):
@@ -78,8 +85,9 @@ def header(kind: Kind, *values: int) -> np.ndarray:
     return out
 
 
-def answer(keep: bool, action: Action, pass_id: int = -1, unit: int = -1, push_first: bool = False) -> np.ndarray:
-    return np.array([keep, action, pass_id, unit, push_first], np.int64)
+def answer(keep: bool, action: Action, pass_id: int = -1, unit: int = -1, push_first: bool = False,
+           iteration: int = 0) -> np.ndarray:
+    return np.array([keep, action, pass_id, unit, push_first, iteration], np.int64)
 
 
 class VectorNames:

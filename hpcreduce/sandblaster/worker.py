@@ -10,15 +10,15 @@ Cost: per pass 8 bytes an element fetched; per push 8 bytes an element plus 8 a 
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence, Tuple
+from typing import Callable, List, Protocol, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from ..runtime.context import Traffic
+from ..runtime.failures import wait_all
 from .protocol import (ANSWER_LEN, ASK, DONE, TAG_ANSWER, TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, TAG_WORK,
                        WORK_LEN, Action, Kind, Work, header)
-
 
 
 class Compute(Protocol):
@@ -31,11 +31,14 @@ class Compute(Protocol):
 
 
 class Worker:
-    """One worker of a Sandblaster job on ``comm``."""
+    """One worker of a Sandblaster job on ``comm``; ``on_unit(iteration)`` before each unit's compute."""
 
-    def __init__(self, comm: MPI.Intracomm, coordinator: int, slices: Sequence[Tuple[int, int, int]],
-                 length: int, compute: Compute, push_units: int, traffic: Traffic):
-        self.comm, self.coordinator, self.slices = comm, coordinator, list(slices)  # (rank, lo, hi)
+    def __init__(self, comm: MPI.Intracomm, coordinator: int, slices: Sequence[Tuple[int, int, int, int]],
+                 length: int, compute: Compute, push_units: int, traffic: Traffic,
+                 on_unit: Callable[[int], None] = lambda iteration: None):
+        self.comm, self.coordinator, self.slices = comm, coordinator, list(slices)  # (rank, lo, hi, slice)
+        self.on_unit = on_unit
+        self.pending: List[MPI.Request] = []
         self.traffic = traffic
         self.compute, self.push_units = compute, push_units
         self.x, self.acc, self.scratch = np.zeros(length), np.zeros(length), np.zeros(length)
@@ -49,7 +52,7 @@ class Worker:
         while True:
             self.comm.Send(message, dest=self.coordinator, tag=TAG_WORK)
             self.comm.Recv(reply, source=self.coordinator, tag=TAG_ANSWER)
-            keep, action, pass_id, unit, push_first = (int(value) for value in reply)
+            keep, action, pass_id, unit, push_first, iteration = (int(value) for value in reply)
             if keep:
                 self.acc += self.scratch
                 self.held.append(reported)
@@ -64,6 +67,7 @@ class Worker:
             if action == Action.FLUSH:
                 message[Work.KIND] = ASK
                 continue
+            self.on_unit(iteration)
             if pass_id != self.pass_id:
                 self._fetch(pass_id)
             self.scratch[:] = 0.0
@@ -73,11 +77,10 @@ class Worker:
 
     def _fetch(self, pass_id: int) -> None:
         """Every server's slice of the pass's point into ``x``."""
-        requests = []
-        for rank, lo, hi in self.slices:
-            self.comm.Send(header(Kind.FETCH, pass_id), dest=rank, tag=TAG_REQUEST)
-            requests.append(self.comm.Irecv(self.x[lo:hi], source=rank, tag=TAG_REPLY))
-        MPI.Request.Waitall(requests)
+        for rank, lo, hi, s in self.slices:
+            self.comm.Send(header(Kind.FETCH, pass_id, 0, s), dest=rank, tag=TAG_REQUEST)
+            self.pending.append(self.comm.Irecv(self.x[lo:hi], source=rank, tag=TAG_REPLY))
+        self._wait()
         self.traffic.add(0, self.x.nbytes)
         self.pass_id = pass_id
         self.compute.load(self.x)
@@ -86,13 +89,17 @@ class Worker:
         """The accumulator's slices to their servers, with the unit ids; wait for every ack."""
         units = np.asarray(self.held, np.int64)
         acks = np.zeros((len(self.slices), 4), np.int64)
-        requests = []
-        for index, (rank, lo, hi) in enumerate(self.slices):
-            self.comm.Send(header(Kind.PUSH, self.pass_id, len(units)), dest=rank, tag=TAG_REQUEST)
+        for index, (rank, lo, hi, s) in enumerate(self.slices):
+            self.comm.Send(header(Kind.PUSH, self.pass_id, len(units), s), dest=rank, tag=TAG_REQUEST)
             self.comm.Send(units, dest=rank, tag=TAG_PAYLOAD)
-            requests.append(self.comm.Isend(self.acc[lo:hi], dest=rank, tag=TAG_PAYLOAD))
-            requests.append(self.comm.Irecv(acks[index], source=rank, tag=TAG_REPLY))
-        MPI.Request.Waitall(requests)
+            self.pending.append(self.comm.Isend(self.acc[lo:hi], dest=rank, tag=TAG_PAYLOAD))
+            self.pending.append(self.comm.Irecv(acks[index], source=rank, tag=TAG_REPLY))
+        self._wait()
         self.traffic.add(self.acc.nbytes + units.nbytes * len(self.slices), 0)
         self.acc[:] = 0.0
         self.held = []
+
+    def _wait(self) -> None:
+        """Complete the requests in flight (``pending`` keeps them for ``failures.abandon`` after a failure)."""
+        wait_all(self.pending)
+        self.pending = []

@@ -84,7 +84,7 @@ class TrainConfig:
         if self.mode == "ps":
             found += self._ps_problems(size, ft)
         if self.mode == "sandblaster":
-            found += self._sandblaster_problems(size)
+            found += self._sandblaster_problems(size, ft)
         else:
             given = [name for name in SANDBLASTER_FIELDS if getattr(self, name) != DEFAULTS[name]]
             if given:
@@ -124,7 +124,7 @@ class TrainConfig:
             return [_choice("optimizer", tuple(OPTIMIZERS), self.optimizer)]
         return []
 
-    def _sandblaster_problems(self, size: int) -> List[SettingProblem]:
+    def _sandblaster_problems(self, size: int, ft: bool) -> List[SettingProblem]:
         found = [roles_problem(self.servers, size)]
         if self.consistency != "bsp" or self.staleness or self.fetch_every != 1 or self.push_every != 1:
             found.append(setting_problem("{consistency}, {staleness}, {fetch_every} and {push_every} belong to "
@@ -139,12 +139,23 @@ class TrainConfig:
         if self.history < 1 or self.push_units < 1:
             found.append(setting_problem("{history} and {push_units} must be at least 1, got {a} and {b}",
                                          a=self.history, b=self.push_units))
-        fault = self.fault
-        if fault.kills or fault.kill_random or fault.grow or fault.discover or fault.replace or fault.checkpoint_dir:
-            found.append(setting_problem(
-                "{mode} sandblaster does not recover from failures yet: leave out {kills}, {kill_random}, "
-                "{grow}, {discover}, {replace} and {checkpoint_dir}"))
-        return [problem for problem in found if problem is not None]
+        return [problem for problem in found if problem is not None] + self._sandblaster_fault_problems(ft)
+
+    def _sandblaster_fault_problems(self, ft: bool) -> List[SettingProblem]:
+        """Sandblaster recovers in-job only (ULFM): no growth, no checkpoints; with one server
+        (no replica) a server's death cannot be recovered from, so killing it is refused."""
+        fault, found = self.fault, []
+        if fault.grow or fault.discover or fault.replace or fault.checkpoint_dir:
+            found.append(setting_problem("{mode} sandblaster recovers from failures in-job only (--ft): leave out "
+                                         "{grow}, {discover}, {replace} and {checkpoint_dir}"))
+        if not ft and (fault.kills or fault.kill_random):
+            found.append(setting_problem("in {mode} sandblaster, {kills} and {kill_random} need in-job fault "
+                                         "tolerance: launch with ULFM (--ft)"))
+        if self.servers == 1 and any(kill.rank == 0 for kill in fault.kills):
+            found.append(setting_problem("{kills}: rank 0 is the only server of {mode} sandblaster with "
+                                         "{servers} 1, whose slice has no replica: nothing could recover it; "
+                                         "use {servers} 2 or more"))
+        return found
 
     def _shared_outputs(self) -> List[SettingProblem]:
         """Outputs given one file: each would overwrite the other (streams such as
