@@ -91,7 +91,17 @@ class TrainConfig:
                 found.append(setting_problem(", ".join("{%s}" % name for name in given)
                                              + (" only apply" if len(given) > 1 else " only applies")
                                              + " to {mode} sandblaster"))
-        return found + self._shared_outputs() + self.fault.problems(self.steps, size, ft, self.mode == "ps")
+        return (found + self._shared_outputs() + self._slow_role_problems()
+                + self.fault.problems(self.steps, size, ft, self.mode == "ps"))
+
+    def _slow_role_problems(self) -> List[SettingProblem]:
+        """Stragglers named among the ranks that compute no gradients: PS servers, and Sandblaster's
+        servers and coordinator (slowing them would do nothing)."""
+        computing_from = {"ps": self.servers, "sandblaster": self.servers + 1}.get(self.mode, 0)
+        return [setting_problem("{slow} %d:%g: rank %d is %s, which computes no gradients; slow a worker "
+                                "(rank %d or above)" % (rank, factor, rank, "a server" if rank < self.servers
+                                                       else "the coordinator", computing_from))
+                for rank, factor in self.fault.slow if rank < computing_from]
 
     def _ps_problems(self, size: int, ft: bool) -> List[SettingProblem]:
         found = [servers_problem(self.servers, size)]
