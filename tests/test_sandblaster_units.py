@@ -8,9 +8,9 @@ from hpcreduce.sandblaster.schedule import UnitPass
 
 
 def test_units_in_order_then_backups_first_result_wins():
-    units = UnitPass(3, backups=True)
+    units = UnitPass(3, backups=True, pace={1: 0.0, 2: 3600.0})  # worker 2 takes an hour a unit
     assert [units.next_unit(w) for w in (1, 2, 1)] == [0, 1, 2]
-    assert units.report(1, 0) and units.next_unit(1) == 1  # backup of the oldest unfinished unit it lacks
+    assert units.report(1, 0) and units.next_unit(1) == 1  # a backup of the slow worker's unit
     assert units.backups_issued == 1
     assert units.next_unit(1) is None  # unit 2 is its own, unit 1 already backed up
     assert units.report(1, 1) and not units.report(2, 1)  # the backup wins, the original is dropped
@@ -19,6 +19,16 @@ def test_units_in_order_then_backups_first_result_wins():
     assert not units.done
     units.confirm(1)
     assert units.done and units.pushed == 3
+
+
+def test_a_backup_only_when_it_would_finish_before_the_original():
+    units = UnitPass(4, backups=True, pace={1: 1.0, 2: 1.0, 3: 1.0})
+    assert [units.next_unit(w) for w in (1, 2, 3)] == [0, 1, 2]
+    assert units.report(1, 0) and units.next_unit(1) == 3
+    assert units.report(1, 3) and units.next_unit(1) is None  # copies of units at normal pace would not pay
+    units.pace = {1: 1.0, 2: 1.0, 3: 100.0}  # worker 3 turns out slow: its unit is worth a backup
+    assert units.next_unit(1) == 2 and units.backups_issued == 1
+    assert UnitPass(2, backups=True).next_unit(1) == 0  # nothing measured yet: fresh units still flow
 
 
 def test_no_backups_when_off():

@@ -14,7 +14,9 @@ other ranks workers.
    and duplicates discarded. Beside it, the bound no scheduling can beat: with W workers and
    one F times slower, the workers' throughput falls from W to W - 1 + 1/F units per unit
    time, so a pass takes at least W / (W - 1 + 1/F) times as long (1.6x at W = 2, F = 4;
-   1.23x at W = 4); backups can remove the tail, not the lost throughput.
+   1.23x at W = 4); backups can remove the tail, not the lost throughput. The bound assumes
+   a core per worker: oversubscribed (marked), a sleeping straggler gives its core to the
+   others, and a run can land below it.
 2. Time to accuracy, per method: ``lbfgs`` (Sandblaster L-BFGS over ``--batch`` examples
    per pass), ``downpour`` (``--mode ps --consistency asp --optimizer adagrad``) and
    ``ring`` (adagrad), all on the model's data. Held-out accuracy is measured once, at the

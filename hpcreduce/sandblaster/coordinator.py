@@ -74,7 +74,7 @@ class Coordinator:
         self.iteration = iteration
         self.ops([(Code.BEGIN, point, 0, 0, self.pass_id, iteration)])
         self.on_begin(iteration)
-        self.sched = UnitPass(self.units, self.backups)
+        self.sched = UnitPass(self.units, self.backups, self.unit_s)
         stats = np.zeros(3)
         parked, self.parked = self.parked, []
         for worker in parked:
