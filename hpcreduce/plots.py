@@ -6,6 +6,8 @@
 - ``busbw_figure``: a ``hpcreduce bench allreduce`` result: busbw against message size.
 - ``scaling_figure``: a ``hpcreduce bench scaling`` result: measured samples/s and
   efficiency against ranks, and the cost model's time per step up to 1024 ranks.
+- ``nodes_figure``: the same result's runs, measured against the two-link model, and its
+  forecast by nodes (flat ring, hierarchical allreduce, PS).
 """
 from __future__ import annotations
 
@@ -142,5 +144,43 @@ def scaling_figure(result: Mapping[str, Any], path: Path) -> Path:
         axes.legend(fontsize="small")
     over = result["oversubscribed_ranks"]
     figure.suptitle(f"{result['model']}, {result['scaling']} scaling, {result['cores']} cores"
+                    + (f" - OVERSUBSCRIBED at {', '.join(map(str, over))} ranks" if over else ""))
+    return save(figure, path)
+
+
+def nodes_figure(result: Mapping[str, Any], path: Path) -> Path:
+    """Three panels: each run's measured ms per step beside the two-link model's, the fit run's
+    ring allreduce against the model, and the forecast ms per step by nodes of the flat ring,
+    the hierarchical allreduce and the PS."""
+    plt = pyplot()
+    figure, (runs_axes, allreduce_axes, nodes_axes) = plt.subplots(1, 3, figsize=(17, 4.5))
+    rows = result["rows"]
+    labels = [f"{row['topology']} {row['ranks']}\n{row['nodes']} node{'s' * (row['nodes'] > 1)}" for row in rows]
+    at = np.arange(len(rows))
+    runs_axes.bar(at - 0.2, [row["step_s"] * 1e3 for row in rows], 0.4, label="measured")
+    runs_axes.bar(at + 0.2, [(row["two_link_step_s"] or 0.0) * 1e3 for row in rows], 0.4, label="two-link model")
+    runs_axes.set_xticks(at)
+    runs_axes.set_xticklabels(labels, fontsize="small")
+    runs_axes.set(ylabel="ms per step", title="the runs: measured against predicted")
+    runs_axes.legend(fontsize="small")
+    points = result["links"]["allreduce_vs_model"]
+    for key, style, label in (("measured_s", "o", "measured"), ("model_s", "-", "two-link model")):
+        allreduce_axes.loglog([p["bytes"] for p in points], [p[key] * 1e3 for p in points], style, label=label)
+    allreduce_axes.set(xlabel="bytes", ylabel="ms",
+                       title=f"the fit run's ring allreduce ({len(result['links']['nodes'])} ranks)")
+    allreduce_axes.legend(fontsize="small")
+    forecast = result["node_predictions"]
+    for key, label in (("ring", "flat ring"), ("hierarchical", "hierarchical (modelled)"), ("ps", "PS (best K)")):
+        nodes_axes.plot([p["nodes"] for p in forecast], [p[f"{key}_step_s"] * 1e3 for p in forecast], "o-",
+                        label=label)
+    nodes_axes.set(xlabel="nodes", ylabel="ms per step (forecast)",
+                   title=f"{result['links']['ranks_per_node']} ranks per node" if forecast else
+                   "no forecast: one node, no between-node link")
+    if forecast:
+        nodes_axes.set_xscale("log", base=2)
+        nodes_axes.set_yscale("log")
+        nodes_axes.legend(fontsize="small")
+    over = result["oversubscribed_ranks"]
+    figure.suptitle(f"{result['model']}, two-link cost model, {result['cores']} cores"
                     + (f" - OVERSUBSCRIBED at {', '.join(map(str, over))} ranks" if over else ""))
     return save(figure, path)

@@ -1,10 +1,13 @@
-"""A real one-node Slurm that the test suite starts for itself.
+"""A real two-node Slurm on this one host that the test suite starts for itself.
 
 ``slurm_cluster`` (a session-scoped pytest fixture; import it into a test module)
 installs Debian's Slurm and munge when they are missing (as root, with apt), starts
-a private ``munged``, ``slurmctld`` and ``slurmd`` on free loopback ports with every
-file under one run folder, waits until the node is idle and yields a
-:class:`SlurmCluster`. At the end it stops the daemons by the PIDs in their PID
+a private ``munged``, ``slurmctld`` and one ``slurmd`` per node on free loopback ports
+with every file under one run folder, waits until both nodes are idle and yields a
+:class:`SlurmCluster`. Each slurmd runs in its own UTS namespace (``unshare --uts``)
+named ``node1`` or ``node2``, so the tasks it starts see that hostname: ``srun -N 2``
+and ``mpirun`` in a two-node allocation put ranks on two "nodes" for real (separate
+daemons, separate PMIx servers, TCP between them; shared memory only within a node). At the end it stops the daemons by the PIDs in their PID
 files. Run folders left by an earlier test session that died are cleaned up first:
 only daemons whose command line names that folder are stopped.
 
@@ -33,7 +36,8 @@ PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "libpmix-dev")
 PROGRAMS = ("slurmctld", "slurmd", "sbatch", "srun", "sinfo", "scancel", "munged")
 RUNS_BASE = Path(tempfile.gettempdir()) / "hpcreduce-slurm"
 MUNGE_KEY = Path("/etc/munge/munge.key")
-CPUS = 8
+NODES = ("node1", "node2")
+CPUS = 4  # per node: 4 ranks of one node, 8 over both, fit on 2 cores (ranks yield)
 START_TIMEOUT = 30.0
 
 # Exported by a TaskProlog into every task: waiting ranks yield their core (8 slots
@@ -126,25 +130,29 @@ def reap_leftovers(base: Path = RUNS_BASE) -> None:
         shutil.rmtree(run, ignore_errors=True)
 
 
-def slurm_conf(run: Path, node: str, ctld_port: int, slurmd_port: int) -> str:
-    """slurm.conf for one node with ``CPUS`` CPUs, PMIx as the default MPI, no accounting."""
+def slurm_conf(run: Path, host: str, ctld_port: int, slurmd_ports: Sequence[int]) -> str:
+    """slurm.conf for ``NODES`` with ``CPUS`` CPUs each, PMIx as the default MPI, no accounting.
+    Per-node paths (``%n``): spool, PID file, log and TmpFS, where Slurm's PMIx plugin makes
+    each step's folders (one shared folder makes the two nodes collide)."""
+    nodes = "".join(f"NodeName={node} NodeAddr=127.0.0.1 Port={port} CPUs={CPUS} Sockets=1 "
+                    f"CoresPerSocket={CPUS} ThreadsPerCore=1 State=UNKNOWN\n"
+                    for node, port in zip(NODES, slurmd_ports))
     return f"""\
 ClusterName=hpcreduce-test
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={run}/munge/munge.socket
 StateSaveLocation={run}/state
-SlurmdSpoolDir={run}/spool
+SlurmdSpoolDir={run}/spool/%n
 SlurmctldPidFile={run}/run/slurmctld.pid
-SlurmdPidFile={run}/run/slurmd.pid
+SlurmdPidFile={run}/run/slurmd.%n.pid
 SlurmctldLogFile={run}/log/slurmctld.log
-SlurmdLogFile={run}/log/slurmd.log
-TmpFS={run}/tmp
+SlurmdLogFile={run}/log/slurmd.%n.log
+TmpFS={run}/tmp/%n
 FirstJobId={random.randint(1000, 900000)}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -160,18 +168,18 @@ JobCompType=jobcomp/none
 MinJobAge=5
 KillWait=5
 ReturnToService=2
-NodeName={node} NodeAddr=127.0.0.1 CPUs={CPUS} Sockets=1 CoresPerSocket={CPUS} ThreadsPerCore=1 State=UNKNOWN
-PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP
+{nodes}PartitionName=test Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
 """
 
 
 class SlurmCluster:
-    """A private one-node Slurm: its run folder, the environment clients need, its daemons."""
+    """A private two-node Slurm: its run folder, the environment clients need, its daemons."""
 
     def __init__(self, run: Path) -> None:
         self.run = run
         self.conf = run / "slurm.conf"
-        self.node = socket.gethostname().split(".")[0]
+        self.host = socket.gethostname().split(".")[0]
+        self.nodes = NODES
         self.env: Dict[str, str] = {"SLURM_CONF": str(self.conf)}
         self.daemons: Dict[str, subprocess.Popen] = {}
         self.startup_seconds = 0.0
@@ -179,14 +187,13 @@ class SlurmCluster:
     # -- start and stop -------------------------------------------------------
     def start(self) -> None:
         began = time.monotonic()
-        for sub in ("state", "spool", "run", "log", "tmp", "munge", "out", "pmix"):
+        for sub in ("state", "run", "log", "munge", "out", *(f"{d}/{n}" for d in ("spool", "tmp") for n in NODES)):
             (self.run / sub).mkdir(parents=True, exist_ok=True)
         (self.run / "owner").write_text(str(os.getpid()))
         self.run.chmod(0o755)  # munged runs as the munge user and must reach its folder
         shutil.chown(self.run / "munge", "munge", "munge")
         (self.run / "munge").chmod(0o700)
-        self.conf.write_text(slurm_conf(self.run, self.node, free_port(), free_port()))
-        (self.run / "mpi.conf").write_text(f"PMIxCliTmpDirBase={self.run}/pmix\n")
+        self.conf.write_text(slurm_conf(self.run, self.host, free_port(), [free_port() for _ in NODES]))
         prolog = self.run / "task_prolog.sh"
         prolog.write_text("#!/bin/sh\n" + "".join(f"echo export {k}={v}\n" for k, v in TASK_ENV.items()))
         prolog.chmod(0o755)
@@ -197,8 +204,11 @@ class SlurmCluster:
                     user="munge")
         self._wait_for(lambda: (munge / "munge.socket").exists(), "munged to open its socket")
         self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-f", str(self.conf)])
-        self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf)], env={"PMIX_MCA_psec": "native"})
-        self._wait_for(self._node_idle, "the node to be idle in sinfo")
+        for node in NODES:  # its own hostname; exec keeps the PID, so it is stopped by it
+            self._spawn(f"slurmd.{node}", ["unshare", "--uts", "sh", "-c", f'hostname {node} && exec '
+                                           f'slurmd -D -N {node} -f "{self.conf}"'],
+                        env={"PMIX_MCA_psec": "native"})
+        self._wait_for(self._nodes_idle, "both nodes to be idle in sinfo")
         self.startup_seconds = time.monotonic() - began
 
     def _spawn(self, name: str, argv: List[str], user: Optional[str] = None,
@@ -221,13 +231,17 @@ class SlurmCluster:
             time.sleep(0.1)
         raise RuntimeError(f"timed out after {START_TIMEOUT} s waiting for {what}\n{self.logs()}")
 
-    def _node_idle(self) -> bool:
-        done = self.command(["sinfo", "-h", "-n", self.node, "-o", "%t"], timeout=10, check=False)
-        return done.stdout.strip() == "idle"
+    def _nodes_idle(self) -> bool:
+        done = self.command(["sinfo", "-h", "-N", "-o", "%N %t"], timeout=10, check=False)
+        return sorted(done.stdout.split()) == sorted([*NODES, *["idle"] * len(NODES)])
+
+    def daemon_pids(self) -> Dict[str, int]:
+        """The daemons of this cluster that are still running: {name: PID}."""
+        return {name: proc.pid for name, proc in self.daemons.items() if _pid_alive(proc.pid)}
 
     def stop(self) -> None:
-        """Stop slurmd, slurmctld and munged by the PIDs in their PID files, then remove the folder."""
-        for name, folder in (("slurmd", "run"), ("slurmctld", "run"), ("munged", "munge")):
+        """Stop the slurmds, slurmctld and munged by the PIDs in their PID files, then remove the folder."""
+        for name, folder in (*((f"slurmd.{n}", "run") for n in NODES), ("slurmctld", "run"), ("munged", "munge")):
             stop_by_pid_file(self.run / folder / f"{name}.pid", str(self.run))
             proc = self.daemons.get(name)
             if proc is None:
@@ -240,6 +254,9 @@ class SlurmCluster:
                 proc.kill()
                 proc.wait()
         shutil.rmtree(self.run, ignore_errors=True)
+        left = self.daemon_pids()
+        if left:
+            raise AssertionError(f"Slurm daemons still running after stop: {left}")
 
     def logs(self, tail: int = 3000) -> str:
         """The end of every daemon log, for failure messages."""
@@ -312,7 +329,7 @@ def _start_once() -> None:
         cluster.stop()
         return
     cluster.startup_seconds = time.monotonic() - began
-    print(f"\n[slurm] one-node cluster up in {cluster.startup_seconds:.1f} s (including any install): "
+    print(f"\n[slurm] two-node cluster up in {cluster.startup_seconds:.1f} s (including any install): "
           f"SLURM_CONF={cluster.conf}", file=sys.stderr)
     _shared["cluster"] = cluster
 

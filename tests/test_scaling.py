@@ -116,8 +116,8 @@ def test_step_formulas_and_best_servers():
 
 def test_rank_counts_oversubscription_and_refusal_inside_a_job(monkeypatch, tmp_path):
     args = argparse.Namespace(counts=None, ranks=6, launcher="mpirun", launcher_args="", hostfile=None, ft=False,
-                              ps=True, steps=20, warmup=3, servers=1, predict=[8], batch=None, fit_ranks=None,
-                              timeout=600.0, out=str(tmp_path))
+                              ps=True, steps=20, warmup=3, servers=1, predict=[8], predict_nodes=[8], batch=None,
+                              fit_ranks=None, timeout=600.0, out=str(tmp_path))
     assert scaling.rank_counts(args) == [1, 2, 4, 6]
     launcher = scaling.Launcher(args)
     assert launcher.oversubscribed(usable_cores() + 1) and not launcher.oversubscribed(1)

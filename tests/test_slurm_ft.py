@@ -1,23 +1,70 @@
-"""jobs/train_ft.sbatch through the real one-node Slurm: a rank SIGKILLed inside the
-allocation is survived in-job (ULFM), and without ULFM the job is relaunched and resumes
-from its checkpoint; both jobs end with exit code 0 and write their result."""
+"""jobs/train_ft.sbatch through the real two-node Slurm (``-N 2``, 2 tasks per node):
+a SIGKILLed rank, and a lost node (every rank of node2 SIGKILLed at the same step), are
+survived in-job (ULFM) by ring and PS training; each job ends by itself with exit 0 and
+writes its result (PS: each shard's primary and replica on different nodes, ``ps.placement``).
+Without ULFM the job is relaunched and resumes from its checkpoint. The two-node jobs are
+submitted together and each test checks its own."""
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
 
 from slurm_cluster import slurm_cluster  # noqa: F401 (the session fixture)
 
 SCRIPT = Path(__file__).resolve().parent.parent / "jobs" / "train_ft.sbatch"
 COMMON = {"STEPS": "20", "EXTRA_ARGS": "--batch 1024 --quiet"}
+TWO_NODES = ("--nodes=2", "--ntasks-per-node=2")
+# mpirun places ring ranks by slot (0,1 on node1; 2,3 on node2) and PS ranks round-robin
+# over the nodes (0,2 on node1; 1,3 on node2: server 1 and worker 3 are node2's).
+CASES = {
+    "ring-rank": ({"MODE": "ring", "KILLS": "2@8"}, [2], ["node1", "node1", "node2"]),
+    "ring-node": ({"MODE": "ring", "KILLS": "2@8 3@8"}, [2, 3], ["node1", "node1"]),
+    "ps-rank": ({"MODE": "ps", "SERVERS": "2", "KILLS": "1@8"}, [1], None),
+    "ps-node": ({"MODE": "ps", "SERVERS": "2", "KILLS": "1@8 3@8"}, [1, 3], ["node1", "node1"]),
+}
 
 
-def test_a_killed_rank_is_survived_inside_the_allocation(slurm_cluster, tmp_path):
-    out = tmp_path / "ft.json"
-    code, output = slurm_cluster.sbatch_wait(SCRIPT, env={**COMMON, "OUT": str(out), "KILLS": "2@8"},
-                                             timeout=180)
+@pytest.fixture(scope="module")
+def submitted(slurm_cluster, tmp_path_factory):
+    """Every two-node case, submitted together: {case: future of (exit code, output, result path)}."""
+    folder = tmp_path_factory.mktemp("slurm-ft")
+
+    def run(case: str):
+        out = folder / f"{case}.json"
+        env = {**COMMON, **CASES[case][0], "OUT": str(out)}
+        code, output = slurm_cluster.sbatch_wait(SCRIPT, env=env, args=TWO_NODES, timeout=240)
+        return code, output, out
+    pool = ThreadPoolExecutor(max_workers=len(CASES))
+    yield {case: pool.submit(run, case) for case in CASES}
+    pool.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_lost_rank_or_node_is_survived_across_nodes(submitted, case):
+    code, output, out = submitted[case].result()
+    _, lost, nodes = CASES[case]
     assert code == 0, output
     result = json.loads(out.read_text())
-    assert [(e["kind"], e["lost"]) for e in result["recovery"]] == [("failure", [2])]
-    assert result["ranks"] == 3 and len(result["steps"]) == 20
+    events = result["recovery"]
+    assert {e["kind"] for e in events} == {"failure"}, output
+    # Ring ranks reach step 8 in lockstep, so a node's ranks die together and are lost in one
+    # recovery; a PS server and worker reach their step 8 moments apart, so the same loss may
+    # be seen as one failure or as two in a row. Either way exactly the node's ranks are gone.
+    assert sorted(rank for e in events for rank in e["lost"]) == lost and len(events) <= len(lost), output
+    if case.startswith("ring"):
+        assert len(events) == 1, output
+    assert result["ranks"] == 4 - len(lost) and len(result["steps"]) == 20, output
+    if nodes is not None:
+        assert result["nodes"] == nodes, (result["nodes"], output)
+    else:  # PS: the survivors' order follows the re-ranking; node1 keeps both its ranks
+        assert sorted(result["nodes"]) == ["node1", "node1", "node2"], (result["nodes"], output)
+    if case.startswith("ps"):
+        assert (result["servers"], result["workers"]) == (1, result["ranks"] - 1), output
+        homes = result["ps"]["placement"]  # at the start: each shard's replica on the other node
+        assert [(h["shard"], h["rank"], h["node"], h["replica_rank"]) for h in homes] == \
+            [(0, 0, "node1", 1), (1, 1, "node2", 0)], homes
+        assert all(h["replica_node"] != h["node"] for h in homes), homes
 
 
 def test_without_ulfm_the_job_is_relaunched_and_resumes(slurm_cluster, tmp_path):

@@ -1,10 +1,9 @@
-"""The batch scripts in jobs/, submitted to a real one-node Slurm with ``sbatch --wait``,
-under both launchers: exit code 0, the JSON they wrote, the world size they ran with.
-
-srun jobs use the scripts' default of 4 tasks; mpirun jobs are submitted with
-``--ntasks=3`` so that the rank count is seen to follow the allocation. The selected
-jobs are all submitted at once (the node has room for two at a time) and each test
-checks its own.
+"""The batch scripts in jobs/, submitted to the test's real two-node Slurm with
+``sbatch --wait``, under both launchers across both nodes (``-N 2``, 2 tasks per node):
+exit code 0, the JSON they wrote, the world size, ranks on both hostnames; the training
+scripts also once on one node (``one``), and the two-node runs must match it (BSP and
+ring are deterministic up to the order of floating-point sums). The selected jobs are
+all submitted at once (the cluster has room for two at a time) and each test checks its own.
 """
 import json
 import math
@@ -17,14 +16,17 @@ import pytest
 from slurm_cluster import slurm_cluster  # noqa: F401 (the session fixture)
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
-LAUNCHES = {"srun": ((), 4), "mpirun": (("--ntasks=3",), 3)}
+TWO_NODES = ("--nodes=2", "--ntasks-per-node=2")
+LAUNCHES = {"srun": (TWO_NODES, 4), "mpirun": (TWO_NODES, 4), "one": (("--nodes=1", "--ntasks=4"), 4)}
 SCRIPTS = {
     "bench": ("bench_allreduce.sbatch", {"SIZES": "4K,64K",
                                          "EXTRA_ARGS": "--fusion-arrays 4 --fusion-elements 1000"}),
     "ring": ("train_ring.sbatch", {"STEPS": "5", "SEED": "1"}),
-    "ps": ("train_ps.sbatch", {"STEPS": "5", "SEED": "1", "CONSISTENCY": "ssp", "STALENESS": "1"}),
+    "ps": ("train_ps.sbatch", {"STEPS": "5", "SEED": "1", "SERVERS": "2", "CONSISTENCY": "bsp"}),
 }
-CASES = [f"{script}-{launcher}" for script in SCRIPTS for launcher in LAUNCHES]
+CASES = [f"{script}-{launcher}" for script in SCRIPTS for launcher in LAUNCHES
+         if not (script == "bench" and launcher == "one")]
+TOLERANCE = 1e-5  # relative, on the loss and the parameters' checksum
 TIMEOUT = 300
 
 
@@ -33,7 +35,7 @@ def run_case(cluster, folder: Path, case: str):
     script, launcher = case.split("-")
     path, params = SCRIPTS[script]
     out = folder / f"{case}.json"
-    env = {"LAUNCHER": launcher, "OUT": str(out), **params}
+    env = {"LAUNCHER": "srun" if launcher == "one" else launcher, "OUT": str(out), **params}
     code, output = cluster.sbatch_wait(JOBS / path, env=env, args=LAUNCHES[launcher][0], timeout=TIMEOUT)
     return code, output, out
 
@@ -57,8 +59,14 @@ def finished(submitted, case: str):
     ranks = LAUNCHES[launcher][1]
     assert code == 0, output
     assert out.exists(), f"the job did not write {out}\n{output}"
-    assert f"{launcher} -n {ranks}" in output, output  # the script echoes its launch line
-    return json.loads(out.read_text()), ranks, output
+    echoed = "srun" if launcher == "one" else launcher
+    assert f"{echoed} -n {ranks}" in output, output  # the script echoes its launch line
+    result = json.loads(out.read_text())
+    if launcher == "one":  # either node, all four ranks on it
+        assert len(result["nodes"]) == 4 and len(set(result["nodes"])) == 1, (result["nodes"], output)
+    else:  # block placement, 2 per node
+        assert result["nodes"] == ["node1", "node1", "node2", "node2"], (result["nodes"], output)
+    return result, ranks, output
 
 
 @pytest.mark.parametrize("case", [case for case in CASES if case.startswith("bench")])
@@ -76,13 +84,25 @@ def test_train_job(submitted, case):
     for key in ("loss", "accuracy", "checksum"):
         assert isinstance(final[key], (int, float)) and math.isfinite(final[key]), (key, result)
     mode = case.split("-")[0]
-    servers = 1 if mode == "ps" else 0
+    servers = 2 if mode == "ps" else 0
     layout = (result["mode"], result["ranks"], result["servers"], result["workers"])
     assert layout == (mode, ranks, servers, ranks - servers), (layout, output)
     config = result["config"]  # the scripts' variables reached the command
     assert (config["steps"], config["seed"]) == (5, 1), config
     if mode == "ps":
-        assert (config["consistency"], config["staleness"]) == ("ssp", 1), config
+        assert config["consistency"] == "bsp", config
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if not case.startswith("bench")
+                                  and not case.endswith("-one")])
+def test_two_nodes_train_like_one(submitted, case):
+    mode = case.split("-")[0]
+    if f"{mode}-one" not in submitted:
+        pytest.skip(f"{mode}-one was not selected")
+    two, _, output = finished(submitted, case)
+    one, _, _ = finished(submitted, f"{mode}-one")
+    for key in ("loss", "checksum"):
+        assert math.isclose(two["final"][key], one["final"][key], rel_tol=TOLERANCE), (key, two["final"], one["final"])
 
 
 def test_job_script_rejects_an_unknown_launcher(tmp_path):
@@ -91,3 +111,21 @@ def test_job_script_rejects_an_unknown_launcher(tmp_path):
                               env={"PATH": "/usr/bin:/bin", "LAUNCHER": "ssh", "OUT": str(tmp_path / "x")})
         assert done.returncode == 2, (script, done)
         assert "LAUNCHER must be srun or mpirun, not 'ssh'" in done.stderr, (script, done.stderr)
+
+
+def test_job_script_outside_an_allocation_says_so(tmp_path):
+    for script, _params in SCRIPTS.values():
+        done = subprocess.run(["bash", str(JOBS / script)], capture_output=True, text=True, timeout=30,
+                              env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "x")})
+        assert done.returncode == 2, (script, done)
+        assert "not inside a Slurm allocation (SLURM_JOB_ID is unset)" in done.stderr, (script, done.stderr)
+
+
+def test_more_ranks_than_the_allocation_or_a_node_has_is_refused(slurm_cluster):
+    code, output = slurm_cluster.sbatch_wait(JOBS / "train_ring.sbatch", env={"RANKS": "4", "STEPS": "2"},
+                                             args=("--nodes=2", "--ntasks=2", "--ntasks-per-node=1"), timeout=60)
+    assert code == 2, output
+    assert "RANKS=4 is more than the 2 tasks of this allocation (2 nodes, tasks per node 1(x2))" in output, output
+    code, output = slurm_cluster.sbatch_wait(JOBS / "train_ring.sbatch", args=("--nodes=2", "--ntasks-per-node=8"),
+                                             timeout=60)
+    assert code != 0 and "Requested node configuration is not available" in output, output

@@ -1,6 +1,8 @@
 """hpcreduce inside real Slurm jobs: one 4-rank world under srun (PMIx) and under mpirun
 in an allocation, and no launcher in the batch step itself."""
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -48,3 +50,30 @@ def test_hpcreduce_sees_one_world_under_srun_and_mpirun_in_a_job(slurm_cluster, 
         infos = _infos(tmp_path, prefix)
         seen = [(info["launcher"], info["ranks"]) for info in infos]
         assert seen == [(launcher, RANKS)] * RANKS, (prefix, seen, output)
+
+
+AGENT = """#!/bin/bash
+# mpirun's ssh agent for two "nodes" on this host: the daemon gets its own UTS namespace and hostname.
+while [[ "$1" == -* ]]; do shift; done
+host=$1; shift
+exec unshare --uts bash -c "hostname $host; $*"
+"""
+
+
+def test_srun_across_two_nodes_and_a_hostfile_give_the_same_picture(slurm_cluster, tmp_path):
+    srun = slurm_cluster.command(["srun", "-N", "2", "--ntasks-per-node=2", "--output", str(tmp_path / "srun-%t.json"),
+                                  sys.executable, "-m", "hpcreduce", "info", "--json"], timeout=120)
+    under_srun = [json.loads((tmp_path / f"srun-{rank}.json").read_text()) for rank in range(4)]
+    picture = {"node1": [0, 1], "node2": [2, 3]}
+    assert [info["nodes"] for info in under_srun] == [picture] * 4, srun.stdout
+    assert [info["node"] for info in under_srun] == ["node1", "node1", "node2", "node2"]
+
+    agent, hosts = tmp_path / "agent.sh", tmp_path / "hosts"
+    agent.write_text(AGENT)
+    agent.chmod(0o755)
+    hosts.write_text("node1 slots=2\nnode2 slots=2\n")
+    done = subprocess.run([sys.executable, "-m", "hpcreduce", "launch", "-n", "4", "--hostfile", str(hosts), "--",
+                           sys.executable, "-m", "hpcreduce", "info"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PRTE_MCA_plm_ssh_agent": str(agent)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("nodes           2 nodes: node1 (ranks 0-1), node2 (ranks 2-3)") == 4, done.stdout

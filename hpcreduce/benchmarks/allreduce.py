@@ -13,6 +13,8 @@ definition), and busbw relative to the peer.
   on the device arrays where MPI is CUDA-aware, else on pinned host copies) and
   ``nccl`` (the peer, where cupy has NCCL and no two ranks share a GPU); see
   ``benchmarks/gpu.py`` and docs/gpu.md.
+- ``--links``: then ping-pongs within a node and between nodes (``node_links``), the two
+  links of the cost model (``bench scaling`` fits them).
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from mpi4py import MPI
 
 from ..collectives import allreduce, allreduce_many
 from ..runtime.context import Context
+from ..runtime.nodes import rank_nodes
+from . import node_links
 from .timing import format_size, interleaved_medians, iterations_for, launch_facts, sizes_argument
 
 NAME = "allreduce"
@@ -32,10 +36,19 @@ CANDIDATES = ("native", "ring", "rdoubling", "auto", "auto_nocheck")
 
 
 def run(context: Context, args) -> Dict[str, object]:
+    """Every size's rows, the fusion case and, with ``--links``, the two links' ping-pongs."""
     sizes = args.sizes or sizes_argument(DEFAULT_SIZES[args.device])
     if args.device == "gpu":
         from .gpu import run_gpu
-        return run_gpu(context, sizes, args)
+        result = run_gpu(context, sizes, args)
+    else:
+        result = run_cpu(context, sizes, args)
+    if args.links:
+        result["links"] = node_links.measure(context.comm, sizes)
+    return result
+
+
+def run_cpu(context: Context, sizes: Sequence[int], args) -> Dict[str, object]:
     comm = context.comm
     rows: List[Dict[str, object]] = []
     for nbytes in sizes:
@@ -63,7 +76,7 @@ def run(context: Context, args) -> Dict[str, object]:
             comm.Allreduce(a, o, op=MPI.SUM)
 
     return {"benchmark": NAME, "device": "cpu", **facts, "title": title,
-            "candidates": list(CANDIDATES), "peer": "native", "rows": rows,
+            "candidates": list(CANDIDATES), "peer": "native", "rows": rows, "nodes": rank_nodes(comm),
             "fusion": fusion(comm, lambda: allreduce_many(arrays, comm=context), one_call_each, arrays)}
 
 
@@ -106,4 +119,6 @@ def render(result: Dict[str, object]) -> str:
     lines.append(f"fusion: {f['arrays']} x {f['elements']} float32: allreduce_many "
                  f"{f['allreduce_many'] * 1e3:.3f} ms, {f['arrays']} native calls "
                  f"{f['native_per_array'] * 1e3:.3f} ms ({f['speedup']:.1f}x faster)")
+    if "links" in result:
+        lines += node_links.render(result["links"])
     return "\n".join(lines)

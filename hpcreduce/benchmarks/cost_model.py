@@ -4,11 +4,17 @@ A message of n bytes between two ranks takes ``alpha + n * beta`` seconds (laten
 alpha, inverse bandwidth beta). ``fit_link`` fits both by least squares to allreduce
 times measured in the same run; with the step's other costs measured in the same run
 (``StepCosts``), ``predict`` gives the time per step of both topologies at any number
-of ranks, and ``recommend`` says which to book. Formulas (docs/cost-model.md):
+of ranks, and ``recommend`` says which to book. Across nodes there are two links, within a
+node (``_i``) and between nodes (``_x``), each fitted to ping-pong times of the same run
+(``fit_link(..., ring=False)``); ``predict_nodes`` forecasts M nodes of P ranks, N = M*P.
+Formulas (docs/cost-model.md):
 
     ring, N ranks:      g(N) + t_apply + 2(N-1)*alpha + 2(N-1)/N * n*beta
     PS, K servers,      g(W) + 2*max(K*alpha + m*beta, W*alpha + W*m/K*beta)
     W = N-K workers:      + t_apply * min(1, W*m/n) / K
+    across nodes:       ring over alpha_x, beta_x; PS over alpha_x, beta_x
+    hierarchical:       g(N) + t_apply + 2*ceil(log2 P)*(alpha_i + n*beta_i)
+                          + 2(M-1)*alpha_x + 2(M-1)/M * n*beta_x
 
 g(W) = g0 + g1/W: a worker's gradient time, fitted to the ring runs that do not
 oversubscribe the cores (g1/W shrinks with its share of a strong-scaling batch; g0 is
@@ -19,8 +25,9 @@ sparse ones move the rows a worker's share touches).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -93,9 +100,10 @@ def nonnegative_fit(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> Tuple[
     return min(candidates)[1]
 
 
-def fit_link(sizes: Sequence[float], seconds: Sequence[float], ranks: int) -> Link:
-    """alpha and beta from ring allreduce times of ``sizes`` bytes on ``ranks`` ranks:
-    t = 2(N-1)*alpha + 2(N-1)/N * n*beta, fitted on relative error (every size counts alike)."""
+def fit_link(sizes: Sequence[float], seconds: Sequence[float], ranks: int, *, ring: bool = True) -> Link:
+    """alpha and beta from times of ``sizes`` bytes, fitted on relative error (every size
+    counts alike): ring allreduce times on ``ranks`` ranks, t = 2(N-1)*alpha + 2(N-1)/N * n*beta,
+    or (``ring=False``) one-way point-to-point times between two ranks, t = alpha + n*beta."""
     if ranks < 2:
         raise ValueError("fitting alpha and beta needs an allreduce over at least 2 ranks")
     x, y = np.asarray(sizes, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
@@ -103,7 +111,8 @@ def fit_link(sizes: Sequence[float], seconds: Sequence[float], ranks: int) -> Li
         raise ValueError("fitting alpha and beta needs positive times of at least 2 message sizes")
     a, b = nonnegative_fit(x, y, 1.0 / y)
     relative = (a + b * x - y) / y
-    return Link(alpha_s=a / (2 * (ranks - 1)), beta_s_per_byte=b / (2 * (ranks - 1) / ranks),
+    hops, share = (2 * (ranks - 1), 2 * (ranks - 1) / ranks) if ring else (1, 1.0)
+    return Link(alpha_s=a / hops, beta_s_per_byte=b / share,
                 ranks=ranks, points=len(x), rms_relative_error=float(np.sqrt(np.mean(relative ** 2))))
 
 
@@ -118,12 +127,25 @@ def fit_per_worker(workers: Sequence[int], values: Sequence[float]) -> Tuple[flo
     return nonnegative_fit(1.0 / w, v, 1.0 / np.maximum(np.abs(v), 1e-30))
 
 
+def ring_s(nbytes: float, ranks: int, link: Link) -> float:
+    """Seconds of a ring allreduce of ``nbytes`` on ``ranks`` ranks: 2(N-1)*alpha + 2(N-1)/N * n*beta
+    (across nodes ``link`` is the between-node one: every ring step waits for a node crossing)."""
+    if ranks < 2:
+        return 0.0
+    return 2 * (ranks - 1) * link.alpha_s + 2 * (ranks - 1) / ranks * nbytes * link.beta_s_per_byte
+
+
+def hierarchical_s(nbytes: float, nodes: int, per_node: int, within: Link, between: Link) -> float:
+    """Seconds of a hierarchical allreduce (modelled, not run): node-local binomial reduce and
+    broadcast, 2*ceil(log2 P)*(alpha_i + n*beta_i), around a ring among the M node leaders."""
+    local = 2 * math.ceil(math.log2(per_node)) * (within.alpha_s + nbytes * within.beta_s_per_byte) \
+        if per_node > 1 else 0.0
+    return local + ring_s(nbytes, nodes, between)
+
+
 def ring_step_s(costs: StepCosts, link: Link, ranks: int) -> float:
     """Predicted seconds per ring step on ``ranks`` ranks (every rank a worker)."""
-    compute = costs.grad_s(ranks) + costs.apply_s
-    if ranks == 1:
-        return compute
-    return compute + 2 * (ranks - 1) * link.alpha_s + 2 * (ranks - 1) / ranks * costs.ring_bytes * link.beta_s_per_byte
+    return costs.grad_s(ranks) + costs.apply_s + ring_s(costs.ring_bytes, ranks, link)
 
 
 def ps_step_s(costs: StepCosts, link: Link, ranks: int, servers: int) -> float:
@@ -205,3 +227,25 @@ def recommend(rows: Sequence[Prediction], model_bytes: float) -> str:
                      f"{slower / faster:.2f}x faster than the other)")
     return (f"Recommendation for this model ({model_bytes / 2**20:.3g} MiB allreduced per step): "
             + "; ".join(parts) + ".")
+
+
+def predict_nodes(costs: StepCosts, within: Link, between: Link, per_node: int,
+                  nodes: Sequence[int]) -> List[Dict[str, Any]]:
+    """Seconds per step and samples/s at M nodes (at least 2) of ``per_node`` ranks, N = M*P:
+    the flat ring and the hierarchical allreduce, and the best PS over the between-node link
+    (a worker's servers are almost all on other nodes); compute g(N) + t_apply as in ``predict``."""
+    rows = []
+    for m in nodes:
+        n = m * per_node
+        compute = costs.grad_s(n) + costs.apply_s
+        servers, ps = best_servers(costs, between, n)
+        ring = compute + ring_s(costs.ring_bytes, n, between)
+        hierarchical = compute + hierarchical_s(costs.ring_bytes, m, per_node, within, between)
+        steps = {"ring": ring, "hierarchical": hierarchical, "ps": ps}
+        rows.append({"nodes": m, "ranks": n, "ring_step_s": ring, "hierarchical_step_s": hierarchical,
+                     "ps_servers": servers, "ps_step_s": ps,
+                     "ring_samples_per_s": costs.global_batch(n) / ring,
+                     "hierarchical_samples_per_s": costs.global_batch(n) / hierarchical,
+                     "ps_samples_per_s": costs.global_batch(n - servers) / ps,
+                     "fastest": min(steps, key=lambda name: steps[name])})
+    return rows

@@ -7,9 +7,14 @@ every run itself, one ``hpcreduce train --json`` job per topology and rank count
 ring on N = 1, 2, 4, 8 ranks, and PS on N = 2, 4, 8 ranks with ``--servers`` K (default
 1) and N-K workers. Then one ``hpcreduce bench allreduce`` (on the most ranks that do not
 oversubscribe the cores, at least 2) whose ring times fit the cost model's alpha and
-beta (``cost_model``); the ring runs' timelines split their steps into gradient,
+beta (``cost_model``), and whose ping-pongs (``--links``) fit the two links, within a
+node and between nodes; the ring runs' timelines split their steps into gradient,
 optimizer, communication and wait time. The forecast is printed beside the
-measurements, with a recommendation (docs/cost-model.md).
+measurements, with a recommendation (docs/cost-model.md); with the two links, each run
+beside its two-link forecast (by the nodes its ranks were on) and the flat ring, a
+hierarchical allreduce (modelled) and the PS at 8 to 1024 nodes (``--predict-nodes``),
+the compute per step taken from the runs. Under srun the runs spread over the
+allocation's nodes (``-N``); mpirun fills each node's slots in turn.
 
 - samples/s: the global batch times the steps after ``--warmup``, over their wall time.
 - efficiency: samples/s / (N x the one-rank ring run's samples/s); N counts every rank of
@@ -18,8 +23,9 @@ measurements, with a recommendation (docs/cost-model.md).
   keeps each worker's batch and grows the global batch with the workers.
 
 Writes to ``--out DIR``: scaling.json (everything), scaling.csv (measured rows),
-predictions.csv, scaling.png, allreduce.json and allreduce_busbw.png, and runs/ (each
-run's JSON and output). Runs with more ranks than cores are marked oversubscribed: their
+predictions.csv, node_predictions.csv, scaling.png, nodes.png (measured against the
+two-link model, and the forecast by nodes), allreduce.json and allreduce_busbw.png, and
+runs/ (each run's JSON and output). Runs with more ranks than cores are marked oversubscribed: their
 figures show the machine, not the method.
 """
 from __future__ import annotations
@@ -39,6 +45,7 @@ from ..errors import LaunchError
 from ..runtime.environment import usable_cores
 from ..runtime.files import atomic_file, write_json
 from ..runtime.jobs import run_job
+from ..runtime import nodes
 from ..runtime.launch import LaunchPlan, build_mpirun, hostfile_slots
 from . import cost_model
 
@@ -67,8 +74,11 @@ class Launcher:
         self.extra = shlex.split(args.launcher_args)
 
     def plan(self, ranks: int, command: Sequence[str]) -> LaunchPlan:
+        """srun spreads the ranks over the allocation's nodes (-N); mpirun fills each node's slots."""
         if self.args.launcher == "srun":
-            return LaunchPlan(["srun", "-n", str(ranks), *self.extra, *command])
+            spanned = min(ranks, int(os.environ.get("SLURM_JOB_NUM_NODES", "1")))
+            spread = ["-N", str(spanned)] if spanned > 1 else []
+            return LaunchPlan(["srun", *spread, "-n", str(ranks), *self.extra, *command])
         return build_mpirun(ranks, command, ft=self.args.ft, hostfile=self.args.hostfile,
                             extra_args=self.extra)
 
@@ -108,7 +118,7 @@ def measured_row(result: Dict[str, Any], warmup: int) -> Dict[str, Any]:
     return {"topology": result["mode"], "ranks": result["ranks"], "servers": result["servers"],
             "workers": result["ranks"] - result["servers"], "batch": result["config"]["batch"],
             "steps": len(steps), "samples_per_s": examples / max(seconds, 1e-12),
-            "step_s": seconds / (len(steps) - warmup),
+            "step_s": seconds / (len(steps) - warmup), "nodes": len(set(result["nodes"])),
             "bytes_sent_per_step": float(np.median(sent)) if sent else 0.0,
             "bytes_received_per_step": float(np.median(received)) if received else 0.0}
 
@@ -191,8 +201,9 @@ def drive(args) -> int:
         row["efficiency"] = row["samples_per_s"] / (row["ranks"] * single)
     fit_n = fit_ranks(args, launcher, counts)
     bench_path = folder / "allreduce.json"
-    print(f"hpcreduce bench scaling: allreduce on {fit_n} ranks (alpha-beta fit) ...", file=sys.stderr, flush=True)
-    launcher.run(fit_n, [*hpcreduce, "bench", "allreduce", "--sizes", ",".join(map(str, args.sizes)),
+    print(f"hpcreduce bench scaling: allreduce and ping-pongs on {fit_n} ranks (alpha-beta fits) ...",
+          file=sys.stderr, flush=True)
+    launcher.run(fit_n, [*hpcreduce, "bench", "allreduce", "--sizes", ",".join(map(str, args.sizes)), "--links",
                          "--fusion-arrays", "4", "--fusion-elements", "1000", "--json", str(bench_path)],
                  folder / "runs" / "allreduce.log")
     bench = json.loads(bench_path.read_text())
@@ -200,6 +211,7 @@ def drive(args) -> int:
     link = cost_model.fit_link([r["bytes"] for r in ring_rows], [r["median_s"] for r in ring_rows], bench["ranks"])
     costs = step_costs(rows, args.weak)
     result = assemble(args, rows, link, costs, bench)
+    add_two_links(result, args, costs, bench)
     write_outputs(folder, result, bench, args.json_path)
     print(render(result), flush=True)
     return 0
@@ -227,11 +239,51 @@ def assemble(args, rows, link: cost_model.Link, costs: cost_model.StepCosts, ben
             "recommendation": cost_model.recommend(forecast, costs.ring_bytes)}
 
 
+def fitted(links: Dict[str, Any], name: str) -> Optional[cost_model.Link]:
+    """The ``name`` link (within, between) fitted to its one-way ping-pong times; None if the run had none."""
+    return cost_model.fit_link(links["sizes"], links[name], 2, ring=False) if links[name] else None
+
+
+def add_two_links(result: Dict[str, Any], args, costs: cost_model.StepCosts, bench: Dict[str, Any]) -> None:
+    """To ``result``, the two-link model from the fit run's ping-pongs: each measured run beside its forecast
+    (``two_link_step_s``: over the between-node link if its ranks span nodes, else within), the
+    fit run's own ring allreduce times beside the ring's, and the flat ring, the hierarchical
+    allreduce and the PS at ``--predict-nodes`` nodes."""
+    links = bench["links"]
+    within, between = fitted(links, "within"), fitted(links, "between")
+    spanning = between if len(set(links["nodes"])) > 1 else within
+    for row in result["rows"]:
+        link = between if row["nodes"] > 1 else within
+        if row["topology"] == "ring" and (row["ranks"] == 1 or link):
+            row["two_link_step_s"] = cost_model.ring_step_s(costs, link, row["ranks"])
+        elif row["topology"] == "ps" and link:
+            row["two_link_step_s"] = cost_model.ps_step_s(costs, link, row["ranks"], row["servers"])
+        else:
+            row["two_link_step_s"] = None
+    per_node, notes = links["ranks_per_node"], result["notes"]
+    if between is None:
+        notes.append("one node: no between-node link was measured, so no forecast by nodes")
+    elif within is None and per_node > 1:
+        notes.append("rank 0 was alone on its node: the node-local steps use the between-node link")
+    forecast = cost_model.predict_nodes(costs, within or between, between, per_node, args.predict_nodes) \
+        if between else []
+    described = {name: {**asdict(link), "bandwidth_GBps": link.bandwidth_GBps} if link else None
+                 for name, link in (("within", within), ("between", between))}
+    allreduce = [{"bytes": row["bytes"], "measured_s": row["median_s"],
+                  "model_s": cost_model.ring_s(row["bytes"], bench["ranks"], spanning)}
+                 for row in bench["rows"] if row["algorithm"] == "ring"]
+    result["links"] = {**described, "ranks_per_node": per_node, "nodes": links["nodes"], "sizes": links["sizes"],
+                       "within_s": links["within"], "between_s": links["between"], "allreduce_vs_model": allreduce}
+    result["node_predictions"] = forecast
+
+
 def write_outputs(folder: Path, result: Dict[str, Any], bench: Dict[str, Any], json_path: Optional[str]) -> None:
-    """scaling.json (and --json), the two CSV tables, and the two figures."""
+    """scaling.json (and --json), the three CSV tables, and the three figures."""
     for path in {folder / "scaling.json", *([Path(json_path)] if json_path else [])}:
         write_json(str(path), result)
-    for name, table in (("scaling.csv", result["rows"]), ("predictions.csv", result["predictions"])):
+    tables = (("scaling.csv", result["rows"]), ("predictions.csv", result["predictions"]),
+              ("node_predictions.csv", result["node_predictions"]))
+    for name, table in tables:
         with atomic_file(str(folder / name)) as out:
             writer = csv.DictWriter(out, fieldnames=list(dict.fromkeys(key for row in table for key in row)))
             writer.writeheader()
@@ -239,6 +291,7 @@ def write_outputs(folder: Path, result: Dict[str, Any], bench: Dict[str, Any], j
     from .. import plots
     plots.scaling_figure(result, folder / "scaling.png")
     plots.busbw_figure(bench, folder / "allreduce_busbw.png")
+    plots.nodes_figure(result, folder / "nodes.png")
 
 
 def render(result: Dict[str, Any]) -> str:
@@ -268,4 +321,32 @@ def render(result: Dict[str, Any]) -> str:
         lines.append(f"{p['ranks']:>6} {p['ring_step_s'] * 1e3:>9.3f} {p['ring_efficiency']:>8.2f} "
                      f"{p['ps_servers']:>5} {p['ps_step_s'] * 1e3:>9.3f} {p['ps_efficiency']:>7.2f} "
                      f"{p['ps1_step_s'] * 1e3:>10.3f}  {p['winner']}")
-    return "\n".join(lines + result["notes"] + [result["recommendation"]])
+    return "\n".join(lines + render_two_links(result) + result["notes"] + [result["recommendation"]])
+
+
+def render_two_links(result: Dict[str, Any]) -> List[str]:
+    """The two links' fits, each run beside its two-link forecast, and the forecast by nodes."""
+    links = result["links"]
+    lines = [f"two links (ping-pong, fit run on {nodes.describe(links['nodes'])}):"]
+    for name in ("within", "between"):
+        link = links[name]
+        lines.append(f"  {name} nodes: " + ("not in this run" if link is None else
+                     f"alpha {link['alpha_s'] * 1e6:.1f} us, beta {link['beta_s_per_byte'] * 1e9:.4f} ns/B "
+                     f"({link['bandwidth_GBps']:.2f} GB/s), rms error {link['rms_relative_error'] * 100:.0f}%"))
+    for row in result["rows"]:
+        model = row["two_link_step_s"]
+        where = f"{row['nodes']} node{'s' * (row['nodes'] > 1)}"
+        lines.append(f"  {row['topology']:<5} {row['ranks']:>3} ranks on {where}: measured "
+                     f"{row['step_s'] * 1e3:.2f} ms/step, two-link model "
+                     + ("-" if model is None else f"{model * 1e3:.2f} ms"))
+    cells = ", ".join(f"{row['bytes']} B {row['measured_s'] * 1e3:.3g} vs {row['model_s'] * 1e3:.3g} ms"
+                      for row in links["allreduce_vs_model"])
+    lines.append(f"  the fit run's ring allreduce, measured vs two-link model: {cells}")
+    if result["node_predictions"]:
+        lines.append(f"forecast by nodes ({links['ranks_per_node']} ranks per node), ms per step:")
+        lines.append(f"{'nodes':>6} {'ranks':>6} {'ring':>10} {'hierarchical':>13} {'PS':>10} {'PS K':>5}  fastest")
+        for p in result["node_predictions"]:
+            lines.append(f"{p['nodes']:>6} {p['ranks']:>6} {p['ring_step_s'] * 1e3:>10.3f} "
+                         f"{p['hierarchical_step_s'] * 1e3:>13.3f} {p['ps_step_s'] * 1e3:>10.3f} "
+                         f"{p['ps_servers']:>5}  {p['fastest']}")
+    return lines

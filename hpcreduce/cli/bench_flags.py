@@ -21,6 +21,8 @@ def allreduce_flags(parser: argparse.ArgumentParser) -> None:
                              + "; ".join(f"{device}: {text}" for device, text in sizes.items()) + ")")
     parser.add_argument("--fusion-arrays", type=int, default=100, help="arrays in the fusion case")
     parser.add_argument("--fusion-elements", type=int, default=10_000, help="float32 elements per array")
+    parser.add_argument("--links", action="store_true",
+                        help="also time ping-pongs within a node and between nodes (the two-link cost model)")
 
 
 def ps_flags(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +57,9 @@ def scaling_flags(parser: argparse.ArgumentParser) -> None:
                         help="ranks of the allreduce fit (default: the most not oversubscribed, >= 2)")
     parser.add_argument("--predict", type=counts, default=counts(scaling.DEFAULT_PREDICT),
                         help=f"rank counts to forecast (default {scaling.DEFAULT_PREDICT})")
+    parser.add_argument("--predict-nodes", type=counts, default=counts(scaling.DEFAULT_PREDICT),
+                        help="node counts to forecast with the two links, ranks per node as in the fit run "
+                             f"(default {scaling.DEFAULT_PREDICT})")
     launcher_flags(parser, timeout=600)
     parser.add_argument("--out", default="hpcreduce-scaling", help="folder for every output (default %(default)s)")
 
@@ -155,8 +160,9 @@ def scaling_problems(args: argparse.Namespace) -> List[str]:
     if args.counts is not None and (not args.counts or args.counts[0] < 1 or args.counts[-1] < 2):
         found.append("--counts must be positive rank counts, one at least 2 (the forecast needs "
                      "the bytes a multi-rank step moves)")
-    if args.servers < 1 or (args.predict and min(args.predict) < 2):
-        found.append("--servers must be >= 1 and --predict counts >= 2")
+    if args.servers < 1 or (args.predict and min(args.predict) < 2) or \
+            (args.predict_nodes and min(args.predict_nodes) < 2):
+        found.append("--servers must be >= 1 and --predict and --predict-nodes counts >= 2")
     if args.counts is None and args.ranks < 2:
         found.append(f"-n must be at least 2, got {args.ranks}")
     if args.ft:

@@ -16,7 +16,7 @@ from ..ft.inject import ATTEMPT, KILL_LOG
 from ..ft.watchdog import DEADLINE
 from ..runtime import settings
 from ..runtime.files import path_problem
-from ..runtime.launch import DONE_FILE, hostfile_slots
+from ..runtime.launch import DONE_FILE, hostfile_slots, unknown_hosts
 from ..runtime.spawn import SPAWN_INFO
 
 # Every environment setting hpcreduce reads; ``hpcreduce launch`` sets the last two itself.
@@ -40,8 +40,13 @@ def launch_problems(args: argparse.Namespace) -> List[str]:
     if args.hostfile:
         try:
             hostfile_slots(args.hostfile)
+            unknown = unknown_hosts(args.hostfile)
         except LaunchError as err:
             found.append(f"--hostfile: {err}")
+        else:
+            if unknown:
+                found.append(f"--hostfile {args.hostfile} names {', '.join(unknown)}: no such host (the name does "
+                             "not resolve); fix the hostfile, or set an ssh agent (plm_ssh_agent) that knows it")
     return found
 
 

@@ -5,7 +5,7 @@ import json
 import platform
 
 from ..arrays import cupy_available
-from ..runtime import environment
+from ..runtime import environment, nodes
 
 
 def register(subcommands) -> None:
@@ -22,6 +22,7 @@ def collect() -> dict:
     from ..runtime.context import start_mpi
     start_mpi()
     problem = environment.failure_detection_problem()
+    rank_nodes = nodes.rank_nodes(MPI.COMM_WORLD)
     return {
         "mpi_library": environment.mpi_library(MPI),
         "mpi_standard": "%d.%d" % MPI.Get_version(),
@@ -34,6 +35,8 @@ def collect() -> dict:
         "launcher": environment.detect_launcher(),
         "ranks": MPI.COMM_WORLD.Get_size(),
         "cores": environment.usable_cores(),
+        "node": rank_nodes[MPI.COMM_WORLD.Get_rank()],
+        "nodes": nodes.ranks_by_node(rank_nodes),
         "python": platform.python_version(),
     }
 
@@ -51,4 +54,9 @@ def run(args, _argv) -> int:
     print(f"cupy with GPU   {yes[facts['cupy']]}")
     print(f"launcher        {facts['launcher']}")
     print(f"ranks / cores   {facts['ranks']} / {facts['cores']}")
+    ranks = [0] * facts["ranks"]
+    for node, on_node in facts["nodes"].items():
+        for rank in on_node:
+            ranks[rank] = node
+    print(f"nodes           {nodes.describe(ranks)}")
     return 0

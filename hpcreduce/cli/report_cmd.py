@@ -4,7 +4,7 @@ What is drawn depends on the file:
 
 - ``hpcreduce train --json``: loss.png, throughput.png, staleness.png;
 - ``hpcreduce bench allreduce --json``: allreduce_busbw.png (busbw against message size);
-- ``hpcreduce bench scaling`` (scaling.json): scaling.png.
+- ``hpcreduce bench scaling`` (scaling.json): scaling.png, and nodes.png (the two-link model).
 
 ``--out`` defaults to ``<file name without .json>-report`` beside the file. Runs on
 one process, no MPI job.
@@ -59,8 +59,9 @@ def draw(result: Mapping[str, Any], folder: Path) -> List[Path]:
     try:
         if kind == "allreduce":
             return [plots.busbw_figure(result, folder / "allreduce_busbw.png")]
-        if kind == "scaling":
-            return [plots.scaling_figure(result, folder / "scaling.png")]
+        if kind == "scaling":  # nodes.png too where the result has the two links (not before issue 15)
+            return [plots.scaling_figure(result, folder / "scaling.png"),
+                    *([plots.nodes_figure(result, folder / "nodes.png")] if "links" in result else [])]
         return plots.training_figures(result, folder)
     except KeyError as err:
         raise UnknownResultError(f"a {kind} result whose entries lack {err}") from None

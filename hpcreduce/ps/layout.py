@@ -8,11 +8,14 @@ position among the live workers, which picks its share of each batch. After a fa
 recovery builds a new layout with ``rebuilt``: the surviving shard keys, their new
 ranks, the live workers and a recomputed placement; workers re-route by it.
 Shard keys also form the replication ring: each shard's backup is the server of the
-next key (``neighbours``).
+next key in the ring (``neighbours``). When the servers span nodes the ring alternates
+nodes (``node_ring``), so a shard and its replica are on different nodes and losing a
+node never takes both (guaranteed while no node holds more than half the servers); after
+a failure the surviving keys keep their ring order.
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import PSConfigError, SettingProblem, setting_problem
 from .placement import Placement, place
@@ -27,16 +30,32 @@ def servers_problem(servers: int, size: int) -> Optional[SettingProblem]:
     return None
 
 
+def node_ring(keys: Sequence[int], nodes: Mapping[int, str]) -> List[int]:
+    """``keys`` in a ring order where neighbours lie on different ``nodes[key]`` whenever
+    no node has more than half the keys: grouped by node (largest group first), the
+    groups fill the even positions, then the odd ones. The same on every rank."""
+    groups: Dict[str, List[int]] = {}
+    for key in sorted(keys):
+        groups.setdefault(nodes[key], []).append(key)
+    ordered = [k for group in sorted(groups.values(), key=lambda g: (-len(g), g[0])) for k in group]
+    ring = [0] * len(ordered)
+    positions = list(range(0, len(ordered), 2)) + list(range(1, len(ordered), 2))
+    for position, key in zip(positions, ordered):
+        ring[position] = key
+    return ring
+
+
 class Layout:
     """Roles and placement shared by every rank of one PS job.
 
     ``worker_slots[i]`` is the slot of the worker on ``worker_ranks[i]`` (default: i);
-    ``slot_count`` is the number of slots ever handed out (the length of per-slot arrays).
+    ``slot_count`` is the number of slots ever handed out (the length of per-slot arrays);
+    ``ring`` the replication ring's key order (default: sorted keys; keys gone are dropped).
     """
 
     def __init__(self, specs: Sequence[ParamSpec], shard_ranks: Mapping[int, int],
                  worker_ranks: Sequence[int], worker_slots: Optional[Sequence[int]] = None,
-                 slot_count: Optional[int] = None):
+                 slot_count: Optional[int] = None, ring: Optional[Sequence[int]] = None):
         self.specs: Tuple[ParamSpec, ...] = tuple(specs)
         self.shard_ranks: Dict[int, int] = dict(shard_ranks)
         self.worker_ranks: Tuple[int, ...] = tuple(worker_ranks)
@@ -50,20 +69,25 @@ class Layout:
         self._shard_of_rank = {rank: key for key, rank in self.shard_ranks.items()}
         self._slot_of_rank = dict(zip(self.worker_ranks, self.worker_slots))
         self._index_of_rank = {rank: i for i, rank in enumerate(self.worker_ranks)}
+        ordered = [k for k in (ring or ()) if k in self.shard_ranks]
+        self.ring: Tuple[int, ...] = tuple(ordered + sorted(set(self.shard_ranks) - set(ordered)))
 
     @classmethod
-    def initial(cls, specs: Sequence[ParamSpec], size: int, servers: int) -> "Layout":
-        """K servers on ranks 0..K-1, workers on the rest; raises PSConfigError otherwise."""
+    def initial(cls, specs: Sequence[ParamSpec], size: int, servers: int,
+                nodes: Optional[Sequence[str]] = None) -> "Layout":
+        """K servers on ranks 0..K-1, workers on the rest; raises PSConfigError otherwise.
+        ``nodes``: the node of every rank, for a replication ring across nodes."""
         problem = servers_problem(servers, size)
         if problem:
             raise PSConfigError(problem)
-        return cls(specs, {k: k for k in range(servers)}, range(servers, size))
+        ring = node_ring(range(servers), dict(enumerate(nodes))) if nodes else None
+        return cls(specs, {k: k for k in range(servers)}, range(servers, size), ring=ring)
 
     def rebuilt(self, shard_ranks: Mapping[int, int], worker_ranks: Sequence[int],
                 worker_slots: Optional[Sequence[int]] = None,
                 slot_count: Optional[int] = None) -> "Layout":
         """The layout over other shards and ranks (after a failure); placement recomputed."""
-        return Layout(self.specs, shard_ranks, worker_ranks, worker_slots, slot_count)
+        return Layout(self.specs, shard_ranks, worker_ranks, worker_slots, slot_count, self.ring)
 
     @property
     def worker_count(self) -> int:
@@ -87,6 +111,17 @@ class Layout:
     def neighbours(self, key: int) -> Tuple[int, int]:
         """(next key, previous key) of shard ``key`` in the replication ring: the shard whose
         server keeps ``key``'s replica, and the shard whose replica ``key``'s server keeps."""
-        keys = sorted(self.shard_ranks)
+        keys = self.ring
         position = keys.index(key)
         return keys[(position + 1) % len(keys)], keys[position - 1]
+
+    def homes(self, nodes: Sequence[str], replicated: bool) -> List[Dict[str, Any]]:
+        """Where each shard lives: its primary's rank and node (``nodes``: by rank) and, when
+        ``replicated`` with K > 1, its replica's (the server of the next key in the ring); else None."""
+        found = []
+        for key in sorted(self.shard_ranks):
+            rank = self.shard_ranks[key]
+            backup = self.shard_ranks[self.neighbours(key)[0]] if replicated and len(self.ring) > 1 else None
+            found.append({"shard": key, "rank": rank, "node": nodes[rank], "replica_rank": backup,
+                          "replica_node": None if backup is None else nodes[backup]})
+        return found

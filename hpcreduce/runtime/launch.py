@@ -8,6 +8,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -82,6 +83,30 @@ def hostfile_slots(path: str) -> Optional[int]:
     except ValueError as err:
         raise LaunchError(f"hostfile {path} has a slots= value that is not a number") from err
     return total
+
+
+def hostfile_hosts(path: str) -> List[str]:
+    """The host names of an Open MPI hostfile, in order."""
+    try:
+        with open(path, encoding="utf-8") as lines:
+            return [words[0] for words in (line.split("#", 1)[0].split() for line in lines) if words]
+    except OSError as err:
+        raise LaunchError(f"cannot read hostfile {path}: {err}") from err
+
+
+def unknown_hosts(path: str, extra_args: Sequence[str] = ()) -> List[str]:
+    """Hosts of hostfile ``path`` that do not resolve, checked before mpirun tries to reach
+    them; none when an ssh agent is set (``plm_ssh_agent``), which decides what a name means."""
+    agent = any("plm_ssh_agent" in key for key in os.environ) or "plm_ssh_agent" in extra_args
+    if agent:
+        return []
+    unknown = []
+    for host in hostfile_hosts(path):
+        try:
+            socket.getaddrinfo(host, None)
+        except (socket.gaierror, UnicodeError):
+            unknown.append(host)
+    return unknown
 
 
 def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,

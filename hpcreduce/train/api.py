@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import ConfigurationError, SettingProblem
 from ..ps.stats import staleness_summary
 from ..runtime.context import Comm, Context, resolve
+from ..runtime.nodes import rank_nodes
 from .config import OUTPUTS, TrainConfig
 from .data import Dataset
 from .evaluation import evaluate
@@ -63,6 +64,7 @@ def train(model: Model, dataset: Dataset, config: Optional[TrainConfig] = None, 
         result = run_sandblaster_training(ctx, config, model, dataset, observer)
     else:
         result = train_ring(ctx, config, model, dataset, observer)
+    result.nodes = rank_nodes(ctx.comm)
     observer.echo(final_line(result))
     observer.finish(result.to_json)  # writes config.json_path on rank 0
     return result

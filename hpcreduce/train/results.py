@@ -118,6 +118,7 @@ class TrainResult:
     that can recover); ``ps``: what the parameter servers report (PS mode);
     ``sandblaster``: the Sandblaster counters (units counted, backups issued, duplicates
     discarded, iterations, evaluations, pass_s, units_by_worker, ...; sandblaster mode);
+    ``nodes``: the node (hostname) of each rank at the end, by rank;
     ``params``: the trained parameters, whole, and ``gradient`` (sandblaster mode): the flat
     objective gradient at them (both kept in memory, never written).
     ``to_json()`` is what ``--json`` writes, under the names scripts read.
@@ -139,6 +140,7 @@ class TrainResult:
     ps: Optional[Dict[str, Any]] = None
     sandblaster: Optional[Dict[str, Any]] = None
     gradient: Optional[np.ndarray] = field(default=None, repr=False)
+    nodes: List[str] = field(default_factory=list)
 
     @property
     def mode(self) -> str:
@@ -158,6 +160,8 @@ class TrainResult:
                  "workers": self.worker_count, "servers": self.servers, "dataset": self.dataset, "steps": self.steps,
                  "traffic": self.traffic, "staleness": self.staleness, "wall_s": self.wall_s,
                  "train_s": self.train_s, "samples_per_s": self.samples_per_s, "final": asdict(self.final)}
+        if self.nodes:
+            found["nodes"] = self.nodes
         if self.ps is not None:
             found["ps"] = self.ps
         if self.recovery is not None:

@@ -15,7 +15,7 @@ Cost while nothing fails: the replication of every push, a checkpoint of each sh
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Any, Dict, List, Optional
 
 from mpi4py import MPI
 
@@ -32,6 +32,7 @@ from ...ps.start import checked, everywhere, table_optimizers
 from ...ps.state import ShardState
 from ...ps.worker import Worker
 from ...runtime.context import Context
+from ...runtime.nodes import rank_nodes
 from ...runtime.failures import abandon
 from ..config import TrainConfig
 from ..data import Dataset
@@ -60,6 +61,7 @@ class ElasticPS:
         self.worker_side = WorkerSide()
         self.server: Optional[Server] = None
         self.detected: Optional[float] = None
+        self.placement: List[Dict[str, Any]] = []  # the shards' homes at the start (founding ranks)
         watchdog.deadline_s = self.fault.deadline_s
         control = ctx.comm.bcast(None, root=0) if ctx.joined else None
         self.members = Membership.from_control(control, ctx.rank) if control else \
@@ -120,7 +122,9 @@ class ElasticPS:
     # -- roles -------------------------------------------------------------------------
     def _start(self) -> None:
         ctx, config = self.ctx, self.config
-        layout = Layout.initial(self.specs, ctx.size, config.servers)
+        nodes = rank_nodes(ctx.comm)
+        layout = Layout.initial(self.specs, ctx.size, config.servers, nodes)
+        self.placement = layout.homes(nodes, replicated=True)
         self.committed = Committed(layout, config.servers)
 
         def make() -> None:

@@ -55,7 +55,7 @@ def grow(run: "ElasticPS", count: int, kind: str, plan: Plan, step: int) -> None
 def _control(run: "ElasticPS", clock: int) -> Dict[str, Any]:
     layout = run.committed.layout
     return {**run.members.control(), "shard_ranks": layout.shard_ranks, "worker_ranks": layout.worker_ranks,
-            "worker_slots": layout.worker_slots, "slot_count": layout.slot_count,
+            "worker_slots": layout.worker_slots, "slot_count": layout.slot_count, "ring": layout.ring,
             "next_key": run.committed.next_key, "grown_before": run.hooks.grown_before, "clock": clock}
 
 
@@ -63,7 +63,7 @@ def join(run: "ElasticPS", control: Dict[str, Any]) -> None:
     """A spawned newcomer, with the job's broadcast ``control``: take the layout, become a worker."""
     ctx = run.ctx
     layout = Layout(run.specs, control["shard_ranks"], control["worker_ranks"], control["worker_slots"],
-                    control["slot_count"])
+                    control["slot_count"], control["ring"])
     run.committed = Committed(layout, control["next_key"])
     run.hooks.grown_before = control["grown_before"]
     run.hooks.struck = run.hooks.struck_recovery = control["clock"]

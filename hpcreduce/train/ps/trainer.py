@@ -8,7 +8,8 @@ slot (applied, duplicate, refused) and the refusal reasons. ``staleness`` holds 
 measured read staleness and update lag histograms. With fault tolerance, ``ps.pushes``
 adds ``made_per_worker`` (pieces each live worker had acknowledged, by slot; -1 for a
 worker that is gone) and ``updates_lost_per_worker``, ``ps.ids`` the stable id of every
-rank and ``ps.worker_slots`` the live workers' slots; ``recovery`` lists the recovery
+rank and ``ps.worker_slots`` the live workers' slots; ``ps.placement`` says where each shard
+lived at the start: its primary's rank and node and (with fault tolerance, K > 1) its replica's; ``recovery`` lists the recovery
 events (rank 0's, a server: it times the next step).
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ...ps.layout import Layout
 from ...ps.state import ShardState
 from ...ps.stats import merge_summaries, server_traffic
 from ...runtime.context import Context
+from ...runtime.nodes import rank_nodes
 from ..config import TrainConfig
 from ..data import Dataset
 from ..evaluation import evaluate
@@ -54,14 +56,16 @@ def run_ps_training(ctx: Context, config: TrainConfig, model: Model, dataset: Da
     started = time.perf_counter()
     if ctx.ft:
         return _run_elastic(ctx, config, model, dataset, observer, started)
+    nodes = rank_nodes(ctx.comm)
     role = start(model.param_specs(), lambda: model.init_params(config.seed), servers=config.servers,
                  consistency=Consistency(config.consistency, config.staleness),
                  optimizer=config.optimizer, lr=config.lr, comm=ctx)
+    placement = role.layout.homes(nodes, replicated=False)
     if isinstance(role, Server):
         role.serve()
-        return _result(ctx, config, model, dataset, role.layout, role.state, None, started)
+        return _result(ctx, config, model, dataset, role.layout, role.state, None, started, placement=placement)
     run = WorkerLoop(role, config, model, dataset, ctx).run(ctx, observer)
-    return _result(ctx, config, model, dataset, role.layout, None, run, started)
+    return _result(ctx, config, model, dataset, role.layout, None, run, started, placement=placement)
 
 
 def _run_elastic(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset,
@@ -77,15 +81,16 @@ def _run_elastic(ctx: Context, config: TrainConfig, model: Model, dataset: Datas
     lost = np.full(layout.slot_count, -1, np.int64)
     for slot, count, missing in filter(None, ctx.comm.allgather(mine)):
         made[slot], lost[slot] = count, missing
+    placement = next(filter(None, ctx.comm.allgather(elastic.placement)), [])  # the founders know it
     return _result(ctx, config, model, dataset, layout, elastic.holdings.own, loop.result if loop else None,
-                   started, recovery=ctx.comm.bcast(elastic.events.as_dicts(), root=0),
+                   started, placement=placement, recovery=ctx.comm.bcast(elastic.events.as_dicts(), root=0),
                    pushes_extra={"made_per_worker": made.tolist(), "updates_lost_per_worker": lost.tolist()},
                    ps_extra={"ids": list(elastic.members.ids), "worker_slots": list(layout.worker_slots)})
 
 
 def _result(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset, layout: Layout,
             state: Optional[ShardState], run: Optional[WorkerLog], started: float, *,
-            recovery: Optional[List[Dict[str, Any]]] = None, pushes_extra: Optional[Dict[str, Any]] = None,
+            placement: List[Dict[str, Any]], recovery: Optional[List[Dict[str, Any]]] = None, pushes_extra: Optional[Dict[str, Any]] = None,
             ps_extra: Optional[Dict[str, Any]] = None) -> TrainResult:
     """The end of a run on every rank: failures reported everywhere, per-step metrics summed,
     parameters gathered and evaluated, the servers' counters merged."""
@@ -117,7 +122,7 @@ def _result(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset, l
         final=FinalMetrics(loss, accuracy, checksum(params)), params=params, recovery=recovery,
         ps={"consistency": config.consistency, "staleness_bound": config.staleness,
             "fetch_every": config.fetch_every, "push_every": config.push_every,
-            "server_ranks": sorted(layout.shard_ranks.values()),
+            "server_ranks": sorted(layout.shard_ranks.values()), "placement": placement,
             "pieces": {spec.name: [[p.shard, p.start, p.stop] for p in layout.placement.pieces[t]]
                        for t, spec in enumerate(layout.specs) if not spec.sparse},
             "pushes": {**merged["pushes"], **(pushes_extra or {})}, **(ps_extra or {})})
