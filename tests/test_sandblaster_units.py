@@ -29,6 +29,10 @@ def test_a_backup_only_when_it_would_finish_before_the_original():
     units.pace = {1: 1.0, 2: 1.0, 3: 100.0}  # worker 3 turns out slow: its unit is worth a backup
     assert units.next_unit(1) == 2 and units.backups_issued == 1
     assert UnitPass(2, backups=True).next_unit(1) == 0  # nothing measured yet: fresh units still flow
+    overdue = UnitPass(2, backups=True, pace={1: 1.0, 2: 1.0})
+    assert [overdue.next_unit(w) for w in (1, 2)] == [0, 1] and overdue.report(1, 0)
+    overdue.handed[1] -= 10.0  # unit 1 has run ten times its expected second: a copy pays
+    assert overdue.next_unit(1) == 1
 
 
 def test_no_backups_when_off():

@@ -6,7 +6,8 @@ unfinished units it does not hold, the one whose original is expected to finish 
 if the free worker would finish it sooner (speculative execution by expected finish time,
 as Hadoop's LATE scheduler does: a copy of a unit running at normal speed would only take
 cores from the original). Expected times come from ``pace``, each worker's seconds per
-unit as last measured (a worker not yet measured counts as the typical one). The first
+unit as last measured (a worker not yet measured counts as the typical one); a unit
+already running past its expected time is expected to run as long again. The first
 report of a unit is kept, later ones are dropped (``duplicates``). A pass is over when
 every unit is kept and its keeper has confirmed it pushed to the servers. Pure
 bookkeeping: no messages.
@@ -60,11 +61,14 @@ class UnitPass:
         if not self.backups:
             return None
         typical = median(self.pace.values()) if self.pace else 0.0
-        best, latest = None, time.perf_counter() + self.pace.get(worker, typical)
+        now = time.perf_counter()
+        best, latest = None, now + self.pace.get(worker, typical)
         for unit, handed in self.handed.items():
             if unit in self.kept or unit in self.backed or worker in self.holders.get(unit, ()):
                 continue
             finish = handed + self.pace.get(self.original[unit], typical)
+            if finish < now:  # overdue: as long again as it has run so far
+                finish = now + (now - handed)
             if finish > latest:
                 best, latest = unit, finish
         return best

@@ -1,6 +1,7 @@
 """Sandblaster end to end on 5 ranks (K = 1, 2, 3 servers, a coordinator, the rest workers).
 
-1. Exactly once: with tiny units, backups on and rank 4 slowed 4x, the gradient the servers
+1. Exactly once: with tiny units, backups on and rank 4 slowed 1000x (each of its units outlasts
+   a pass, so backups are certain under the expected-finish rule), the gradient the servers
    hold at the committed point equals the single-process full-batch gradient (numpy, same
    batch and l2) to 1e-5; backups happened, and every unit was counted once per pass
    (``units`` = evaluations x units per pass) with every extra result discarded
@@ -38,7 +39,7 @@ def batch_indices(config, dataset):
 # 1. one iteration's gradient, exactly once, with backups and duplicates
 for servers in (1, 2):
     config = TrainConfig(mode="sandblaster", optimizer="gd", steps=1, batch=2048, unit=16, servers=servers,
-                         progress="none", fault=FaultConfig(slow=[(4, 4.0)]))
+                         progress="none", fault=FaultConfig(slow=[(4, 1000.0)]))
     result = train(model, data, config, comm=ctx, verbose=False)
     sb = result.sandblaster
     x = flatten(result.params, model.param_specs())
