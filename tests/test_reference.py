@@ -5,29 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpcreduce.train import ArrayDataset, Model, ParamSpec, StepOutput
+from hpcreduce.train import ArrayDataset
+from linear_model import LinearRegression
 from hpcreduce.train.models import LogisticRegression, SyntheticCTR
 from hpcreduce.train.reference import flatten, full_batch_objective, scipy_lbfgs, unflatten
 
 pytest.importorskip("scipy")
-
-
-class LinearRegression(Model):
-    """The README's model: dense parameters."""
-
-    name = "linear-regression"
-
-    def param_specs(self):
-        return [ParamSpec("w", (5,)), ParamSpec("b", (1,))]
-
-    def init_params(self, seed):
-        return {"w": np.zeros(5, np.float32), "b": np.zeros(1, np.float32)}
-
-    def loss_and_grads(self, params, batch):
-        error = batch["x"] @ params["w"] + params["b"][0] - batch["y"]
-        return StepOutput(loss_sum=float(0.5 * (error * error).sum()),
-                          grads={"w": batch["x"].T @ error, "b": error.sum(keepdims=True)},
-                          correct=int((abs(error) < 0.2).sum()), count=len(error))
 
 
 def linear_data(n: int = 300) -> ArrayDataset:
@@ -66,15 +49,15 @@ def test_gradient_matches_finite_differences_sparse_and_dense():
     f, g = objective(x)
     assert g.shape == x.shape and np.isfinite(f)
     assert finite_difference_error(objective, x, np.arange(0, 65, 3)) < 1e-7
-    dense = full_batch_objective(LinearRegression(), linear_data(), np.arange(300), l2=0.1)
+    dense = full_batch_objective(LinearRegression(5), linear_data(), np.arange(300), l2=0.1)
     assert finite_difference_error(dense, np.linspace(-1, 1, 6), np.arange(6)) < 1e-6
 
 
 def test_scipy_lbfgs_reaches_the_ridge_closed_form():
     data, l2 = linear_data(), 0.1
-    x, f = scipy_lbfgs(LinearRegression(), data, np.arange(300), l2, np.zeros(6), tol=1e-10)
+    x, f = scipy_lbfgs(LinearRegression(5), data, np.arange(300), l2, np.zeros(6), tol=1e-10)
     design = np.hstack([data.splits["train"]["x"], np.ones((300, 1))])
     exact = np.linalg.solve(design.T @ design / 300 + l2 * np.eye(6), design.T @ data.splits["train"]["y"] / 300)
     assert np.allclose(x, exact, atol=1e-7)
-    objective = full_batch_objective(LinearRegression(), data, np.arange(300), l2)
+    objective = full_batch_objective(LinearRegression(5), data, np.arange(300), l2)
     assert f == pytest.approx(objective(exact)[0], rel=1e-12)

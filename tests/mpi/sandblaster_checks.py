@@ -15,7 +15,8 @@ import math
 import numpy as np
 
 import hpcreduce
-from hpcreduce.train import ArrayDataset, Model, ParamSpec, StepOutput, TrainConfig, train
+from hpcreduce.train import ArrayDataset, TrainConfig, train
+from linear_model import LinearRegression
 from hpcreduce.train.models import LogisticRegression, SyntheticCTR
 from hpcreduce.train.partition import global_batch
 from hpcreduce.train.reference import flatten, full_batch_objective, scipy_lbfgs
@@ -77,22 +78,6 @@ for servers in (1, 2, 3):
 
 
 # 3. a user's Model, unchanged
-class LinearRegression(Model):
-    name = "linear-regression"
-
-    def param_specs(self):
-        return [ParamSpec("w", (16,)), ParamSpec("b", (1,))]
-
-    def init_params(self, seed):
-        return {"w": np.zeros(16, np.float32), "b": np.zeros(1, np.float32)}
-
-    def loss_and_grads(self, params, batch):
-        error = batch["x"] @ params["w"] + params["b"][0] - batch["y"]
-        return StepOutput(loss_sum=float(0.5 * (error * error).sum()),
-                          grads={"w": batch["x"].T @ error, "b": error.sum(keepdims=True)},
-                          correct=int((abs(error) < 0.2).sum()), count=len(error))
-
-
 rng = np.random.default_rng(1)
 features = rng.standard_normal((3000, 16)).astype(np.float32)
 targets = (features @ rng.standard_normal(16) + 0.5 + 0.1 * rng.standard_normal(3000)).astype(np.float32)
