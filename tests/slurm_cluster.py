@@ -239,6 +239,24 @@ class SlurmCluster:
         """The daemons of this cluster that are still running: {name: PID}."""
         return {name: proc.pid for name, proc in self.daemons.items() if _pid_alive(proc.pid)}
 
+    def kill_node(self, node: str, must_mention: str) -> List[int]:
+        """SIGKILL, in one sweep, every process running on ``node`` (in its slurmd's UTS
+        namespace: what that node runs) whose command line contains ``must_mention``: a lost
+        node, as far as those processes go. Returns their PIDs."""
+        home = os.readlink(f"/proc/{self.daemons[f'slurmd.{node}'].pid}/ns/uts")
+        victims = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if os.readlink(entry / "ns" / "uts") == home and must_mention in _cmdline(int(entry.name)):
+                    victims.append(int(entry.name))
+            except OSError:  # gone meanwhile
+                continue
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        return victims
+
     def stop(self) -> None:
         """Stop the slurmds, slurmctld and munged by the PIDs in their PID files, then remove the folder."""
         for name, folder in (*((f"slurmd.{n}", "run") for n in NODES), ("slurmctld", "run"), ("munged", "munge")):
