@@ -15,6 +15,9 @@ the servers applied (``applied_per_worker``, per piece) equal the pieces it had 
 (``made_per_worker``), once lost updates are taken off; duplicates are counted apart.
 """
 import json
+import math
+import subprocess
+import time
 
 import pytest
 
@@ -132,11 +135,33 @@ def test_growth_adds_a_worker_that_pulls_the_weights_and_takes_a_share(tmp_path,
     assert_trained_like(data, reference, "bsp")
 
 
+@pytest.mark.parametrize("consistency, fetch_every", [("bsp", 1), ("ssp", 1), ("asp", 1), ("asp", 4)])
+def test_a_newcomer_pulls_the_weights_before_its_first_step_under_every_consistency_and_fetch(
+        tmp_path, reference, consistency, fetch_every):
+    """Growth at step 7, off the --fetch-every 4 schedule: the newcomer must still read every dense
+    table first (a worker's tables are NaN until pulled: its push would be refused). --fetch-every
+    only applies to asp. Loss: BSP as the run without growth up to summation order; SSP and ASP
+    within 10% (it falls from 0.69 to 0.46 over the run)."""
+    result, data = train(tmp_path, "grown", "--consistency", consistency, "--fetch-every", str(fetch_every),
+                         "--grow", "1@7", ranks=4, servers=1)
+    assert result.returncode == 0, result
+    assert "NaN" not in result.output and "refused" not in result.output, result
+    (growth,) = [e for e in data["recovery"] if e["kind"] == "growth"]
+    assert growth["joined"] == [4] and data["ranks"] == 5 and data["workers"] == 4
+    assert data["ps"]["pushes"]["made_per_worker"][3] > 0, "the newcomer trained and pushed"
+    assert_exactly_once(data)
+    assert math.isfinite(data["final"]["loss"])
+    rel = 1e-5 if consistency == "bsp" else 0.1
+    assert data["final"]["loss"] == pytest.approx(reference["loss"], rel=rel)
+
+
 @pytest.mark.parametrize("seed, consistency", [(11, "bsp"), (12, "asp"), (13, "bsp")])
 def test_random_kills_never_hang(tmp_path, reference, seed, consistency):
     result, data = train(tmp_path, "random", "--consistency", consistency, "--kill-random", "0.08",
-                         "--kill-seed", str(seed), ranks=5, servers=2)
+                         "--kill-seed", str(seed), ranks=5, servers=2,
+                         env={"HPCREDUCE_KILL_LOG": str(tmp_path / "k")})
     assert result.returncode == 0, result
+    assert failures(data) and (tmp_path / "k").read_text().strip(), "a random kill really happened"
     assert data["ranks"] == 5 - sum(len(e["lost"]) for e in failures(data))
     assert_exactly_once(data)
     assert_trained_like(data, reference, consistency)
@@ -146,6 +171,19 @@ def test_dense_tables_cut_across_servers_survive_a_server_loss_bit_for_bit():
     result = mpirun(6, "ft_ps_dense.py", ft=True, timeout=TIMEOUT)
     assert result.returncode == 0, result
     assert "ft ps dense: bsp checksum equal after a server loss, asp exactly once" in result.output, result
+
+
+def test_without_ft_a_hung_worker_ends_the_job_by_the_deadline(tmp_path):
+    log = tmp_path / "kills.log"
+    started = time.monotonic()
+    result, _ = train(tmp_path, "hung", "--kill", "2@5:hang", "--deadline", "3", ranks=3, servers=1, ft=False,
+                      env={"HPCREDUCE_KILL_LOG": str(log)})
+    assert time.monotonic() - started < TIMEOUT / 2, "ended by its deadline, well before the test timeout"
+    assert result.returncode != 0 and "hang at step 5" in log.read_text()
+    assert "DeadlineExceededError" in result.output and "a peer is hung" in result.output, result
+    time.sleep(1)  # the launcher's kills of the aborted job's ranks land
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes of the aborted job outlived it: {left}"
 
 
 def test_fault_flags_without_ulfm_are_refused_in_ps_mode(tmp_path):

@@ -86,8 +86,11 @@ def test_replace_keeps_the_size_and_discovery_grows_the_job(tmp_path, reference)
 
 @pytest.mark.parametrize("seed", [11, 12, 13])
 def test_random_kills_never_hang(tmp_path, reference, seed):
-    result, data = train(tmp_path, "random", "--kill-random", "0.08", "--kill-seed", str(seed), ranks=5)
+    log = tmp_path / "kills.log"
+    result, data = train(tmp_path, "random", "--kill-random", "0.08", "--kill-seed", str(seed), ranks=5,
+                         env={"HPCREDUCE_KILL_LOG": str(log)})
     assert result.returncode == 0, result
+    assert failures(data) and log.read_text().strip(), "a random kill really happened"
     assert data["ranks"] == 5 - sum(len(e["lost"]) for e in failures(data))
     assert_same_training(data, reference)
 

@@ -157,7 +157,7 @@ def build_config(args: argparse.Namespace) -> Tuple["TrainConfig", List[Problem]
 
 
 def _ulfm_problems(config: "TrainConfig", ft: bool) -> List[str]:
-    if config.fault.needs_ulfm() and not ft:
+    if config.fault.needs_ulfm() and not ft and not (config.mode == "ps" and config.fault.hangs_only()):
         return ["--kill, --kill-random, --grow, --discover and --replace need in-job fault "
                 "tolerance: launch with --ft (ULFM), or give --checkpoint-dir and "
                 "--restarts to recover kills by relaunching"]

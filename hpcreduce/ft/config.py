@@ -37,6 +37,10 @@ class FaultConfig:
         return bool(self.grow or self.discover or self.replace
                     or ((self.kills or self.kill_random) and not self.checkpoint_dir))
 
+    def hangs_only(self) -> bool:
+        """Whether every injected failure is a hang (``:hang``): no ULFM needed, the deadline ends the job."""
+        return bool(self.kills) and not self.kill_random and all(kill.phase == "hang" for kill in self.kills)
+
     def problems(self, steps: Optional[int] = None, ranks: Optional[int] = None, ft: bool = True,
                  recovery_kills_wait: bool = False) -> List[SettingProblem]:
         """What is wrong with these settings, by field name (empty when fine). Given the run's

@@ -12,7 +12,7 @@ leaving workers waiting for a server that is not there.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 
@@ -45,21 +45,24 @@ def table_optimizers(specs: Sequence[ParamSpec], name: str, lr: float,
 
 def start(specs: Sequence[ParamSpec], initial: Initial, *, servers: int = 1,
           consistency: Consistency = Consistency(), optimizer: str = "sgd", lr: float = 0.1,
-          table_lr: Optional[Mapping[str, float]] = None, comm: Comm = None) -> Union[Server, Worker]:
+          table_lr: Optional[Mapping[str, float]] = None, comm: Comm = None,
+          guard: Optional[Callable[[str], Any]] = None) -> Union[Server, Worker]:
     """This rank's part of a PS job over ``comm`` (a Context, an MPI intracommunicator that
     hpcreduce duplicates once, or None for ``hpcreduce.init()``'s): a ``Server`` on ranks
     0..servers-1, else a ``Worker``. Collective; raises the same kind of error on every
-    rank on bad input."""
+    rank on bad input. ``guard(what)``: wraps every blocking wait (a deadline watchdog)."""
     ctx = resolve(comm)
     layout = Layout.initial(specs, ctx.size, servers)
     optimizers = table_optimizers(layout.specs, optimizer, lr, table_lr)
+
+    guarded = {} if guard is None else {"guard": guard}
 
     def make() -> Union[Server, Worker]:
         if layout.is_server(ctx.rank):
             state = ShardState.create(layout, layout.shard_of(ctx.rank), checked(initial(), specs),
                                       optimizers)
-            return Server(ctx.comm, layout, state, optimizers, consistency, ctx.traffic)
-        return Worker(ctx.comm, layout, ctx.traffic)
+            return Server(ctx.comm, layout, state, optimizers, consistency, ctx.traffic, **guarded)
+        return Worker(ctx.comm, layout, ctx.traffic, **guarded)
     return everywhere(ctx, make)
 
 

@@ -114,8 +114,8 @@ class TrainConfig:
         if self.fetch_every < 1 or self.push_every < 1:
             found.append(setting_problem("{fetch_every} and {push_every} must be at least 1"))
         fault = self.fault
-        if not ft and (fault.kills or fault.kill_random or fault.grow or fault.discover or fault.replace
-                       or fault.checkpoint_dir):
+        if not ft and ((fault.kills and not fault.hangs_only()) or fault.kill_random or fault.grow
+                       or fault.discover or fault.replace or fault.checkpoint_dir):
             found.append(setting_problem(
                 "in {mode} ps, {kills}, {kill_random}, {grow}, {discover}, {replace} and {checkpoint_dir} "
                 "need in-job fault tolerance: launch with ULFM (hpcreduce launch --ft); the parameter "

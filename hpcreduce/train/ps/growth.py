@@ -4,7 +4,8 @@ Rank 0 asks for growth (``progress.StepHooks``) by revoking the communicator; th
 that follows carries the request in its plan, and once it is committed every rank calls
 ``grow``: spawn and merge (``runtime.spawn``), a new layout with the newcomers' slots
 (never used before) and one broadcast of the layout to the newcomers, who ``join``: they
-take the layout and become workers at the slowest clock (BSP: the restart step). Shards
+take the layout and become workers at the slowest clock (BSP: the restart step), pulling
+every dense table at their first step (even off the ``--fetch-every`` schedule). Shards
 make room for the new slots. Cost: one spawn and merge, one broadcast of a few hundred bytes.
 """
 from __future__ import annotations
@@ -67,6 +68,7 @@ def join(run: "ElasticPS", control: Dict[str, Any]) -> None:
     run.committed = Committed(layout, control["next_key"])
     run.hooks.grown_before = control["grown_before"]
     run.hooks.struck = run.hooks.struck_recovery = control["clock"]
-    run.worker_side.loop = run.new_loop(Worker(ctx.comm, layout, ctx.traffic, guard=watchdog.guard,
-                                           clock=control["clock"]))
+    loop = run.new_loop(Worker(ctx.comm, layout, ctx.traffic, guard=watchdog.guard, clock=control["clock"]))
+    loop.refetch = True  # its first step reads every dense table, whatever --fetch-every says
+    run.worker_side.loop = loop
     run.observer.reporter = layout.worker_ranks[0]

@@ -76,7 +76,8 @@ class WorkerLoop:
                  ctx: Context):
         self.worker, self.config, self.model, self.dataset = worker, config, model, dataset
         self.specs = model.param_specs()
-        self.dense = {spec.name: np.empty(spec.shape, spec.dtype) for spec in self.specs
+        # NaN until the first pull: computing on never-pulled weights is refused as NaN, never silent
+        self.dense = {spec.name: np.full(spec.shape, _unset(spec.dtype), spec.dtype) for spec in self.specs
                       if not spec.sparse}
         self.summed: Dict[str, np.ndarray] = {}
         self.summed_rows: Dict[str, List[RowGrads]] = {}
@@ -208,6 +209,11 @@ class WorkerLoop:
         self.result.log.drop_after(step)
         self.worker.clock_value = step
         self.refetch = True
+
+
+def _unset(dtype: Any) -> Any:
+    """The value of a dense parameter not pulled yet: NaN (0 for an integer table)."""
+    return np.nan if np.issubdtype(np.dtype(dtype), np.floating) else 0
 
 
 def reported_staleness(handle: Handle, clock: int) -> int:

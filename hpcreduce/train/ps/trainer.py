@@ -22,6 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ...errors import PSConfigError, PSTrainingError
+from ...ft.watchdog import watchdog
 from ...ps import Consistency, Server, start
 from ...ps.gather import gather_params
 from ...ps.layout import Layout
@@ -57,14 +58,18 @@ def run_ps_training(ctx: Context, config: TrainConfig, model: Model, dataset: Da
     if ctx.ft:
         return _run_elastic(ctx, config, model, dataset, observer, started)
     nodes = rank_nodes(ctx.comm)
+    watchdog.deadline_s = config.fault.deadline_s  # --deadline: a hung peer ends the job, with or without --ft
     role = start(model.param_specs(), lambda: model.init_params(config.seed), servers=config.servers,
                  consistency=Consistency(config.consistency, config.staleness),
-                 optimizer=config.optimizer, lr=config.lr, comm=ctx)
+                 optimizer=config.optimizer, lr=config.lr, comm=ctx, guard=watchdog.guard)
     placement = role.layout.homes(nodes, replicated=False)
     if isinstance(role, Server):
         role.serve()
         return _result(ctx, config, model, dataset, role.layout, role.state, None, started, placement=placement)
-    run = WorkerLoop(role, config, model, dataset, ctx).run(ctx, observer)
+    loop = WorkerLoop(role, config, model, dataset, ctx)
+    hangs = config.fault.schedule(config.seed)  # without --ft only hangs (``:hang``) are allowed
+    loop.before_step = lambda step: hangs.strike("step", step, ctx.rank, range(ctx.size))
+    run = loop.run(ctx, observer)
     return _result(ctx, config, model, dataset, role.layout, None, run, started, placement=placement)
 
 
