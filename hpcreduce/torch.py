@@ -36,7 +36,7 @@ broadcast and an allgather of verdicts, then one ``MPI_Bcast`` per tensor (any d
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -84,16 +84,34 @@ def allreduce_gradients(parameters: Parameters, op: str = "mean", *, comm=None, 
     False under loss scaling, which expects them) every rank raises
     ``InputMismatchError``/``UnsupportedInputError`` naming the parameters and ranks,
     before any gradient changes."""
-    names, views = [], []
+    names, grads = [], []
     for name, param in named(parameters):
         if param.grad is None:
             param.grad = torch.zeros_like(param)
-        view, reason = array_view(param.grad)
-        if reason is None and check_finite and not bool(torch.isfinite(param.grad).all()):
-            reason = "has NaN or Inf values"
         names.append(name)
+        grads.append(param.grad)
+    finite = all_finite(grads) if check_finite else [True] * len(grads)
+    views = []
+    for grad, ok in zip(grads, finite):
+        view, reason = array_view(grad)
+        if reason is None and not ok:
+            reason = "has NaN or Inf values"
         views.append(Unusable(reason) if reason else view)
     allreduce_many(views, op, comm=comm, inplace=True, names=names)
+
+
+def all_finite(tensors: Sequence[torch.Tensor]) -> List[bool]:
+    """Whether each tensor is free of NaN and Inf, read back once per device (not once per
+    tensor: each read of a CUDA result waits for the GPU)."""
+    finite = [True] * len(tensors)
+    by_device: Dict[torch.device, List[int]] = {}
+    for index, tensor in enumerate(tensors):
+        by_device.setdefault(tensor.device, []).append(index)
+    for indices in by_device.values():
+        flags = torch.stack([torch.isfinite(tensors[i]).all() for i in indices]).tolist()
+        for index, flag in zip(indices, flags):
+            finite[index] = bool(flag)
+    return finite
 
 
 def state_tensors(module: Union[torch.nn.Module, Dict[str, torch.Tensor]]) -> List[Tuple[str, torch.Tensor]]:
@@ -118,7 +136,7 @@ def broadcast_parameters(module: Union[torch.nn.Module, Dict[str, torch.Tensor]]
     verdict = None
     if theirs != signature:
         different = next((f"{mine} here, {other} on rank {root}"
-                          for mine, other in zip(signature, theirs, strict=False) if mine != other),
+                          for mine, other in zip(signature, theirs) if mine != other),
                          f"{len(signature)} tensors here, {len(theirs)} on rank {root}")
         verdict = f"rank {context.rank}: {different}"
     verdicts = [v for v in context.comm.allgather(verdict) if v]

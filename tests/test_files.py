@@ -50,7 +50,7 @@ def test_dev_stdout_is_written_through_and_dev_null_stays_a_device(tmp_path):
     code = ("from hpcreduce.runtime.files import write_json, LineStream\n"
             "write_json('/dev/stdout', {'x': 1}); s = LineStream('/dev/stdout', fresh=True)\n"
             "s.write_line('{}'); s.close()")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
     assert out.splitlines() == ["{", ' "x": 1', "}", "{}"]
     files.write_json("/dev/null", {"x": 1})
     with files.atomic_file("/dev/null", "wb") as raw:
@@ -88,7 +88,7 @@ def test_an_error_in_the_block_keeps_the_previous_file(tmp_path):
 
 def test_only_temporaries_of_dead_writers_are_removed(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
     host = files._host()
     names = {"stale": f".ckpt-000000010.npz.{host}.{dead}.abc_1.partial",
              "mine": f".ckpt-000000010.npz.{host}.{os.getpid()}.abc_2.partial",
@@ -165,7 +165,7 @@ def test_dev_stdout_redirected_to_a_file_is_appended_to_not_replaced(tmp_path):
     code = ("import sys; from hpcreduce.runtime.files import write_json\n"
             "print('before', flush=True); write_json('/dev/stdout', 1); print('after', flush=True)")
     with open(out, "w") as handle:
-        subprocess.run([sys.executable, "-c", code], stdout=handle, check=True)
+        subprocess.run([sys.executable, "-c", code], stdout=handle, check=True, timeout=60)
     assert out.read_text().split() == ["before", "1", "after"]
 
 

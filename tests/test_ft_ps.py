@@ -182,7 +182,7 @@ def test_without_ft_a_hung_worker_ends_the_job_by_the_deadline(tmp_path):
     assert result.returncode != 0 and "hang at step 5" in log.read_text()
     assert "DeadlineExceededError" in result.output and "a peer is hung" in result.output, result
     time.sleep(1)  # the launcher's kills of the aborted job's ranks land
-    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True, timeout=60).stdout.split()
     assert not left, f"processes of the aborted job outlived it: {left}"
 
 

@@ -1,10 +1,10 @@
 """Node awareness without a cluster: the picture of ranks per node, the PS replication ring
 across nodes, and the two-link cost model's forecasts."""
 import math
-import subprocess
-import sys
 
 import pytest
+
+from mpi_run import hpcreduce_cli
 
 from hpcreduce.benchmarks import cost_model
 from hpcreduce.benchmarks.cost_model import Link, StepCosts
@@ -81,6 +81,5 @@ def test_a_hostfile_naming_an_unknown_host_is_refused_by_name(tmp_path):
     assert unknown_hosts(str(hosts), ["--prtemca", "plm_ssh_agent", "/bin/agent"]) == []  # the agent decides
     for command in (["launch", "-n", "2", "--hostfile", str(hosts), "--", "true"],
                     ["train", "-n", "2", "--hostfile", str(hosts)]):
-        done = subprocess.run([sys.executable, "-m", "hpcreduce", *command], capture_output=True, text=True,
-                              timeout=60)
-        assert done.returncode == 2 and "names no-such-node.invalid: no such host" in done.stderr, done
+        done = hpcreduce_cli(*command, timeout=60)
+        assert done.returncode == 2 and "names no-such-node.invalid: no such host" in done.output, done

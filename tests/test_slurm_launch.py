@@ -1,11 +1,10 @@
 """hpcreduce inside real Slurm jobs: one 4-rank world under srun (PMIx) and under mpirun
 in an allocation, and no launcher in the batch step itself."""
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
+from mpi_run import hpcreduce_cli
 from slurm_cluster import slurm_cluster  # noqa: F401 (the session fixture)
 
 RANKS = 4
@@ -72,8 +71,7 @@ def test_srun_across_two_nodes_and_a_hostfile_give_the_same_picture(slurm_cluste
     agent.write_text(AGENT)
     agent.chmod(0o755)
     hosts.write_text("node1 slots=2\nnode2 slots=2\n")
-    done = subprocess.run([sys.executable, "-m", "hpcreduce", "launch", "-n", "4", "--hostfile", str(hosts), "--",
-                           sys.executable, "-m", "hpcreduce", "info"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PRTE_MCA_plm_ssh_agent": str(agent)})
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("nodes           2 nodes: node1 (ranks 0-1), node2 (ranks 2-3)") == 4, done.stdout
+    done = hpcreduce_cli("launch", "-n", "4", "--hostfile", str(hosts), "--", sys.executable, "-m", "hpcreduce",
+                         "info", timeout=120, env={"PRTE_MCA_plm_ssh_agent": str(agent)})
+    assert done.returncode == 0, done
+    assert done.output.count("nodes           2 nodes: node1 (ranks 0-1), node2 (ranks 2-3)") == 4, done

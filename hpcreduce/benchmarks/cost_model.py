@@ -239,7 +239,7 @@ def predict_nodes(costs: StepCosts, within: Link, between: Link, per_node: int,
         n = m * per_node
         compute = costs.grad_s(n) + costs.apply_s
         servers, ps = best_servers(costs, between, n)
-        ring = compute + ring_s(costs.ring_bytes, n, between)
+        ring = ring_step_s(costs, between, n)
         hierarchical = compute + hierarchical_s(costs.ring_bytes, m, per_node, within, between)
         steps = {"ring": ring, "hierarchical": hierarchical, "ps": ps}
         rows.append({"nodes": m, "ranks": n, "ring_step_s": ring, "hierarchical_step_s": hierarchical,

@@ -37,14 +37,13 @@ def register(subcommands) -> None:
 
 def run(args, argv) -> int:
     name = args.module.NAME
-    if hasattr(args.module, "drive"):  # launches its own jobs (bench scaling, recovery, stragglers)
+    drives = hasattr(args.module, "drive")  # launches its own jobs (bench scaling, recovery, stragglers)
+    if drives or outside_mpi():
         problems = [*PROBLEMS[name](args), *output_problems(_outputs(args)), *launch_problems(args),
                     *setting_problems()]
-        return refuse(f"bench {name}", problems) if problems else args.module.drive(args)
-    if outside_mpi():
-        problems = [*PROBLEMS[name](args), *output_problems(_outputs(args)), *launch_problems(args),
-                    *setting_problems()]
-        return refuse(f"bench {name}", problems) if problems else relaunch(args, argv)
+        if problems:
+            return refuse(f"bench {name}", problems)
+        return args.module.drive(args) if drives else relaunch(args, argv)
     from ..runtime.context import init
     context = init(ft=True if args.ft else None)
     problems = context.comm.bcast(  # rank 0 writes the JSON: it decides for every rank

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 from ..errors import SettingProblem, setting_problem
-from .checkpoint import folder_problem
 from .growth import GrowthRule
 from .inject import Kill, KillSchedule
 
@@ -56,9 +55,6 @@ class FaultConfig:
             found.append(setting_problem("{checkpoint_every} needs {checkpoint_dir}"))
         if self.deadline_s is not None and not 0 < self.deadline_s < float("inf"):
             found.append(setting_problem("{deadline_s} must be positive, got {value}", value=self.deadline_s))
-        folder = folder_problem(self.checkpoint_dir) if self.checkpoint_dir else None
-        if folder:
-            found.append(setting_problem("{checkpoint_dir} {path}: {why}", path=self.checkpoint_dir, why=folder))
         found += self._slow_problems(ranks)
         if steps is not None:
             found += [setting_problem("{grow} %d@%d: STEP must be from 1 to %d ({steps})" % (n, at, steps))

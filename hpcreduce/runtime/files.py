@@ -61,7 +61,7 @@ def _resolved(path: str) -> Tuple[str, Optional[int]]:
     return path, None
 
 
-def _written_through(path: str) -> bool:
+def written_through(path: str) -> bool:
     """Whether ``path`` is written through rather than replaced: it leads into /proc
     (``/dev/stdout``: a file some process has open, whatever it is) or to something that
     is neither a regular file nor a folder (a device, a FIFO)."""
@@ -96,7 +96,7 @@ def atomic_file(path: str, mode: str = "w") -> Iterator[IO]:
     """Write ``path`` as the module docstring says; ``mode``: ``"w"`` (UTF-8 text) or ``"wb"``."""
     target = os.path.realpath(path)
     with _as_output_error(path):
-        if _written_through(path):
+        if written_through(path):
             with _open_through(path, mode, **_text(mode)) as out:
                 yield out
             return
@@ -142,7 +142,7 @@ class LineStream:
     def __init__(self, path: str, *, fresh: bool):
         self.path = path
         with _as_output_error(path):
-            through = _written_through(path)
+            through = written_through(path)
             if not through:
                 os.makedirs(os.path.dirname(os.path.realpath(path)), exist_ok=True)
             self._out: Optional[IO[str]] = (_open_through(path, "w", encoding="utf-8", buffering=1) if through else
@@ -219,7 +219,7 @@ def remove_stale_temporaries(folder: str) -> List[str]:
 def path_problem(path: str) -> Optional[str]:
     """Why a file could not be written at ``path`` (symlinks followed; its folder is created
     if missing), or None. A device or FIFO is written through, so it passes when writable."""
-    if _written_through(path):
+    if written_through(path):
         return None if os.access(path, os.W_OK) else "not writable"
     target = os.path.realpath(path)
     folder = os.path.dirname(target)

@@ -1,18 +1,19 @@
 """Environment settings (``HPCREDUCE_*``): each declared once, parsed, and refused by name.
 
 The module that reads a variable declares it as a ``Setting`` (name, parser, default,
-what it must be). ``value()`` parses the variable when asked (the parse is cached per
-text, so hot paths may ask on every call) and raises ``ConfigurationError`` naming the
+what it must be). ``value()`` reads and parses the variable the first time it is asked and
+keeps the result for the process (hot paths, such as a small allreduce, ask on every call:
+a dictionary lookup); ``reload()`` forgets what was read, for code that changes
+``os.environ`` while it runs. An unusable value raises ``ConfigurationError`` naming the
 variable, its value and what it must be: a bad setting is the same clear error as a bad
 flag, never a traceback from deep inside. ``problems`` checks several at once; the CLI
 checks every setting with its flags before it launches anything.
 """
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
-from typing import Callable, Generic, Iterable, List, Mapping, Optional, TypeVar
+from typing import Any, Callable, Dict, Generic, Iterable, List, Mapping, Optional, Tuple, TypeVar
 
 from ..errors import ConfigurationError
 
@@ -29,15 +30,29 @@ class Setting(Generic[T]):
     meaning: str
 
     def value(self, env: Optional[Mapping[str, str]] = None) -> T:
-        """The variable's value (``default`` when unset or empty); ConfigurationError if unusable."""
-        text = (os.environ if env is None else env).get(self.name, "").strip()
+        """The variable's value (``default`` when unset or empty) in ``env``, or in this
+        process's environment as first read; ConfigurationError if unusable."""
+        if env is not None:
+            found = self._read(env)
+        else:
+            found = _READ.get(self.name)
+            if found is None:
+                found = _READ[self.name] = self._read(os.environ)
+        value, problem = found
+        if problem is not None:
+            raise ConfigurationError(problem)
+        return value
+
+    def _read(self, env: Mapping[str, str]) -> Tuple[Any, Optional[str]]:
+        """(value, None), or (None, why it cannot be used)."""
+        text = env.get(self.name, "").strip()
         if not text:
-            return self.default
+            return self.default, None
         try:
-            return _parsed(self, text)
+            return self.parse(text), None
         except ValueError as err:
             reason = f" ({err})" if str(err) else ""
-            raise ConfigurationError(f"{self.name}={text!r} is not {self.meaning}{reason}") from None
+            return None, f"{self.name}={text!r} is not {self.meaning}{reason}"
 
     def problem(self, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
         """Why the variable's value cannot be used, or None."""
@@ -48,9 +63,13 @@ class Setting(Generic[T]):
         return None
 
 
-@functools.lru_cache(maxsize=64)
-def _parsed(setting: Setting, text: str):
-    return setting.parse(text)
+_READ: Dict[str, Tuple[Any, Optional[str]]] = {}
+"""What each variable of this process's environment was read as: name -> (value, problem)."""
+
+
+def reload() -> None:
+    """Forget what was read: the next ``value()`` reads ``os.environ`` again."""
+    _READ.clear()
 
 
 def problems(settings: Iterable[Setting], env: Optional[Mapping[str, str]] = None) -> List[str]:

@@ -142,7 +142,7 @@ class Coordinator:
         while waiting:
             self.comm.Recv(message, source=MPI.ANY_SOURCE, tag=TAG_WORK, status=status)
             worker = status.Get_source()
-            self.duplicates += message[Work.KIND] == DONE
+            self.duplicates += int(message[Work.KIND] == DONE)
             self.comm.Send(answer(False, Action.STOP), dest=worker, tag=TAG_ANSWER)
             waiting.discard(worker)
         self.parked = []

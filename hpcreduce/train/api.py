@@ -31,10 +31,10 @@ from .sandblaster.trainer import run_sandblaster_training
 
 def config_problems(config: TrainConfig, ctx: Context) -> List[SettingProblem]:
     """What stops ``config`` running on ``ctx``'s ranks, the same list on every rank:
-    ``config.problems``, and the output files rank 0 cannot write (checked by rank 0 before
-    training rather than lost after it)."""
+    ``config.problems``, and the output files and checkpoint folder rank 0 cannot write
+    (checked by rank 0 before training rather than lost after it, and given to every rank)."""
     problems = config.problems(ctx.size, ctx.ft)
-    writes = any(getattr(config, name) for name in OUTPUTS)
+    writes = any(getattr(config, name) for name in OUTPUTS) or bool(config.fault.checkpoint_dir)
     if writes and not ctx.joined:  # a newcomer's first collective belongs to the job
         problems += ctx.comm.bcast(config.output_problems() if ctx.rank == 0 else None)
     return problems

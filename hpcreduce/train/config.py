@@ -11,7 +11,8 @@ from ..ft.config import FaultConfig
 from ..ps.consistency import KINDS as CONSISTENCIES
 from ..ps.layout import servers_problem
 from ..ps.optimizers import OPTIMIZERS
-from ..runtime.files import path_problem
+from ..ft.checkpoint import folder_problem
+from ..runtime.files import path_problem, written_through
 from ..sandblaster import METHODS, roles_problem
 
 MODES = ("ring", "ps", "sandblaster")
@@ -91,7 +92,7 @@ class TrainConfig:
                 found.append(setting_problem(", ".join("{%s}" % name for name in given)
                                              + (" only apply" if len(given) > 1 else " only applies")
                                              + " to {mode} sandblaster"))
-        return (found + self._shared_outputs() + self._slow_role_problems()
+        return (found + self._slow_role_problems()
                 + self.fault.problems(self.steps, size, ft, self.mode == "ps"))
 
     def _slow_role_problems(self) -> List[SettingProblem]:
@@ -168,26 +169,32 @@ class TrainConfig:
         return found
 
     def _shared_outputs(self) -> List[SettingProblem]:
-        """Outputs given one file: each would overwrite the other (streams such as
-        ``/dev/stdout`` and FIFOs are written through, so they may be shared)."""
+        """Outputs given one file: each would overwrite the other (what is written through,
+        ``/dev/stdout``, devices and FIFOs, may be shared)."""
         by_path: Dict[str, List[str]] = {}
         for name in OUTPUTS:
             path = getattr(self, name)
-            if path and (not os.path.exists(path) or os.path.isfile(path)):
+            if path and not written_through(path):
                 by_path.setdefault(os.path.realpath(path), []).append(name)
         return [setting_problem(" and ".join("{%s}" % name for name in names) + " name one file, {path}: "
                                 "give each its own", path=getattr(self, names[0]))
                 for names in by_path.values() if len(names) > 1]
 
     def output_problems(self) -> List[SettingProblem]:
-        """The output files (json_path, metrics_path, timeline_path) that cannot be written
-        here (their folders are created)."""
-        found = []
+        """What this rank's disk says against the outputs: files (json_path, metrics_path,
+        timeline_path) that cannot be written here (their folders are created) or that name
+        one file, and a checkpoint folder that cannot be one. Asked of the rank that writes
+        (rank 0), whose answer every rank takes, so no two ranks decide differently."""
+        found = self._shared_outputs()
         for name in OUTPUTS:
             path = getattr(self, name)
             why = path_problem(path) if path else None
             if why:
                 found.append(setting_problem("{%s} {path}: {why}" % name, path=path, why=why))
+        folder = self.fault.checkpoint_dir
+        why = folder_problem(folder) if folder else None
+        if why:
+            found.append(setting_problem("{checkpoint_dir} {path}: {why}", path=folder, why=why))
         return found
 
     def as_dict(self) -> Dict[str, Any]:

@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 import hpcreduce
 import hpcreduce.runtime.context
+from hpcreduce.runtime import settings
 from hpcreduce import ConfigurationError, InputMismatchError, UnsupportedInputError
 from hpcreduce.collectives.fusion import _reduce_buckets
 from hpcreduce.collectives.ops import OPS
@@ -33,16 +34,19 @@ def expect_everywhere(error, fragments, call):
 
 
 def with_env(name, value, call):
-    """``call()`` with ``name=value`` in this rank's environment only (None: unchanged)."""
+    """``call()`` with ``name=value`` in this rank's environment only (None: unchanged);
+    hpcreduce reads its settings once, so they are reloaded after each change."""
     before = os.environ.get(name)
     if value is not None:
         os.environ[name] = value
+        settings.reload()
     try:
         return call()
     finally:
         os.environ.pop(name, None)
         if before is not None:
             os.environ[name] = before
+        settings.reload()
 
 
 def check_overlapping_out():
