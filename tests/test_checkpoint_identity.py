@@ -16,7 +16,6 @@ from test_ft_ps_units import shards
 
 from mpi_run import hpcreduce_cli
 
-from hpcreduce.errors import CheckpointMismatchError
 from hpcreduce.train.ps import checkpoint as ps_checkpoint
 
 TIMEOUT = 120
@@ -75,9 +74,9 @@ def test_ps_shard_checkpoints_fall_back_past_a_damaged_file_and_refuse_another_r
     warnings = []
     assert ps_checkpoint.latest_complete(str(tmp_path), warnings.append) == 10
     assert len(warnings) == 1 and str(damaged) in warnings[0], warnings
-    ps_checkpoint.refuse_foreign(str(tmp_path), identity)
-    with pytest.raises(CheckpointMismatchError, match="with lr 0.2, this run has lr 0.1"):
-        ps_checkpoint.refuse_foreign(str(tmp_path), {**identity, "lr": 0.1})
+    assert ps_checkpoint.foreign_problem(str(tmp_path), identity) is None
+    problem = ps_checkpoint.foreign_problem(str(tmp_path), {**identity, "lr": 0.1})
+    assert re.search("with lr 0.2, this run has lr 0.1", str(problem)), problem  # refused on every rank
 
 
 def test_ps_checkpoints_of_another_seed_are_refused_not_restored(tmp_path):

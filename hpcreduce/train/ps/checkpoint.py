@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ...errors import CheckpointMismatchError, setting_problem
+from ...errors import CheckpointMismatchError, SettingProblem, setting_problem
 from ...ft import checkpoint
 from ...runtime.files import remove_stale_temporaries
 from ...ps.fragments import assemble, cut
@@ -91,23 +91,33 @@ def latest_complete(directory: Optional[str], warn: checkpoint.Warn = checkpoint
     return None
 
 
-def refuse_foreign(directory: Optional[str], identity: Mapping[str, object]) -> None:
-    """Raise ``CheckpointMismatchError`` if a checkpoint in ``directory`` was written by a
-    run other than ``identity``'s (unreadable files are left to ``latest_complete``);
-    remove the temporaries of writers that died."""
+def refuse_foreign(comm, directory: Optional[str], identity: Mapping[str, object]) -> None:
+    """Raise ``CheckpointMismatchError`` on every rank of ``comm`` if a checkpoint in
+    ``directory`` was written by a run other than ``identity``'s, as rank 0 reads the folder
+    (unreadable files are left to ``latest_complete``); rank 0 also removes the temporaries
+    of writers that died. Collective: one small broadcast."""
+    problem = comm.bcast(foreign_problem(directory, identity) if comm.Get_rank() == 0 else None, root=0)
+    if problem is not None:
+        raise CheckpointMismatchError(problem)
+
+
+def foreign_problem(directory: Optional[str], identity: Mapping[str, object]) -> Optional[SettingProblem]:
+    """Why ``directory`` holds another run's checkpoint, by this rank's reading, or None;
+    removes the temporaries of writers that died."""
     if not (directory and os.path.isdir(directory)):
-        return
+        return None
     for step, files in sorted(_shard_files(directory).items()):
         for path in files.values():
             found = checkpoint.read_or_warn(path, lambda _text: None, arrays=False)
             problem = found and checkpoint.identity_problem(found[0], identity)
             if problem:
-                raise CheckpointMismatchError(setting_problem(
+                return setting_problem(
                     "{checkpoint_dir} {path}: its checkpoint of step {step} {why}; give another folder or empty it",
-                    path=directory, step=step, why=problem))
+                    path=directory, step=step, why=problem)
     for name in os.listdir(directory):
         if FOLDER.match(name):
             remove_stale_temporaries(os.path.join(directory, name))
+    return None
 
 
 def load_states(directory: str, step: int, specs: Sequence[ParamSpec],

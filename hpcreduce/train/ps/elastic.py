@@ -74,7 +74,7 @@ class ElasticPS:
         if control:
             growth.join(self, control)
         else:
-            checkpoint.refuse_foreign(self.fault.checkpoint_dir, self.hooks.identity)
+            checkpoint.refuse_foreign(ctx.comm, self.fault.checkpoint_dir, self.hooks.identity)
             self._start()
 
     @property
