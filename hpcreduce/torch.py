@@ -29,7 +29,9 @@ order; a parameter without a gradient counts as zeros (as Horovod does). Bad inp
 non-finite gradients, a root outside the communicator) raises on every rank, naming the
 parameters and ranks, before any data moves.
 Cost: ``allreduce_gradients`` is one ``allreduce_many`` of all gradients (see
-docs/algorithms.md) after one ``isfinite`` pass over them (``check_finite``);
+docs/algorithms.md) after one ``isfinite`` pass over them (``check_finite``); after
+``bucket_gradients(model)`` the gradients live in persistent fusion buffers and are reduced
+there, with no copy in or out;
 ``broadcast_parameters`` one small allreduce (the root), one small pickled signature
 broadcast and an allgather of verdicts, then one ``MPI_Bcast`` per tensor (any dtype, as bytes);
 ``pull``/``push``: one PS pull or push per parameter, all in flight together.
@@ -42,8 +44,10 @@ import numpy as np
 import torch
 
 from .collectives import allreduce_many
+from .collectives.broadcast import broadcast_tensor
+from .collectives.buckets import fusion_threshold, plan_buckets, register
 from .collectives.validate import Unusable, agree, problem, stable_hash
-from .errors import InputMismatchError
+from .errors import InputMismatchError, UnsupportedInputError
 from .runtime.context import resolve
 
 DTYPES = {torch.float16: "float16", torch.float32: "float32", torch.float64: "float64",
@@ -77,6 +81,43 @@ def array_view(tensor: torch.Tensor) -> Tuple[Any, Optional[str]]:
     return None, f"tensors on {tensor.device.type} are not supported (CPU or CUDA only)"
 
 
+BUCKET_ATTRIBUTE = "_hpcreduce_gradient_view"
+"""Set on a bucketed parameter: its gradient view, and the registered array over its bucket
+(kept alive with the parameter)."""
+
+
+def bucket_gradients(parameters: Parameters, *, threshold_bytes: Optional[int] = None) -> None:
+    """Give every parameter a gradient that is a view into persistent fusion buffers (PyTorch
+    DDP's ``gradient_as_bucket_view``), keeping its current values: ``allreduce_gradients``
+    then reduces each bucket where it lies, with no copy in or out. Buckets follow
+    ``allreduce_many``'s grouping (``threshold_bytes``: its fusion threshold, default
+    ``HPCREDUCE_FUSION_BYTES``). Local (no communication). A gradient that autograd or
+    ``zero_grad(set_to_none=True)`` replaces later is copied back into its view by
+    ``allreduce_gradients``. Raises ``UnsupportedInputError`` for a parameter hpcreduce
+    cannot reduce."""
+    pairs = named(parameters)
+    params = [param for _, param in pairs]
+    like = []
+    for name, param in pairs:
+        view, reason = array_view(param)
+        if reason is not None:
+            raise UnsupportedInputError(f"bucket_gradients: parameter {name!r}: {reason}")
+        like.append(view)
+    for bucket in plan_buckets(like, fusion_threshold(threshold_bytes)):
+        first = params[bucket[0]]
+        flat = torch.zeros(sum(params[i].numel() for i in bucket), dtype=first.dtype, device=first.device)
+        storage = array_view(flat)[0]
+        register(storage)
+        offset = 0
+        for i in bucket:
+            view = flat[offset:offset + params[i].numel()].view_as(params[i])
+            offset += params[i].numel()
+            if params[i].grad is not None:
+                view.copy_(params[i].grad)
+            params[i].grad = view
+            setattr(params[i], BUCKET_ATTRIBUTE, (view, storage))
+
+
 def allreduce_gradients(parameters: Parameters, op: str = "mean", *, comm=None, check_finite: bool = True) -> None:
     """Reduce every parameter's ``.grad`` over all ranks, in place (``op`` "mean" by default,
     or "sum"); a missing gradient is created as zeros first. Collective; on bad input (a
@@ -86,6 +127,9 @@ def allreduce_gradients(parameters: Parameters, op: str = "mean", *, comm=None, 
     before any gradient changes."""
     names, grads = [], []
     for name, param in named(parameters):
+        bucketed = getattr(param, BUCKET_ATTRIBUTE, None)
+        if bucketed is not None and param.grad is not bucketed[0]:
+            restore_view(param, bucketed[0])
         if param.grad is None:
             param.grad = torch.zeros_like(param)
         names.append(name)
@@ -98,6 +142,19 @@ def allreduce_gradients(parameters: Parameters, op: str = "mean", *, comm=None, 
             reason = "has NaN or Inf values"
         views.append(Unusable(reason) if reason else view)
     allreduce_many(views, op, comm=comm, inplace=True, names=names)
+
+
+def restore_view(param: torch.Tensor, view: torch.Tensor) -> None:
+    """Put a replaced gradient back into its bucket view (zeros for none); one that no longer
+    fits the view (another shape, dtype or device) stays as it is, reduced by copying."""
+    grad = param.grad
+    if grad is None:
+        view.zero_()
+    elif grad.shape != view.shape or grad.dtype != view.dtype or grad.device != view.device or grad.is_sparse:
+        return
+    else:
+        view.copy_(grad)
+    param.grad = view
 
 
 def all_finite(tensors: Sequence[torch.Tensor]) -> List[bool]:
@@ -145,21 +202,6 @@ def broadcast_parameters(module: Union[torch.nn.Module, Dict[str, torch.Tensor]]
     for _name, tensor in tensors:
         with torch.no_grad():
             broadcast_tensor(context, tensor, root)
-
-
-def broadcast_tensor(context, tensor: torch.Tensor, root: int) -> None:
-    """``MPI_Bcast`` of one tensor's bytes (any dtype) into itself: in its own memory when
-    MPI can read it (CPU, or CUDA with a CUDA-aware MPI), else through a host copy."""
-    direct = tensor.is_contiguous() and (tensor.device.type == "cpu" or context.cuda_aware)
-    buffer = tensor.detach() if direct else tensor.detach().contiguous().cpu()
-    raw = buffer.reshape(-1).view(torch.uint8)
-    if raw.device.type == "cuda":
-        import cupy
-        context.comm.Bcast(cupy.from_dlpack(raw), root=root)
-    else:
-        context.comm.Bcast(raw.numpy(), root=root)
-    if not direct:
-        tensor.copy_(buffer)
 
 
 class TorchPSWorker:

@@ -8,7 +8,7 @@ from mpi_run import mpirun
 def test_every_op_dtype_size_and_algorithm_matches_native(ranks):
     result = mpirun(ranks, "allreduce_matrix.py", timeout=240)
     assert result.returncode == 0, result
-    assert f"N={ranks}:" in result.output and " 0 failures" in result.output, result
+    assert f"N={ranks} on 1 node(s):" in result.output and " 0 failures" in result.output, result
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

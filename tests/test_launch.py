@@ -59,6 +59,9 @@ def test_launcher_detection_reads_the_environment():
     assert detect_launcher({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0"}) == "none"  # a batch script
     assert detect_launcher({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3",
                             "PMIX_RANK": "3"}) == "srun"
+    # mpirun in an allocation: its ranks on other nodes inherit srun's variables from their daemon
+    assert detect_launcher({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "1", "SLURM_PROCID": "1",
+                            "OMPI_COMM_WORLD_SIZE": "4", "PMIX_RANK": "3"}) == "mpirun"
 
 
 def test_failure_detection_needs_ulfm_and_no_shared_memory():
@@ -67,6 +70,8 @@ def test_failure_detection_needs_ulfm_and_no_shared_memory():
     assert "shared memory" in failure_detection_problem({"OMPI_MCA_mpi_ft_enable": "1", "OMPI_MCA_btl": "sm,tcp,self"})
     assert failure_detection_problem({"OMPI_MCA_mpi_ft_enable": "true", "OMPI_MCA_btl": "tcp,self"}) is None
     assert failure_detection_problem({"OMPI_MCA_mpi_ft_enable": "true", "OMPI_MCA_btl": "^sm"}) is None
+    srun = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "OMPI_MCA_mpi_ft_enable": "true", "OMPI_MCA_btl": "tcp,self"}
+    assert "started by srun" in failure_detection_problem(srun)  # ULFM only under Open MPI's own mpirun
 
 
 def test_launch_dry_run_prints_the_command():
@@ -114,7 +119,7 @@ def test_bench_allreduce_writes_every_row(tmp_path):
     data = json.loads(path.read_text())
     assert data["ranks"] == 2
     assert sorted({(r["bytes"], r["algorithm"]) for r in data["rows"]}) == sorted(
-        (b, a) for b in (4096, 262144) for a in ("native", "ring", "rdoubling", "auto", "auto_nocheck"))
+        (b, a) for b in (4096, 262144) for a in ("native", "ring", "rdoubling", "hierarchical", "auto", "auto_nocheck"))
     assert all(r["median_s"] > 0 and r["busbw_GBps"] > 0 for r in data["rows"])
     assert data["fusion"]["speedup"] > 0
     assert "256 KiB" in result.output and "fusion: 10 x 10000 float32" in result.output

@@ -1,29 +1,37 @@
 """``allreduce``: validate, pick an algorithm and a transfer, reduce.
 
 The per-call Python cost matters for small messages (native MPI_Allreduce of 4 KiB
-takes ~5 us here), so this path avoids repeated lookups: settings are read once.
+takes ~3-5 us here), so a call whose signature was seen before takes the planned path
+(``planned``: one dictionary lookup, the same check allreduce, the algorithm); anything
+unusual takes the full path, which names every problem on every rank.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import ConfigurationError
 from ..runtime.context import Comm, Context, resolve
 from ..runtime.settings import Setting, switch
-from ..arrays import array_module
+from ..arrays import array_module, is_device_array
+from .hierarchical import hierarchical_allreduce, stepped_aside
 from .memory import start_address
-from .native import native_allreduce
+from .native import native_allreduce, native_moved
 from .ops import OP_NAMES, OPS, ReduceOp, dtype_code
 from .recursive_doubling import recursive_doubling_allreduce
 from .ring import ring_allreduce
 from .selection import TABLE, choose
 from .transfer import transfer_for
-from .validate import (ALGORITHMS, Problem, agree, array_problem, choice_problem, out_problem, problem,
-                       raise_local, setting_value, stable_hash)
+from .validate import (ALGORITHMS, Problem, agree, agree_planned, array_problem, check_vector, choice_problem,
+                       out_problem, problem, raise_local, setting_value, stable_hash)
 
 ALGORITHM_FUNCTIONS = {
     "ring": ring_allreduce,
     "recursive_doubling": recursive_doubling_allreduce,
     "native": native_allreduce,
+    "hierarchical": hierarchical_allreduce,
 }
 
 CHECK = Setting("HPCREDUCE_CHECK", switch, True, "on or off")
@@ -34,7 +42,8 @@ def allreduce(x, op: str = "sum", *, algorithm: str = "auto", comm: Comm = None,
     """Reduce ``x`` elementwise over all ranks; return the result, of x's shape and dtype.
 
     ``op``: sum, mean, min, max or prod. ``algorithm``: auto (by message size, see
-    ``selection``), ring, recursive_doubling or native (``MPI_Allreduce``). ``x`` is a
+    ``selection``), ring, recursive_doubling, native (``MPI_Allreduce``) or hierarchical
+    (node-local shared memory, leaders across nodes; native under fault tolerance). ``x`` is a
     contiguous numpy or cupy array of float16/32/64 or int32/64. ``out`` receives the
     result (``out=x`` reduces in place; an ``out`` that partly overlaps ``x`` gets the
     right result through a temporary). ``comm``: a Context, an MPI intracommunicator
@@ -42,8 +51,12 @@ def allreduce(x, op: str = "sum", *, algorithm: str = "auto", comm: Comm = None,
     With ``check`` (default on; ``HPCREDUCE_CHECK=0`` turns the default off) a mismatch
     of shape, dtype, op or the algorithm that would run across ranks, or a bad input on
     any rank, raises the same error on every rank; it costs one small allreduce.
+    A host array of a signature seen before takes the planned path (``planned``).
     """
     context = resolve(comm)
+    result = planned(context, x, op, algorithm, out, check)
+    if result is not None:
+        return result
     checking, local = (check, None) if check is not None else setting_value(CHECK, True)
     local = local or array_problem(x) or choice_problem(op, algorithm) or out_problem(x, out)
     chosen, local = resolved_algorithm(x, algorithm, local)
@@ -57,13 +70,96 @@ def allreduce(x, op: str = "sum", *, algorithm: str = "auto", comm: Comm = None,
     return out
 
 
+class CallPlan:
+    """What every call of one signature (dtype, shape, op, algorithm) needs, worked out once:
+    the algorithm ``auto`` picks by the table, the check's fields and vector."""
+
+    __slots__ = ("table", "algorithm", "function", "op", "fields", "vector", "expected", "scratch", "native",
+                 "flatten", "hierarchical")
+
+    def __init__(self, x: np.ndarray, op: str, algorithm: str, table) -> None:
+        self.table = table
+        self.algorithm = choose(x.nbytes, table) if algorithm == "auto" else algorithm
+        self.function = ALGORITHM_FUNCTIONS[self.algorithm]
+        self.op = OPS[op]
+        self.fields = signature(x, op, algorithm, self.algorithm)
+        self.vector = check_vector(self.fields)
+        self.expected = self.vector.tobytes()
+        self.scratch = np.empty_like(self.vector)
+        self.native = self.algorithm == "native"
+        self.hierarchical = self.algorithm == "hierarchical"
+        self.flatten = x.ndim != 1
+
+
+_PLANS: Dict[tuple, CallPlan] = {}
+PLAN_LIMIT = 256
+
+
+def planned(context: Context, x, op: str, algorithm: str, out, check: Optional[bool]):
+    """The hot path: a contiguous host array of a supported dtype with a known op and
+    algorithm and a usable ``out``; returns the result, or None to leave the call (and
+    every problem's report) to the full path. Per call it costs a dictionary lookup, the
+    same check allreduce as ``agree`` (ranks on either path meet in it) and the algorithm."""
+    if type(x) is not np.ndarray or not x.flags.c_contiguous:
+        return None
+    if out is not None and out is not x and not _usable_out(x, out):
+        return None
+    try:
+        checking = CHECK.value() if check is None else check
+        table = TABLE.value() if algorithm == "auto" else None
+    except ConfigurationError:
+        return None
+    plan = _PLANS.get((x.dtype, x.shape, op, algorithm))
+    if plan is None or plan.table is not table:
+        if dtype_code(x.dtype) < 0 or choice_problem(op, algorithm) is not None:
+            return None
+        if len(_PLANS) >= PLAN_LIMIT:
+            _PLANS.clear()
+        plan = _PLANS[(x.dtype, x.shape, op, algorithm)] = CallPlan(x, op, algorithm, table)
+    if out is None:
+        try:
+            out = np.empty_like(x)
+        except MemoryError:
+            return None
+    comm = context.comm
+    if checking:
+        agree_planned(comm, "allreduce", plan.fields, plan.vector, plan.scratch, plan.expected)
+    if plan.native:
+        comm.Allreduce(MPI.IN_PLACE if out is x else x, out, plan.op.mpi_op)
+        sent = received = native_moved(x.nbytes, comm.Get_size())
+    else:
+        flat_x, flat_out = (x.reshape(-1), out.reshape(-1)) if plan.flatten else (x, out)
+        transfer = context.cache.get("transfer.host") or transfer_for(context, x)
+        function = ALGORITHM_FUNCTIONS[stepped_aside(plan.algorithm, context.ft, x.nbytes)] \
+            if plan.hierarchical else plan.function
+        sent, received = function(comm, flat_x, flat_out, plan.op, transfer)
+    context.traffic.add(sent, received)
+    if plan.op.divide_by_size:
+        plan.op.finish(out, comm.Get_size())
+    return out
+
+
+def _usable_out(x: np.ndarray, out) -> bool:
+    """``out`` can take the result on the planned path: like ``x`` and apart from it (two arrays
+    that own their memory are apart without asking numpy)."""
+    return (type(out) is np.ndarray and out.shape == x.shape and out.dtype == x.dtype and out.flags.c_contiguous
+            and out.flags.writeable and (x.base is None and out.base is None or not np.may_share_memory(x, out)))
+
+
 def resolved_algorithm(x, algorithm: str, local: Optional[Problem]) -> Tuple[str, Optional[Problem]]:
     """The algorithm this rank would run on ``x`` ("auto" by ``HPCREDUCE_AUTO_TABLE``), and the
     local problem so far (an unusable table is one)."""
     if local is not None or algorithm != "auto":
         return algorithm, local
     table, unusable = setting_value(TABLE, None)
-    return ("auto", unusable) if unusable else (choose(x.nbytes, table), None)
+    return ("auto", unusable) if unusable else (auto_choice(x, table), None)
+
+
+def auto_choice(x, table=None) -> str:
+    """``auto``'s algorithm for ``x`` by ``table`` (else the active one); the ring for a device
+    array where the table says hierarchical (its shared memory is host memory)."""
+    chosen = choose(x.nbytes, table)
+    return "ring" if chosen == "hierarchical" and is_device_array(x) else chosen
 
 
 def allocated_like(x) -> Tuple[object, Optional[Problem]]:
@@ -103,7 +199,8 @@ def reduce_flat(context: Context, x, out, op: ReduceOp, algorithm: str = "auto")
             return
         out = x
     if algorithm == "auto":
-        algorithm = choose(x.nbytes)
-    sent, received = ALGORITHM_FUNCTIONS[algorithm](context.comm, x, out, op, transfer_for(context, x))
+        algorithm = auto_choice(x)
+    function = ALGORITHM_FUNCTIONS[stepped_aside(algorithm, context.ft, x.nbytes)]
+    sent, received = function(context.comm, x, out, op, transfer_for(context, x))
     context.traffic.add(sent, received)
     op.finish(out, context.size)

@@ -4,15 +4,18 @@ A model's hundreds of small gradients would each pay a collective's latency. Arr
 are grouped by memory kind (host/device) and dtype, packed in order into fused
 buffers of at most ``threshold_bytes``, each buffer is reduced once, and the results
 are unpacked. An array larger than the threshold is reduced on its own, uncopied.
-Cost: one allreduce per fused buffer plus a copy in and a copy out of every byte.
+Cost: one allreduce per fused buffer plus a copy in and a copy out of every byte; with
+``inplace=True``, arrays that are views of persistent fusion buffers (``buckets``,
+``GradientBuckets``) are reduced where they lie, with no copy.
 Every local check (arrays, settings, memory) runs before the first byte moves.
 """
 from __future__ import annotations
 
 import functools
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from .allreduce import CHECK, Comm, reduce_flat
+from .buckets import FUSION_BYTES, bucket_region, plan_buckets
 from ..arrays import array_module, is_device_array
 from .memory import first_overlap
 from .workspace import workspace
@@ -21,28 +24,6 @@ from .selection import TABLE, table_text
 from .validate import (ALGORITHMS, Problem, agree, array_problem, choice_problem, first_problem, problem,
                        raise_local, read_only_problem, setting_value, stable_hash)
 from ..runtime.context import resolve
-from ..runtime.settings import Setting, positive_integer
-
-FUSION_BYTES = Setting("HPCREDUCE_FUSION_BYTES", positive_integer, 64 << 20, "a number of bytes above 0")
-"""Fusion buffer size: 64 MiB unless set (Horovod's default)."""
-
-
-def plan_buckets(arrays: Sequence, threshold_bytes: int) -> List[List[int]]:
-    """Indices of ``arrays`` grouped into fused buckets: same kind and dtype, in order,
-    each at most ``threshold_bytes`` (an oversized array alone)."""
-    open_buckets: Dict[Tuple[bool, str], List[int]] = {}
-    filled: Dict[Tuple[bool, str], int] = {}
-    buckets: List[List[int]] = []
-    for index, x in enumerate(arrays):
-        key = (is_device_array(x), x.dtype.str)
-        if key in open_buckets and filled[key] + x.nbytes > threshold_bytes:
-            buckets.append(open_buckets.pop(key))
-        if key not in open_buckets:
-            open_buckets[key], filled[key] = [], 0
-        open_buckets[key].append(index)
-        filled[key] += x.nbytes
-    buckets.extend(open_buckets.values())
-    return sorted(buckets, key=lambda bucket: bucket[0])
 
 
 def allreduce_many(arrays: Sequence, op: str = "sum", *, algorithm: str = "auto",
@@ -70,9 +51,11 @@ def allreduce_many(arrays: Sequence, op: str = "sum", *, algorithm: str = "auto"
     plan, results = [], []
     if local is None:
         local = _overlap_problem(arrays, labels) if inplace else None
+    regions: list = []
     if local is None:
         plan = plan_buckets(arrays, threshold)
-        results, local = _prepare(context, arrays, plan, inplace)
+        regions = [bucket_region(arrays, bucket) if inplace else None for bucket in plan]
+        results, local = _prepare(context, arrays, plan, regions, inplace)
     if checking:
         agree(context.comm, "allreduce_many", [
             ("number of arrays", len(arrays), len(arrays)),
@@ -84,17 +67,22 @@ def allreduce_many(arrays: Sequence, op: str = "sum", *, algorithm: str = "auto"
         ], local)
     else:
         raise_local("allreduce_many", local, context.rank)
-    _reduce_buckets(context, arrays, plan, results, OPS[op], algorithm, inplace)
+    _reduce_buckets(context, arrays, plan, regions, results, OPS[op], algorithm, inplace)
     return results
 
 
-def _reduce_buckets(context, arrays: list, plan: List[List[int]], results: list, reduce_op, algorithm: str,
-                    inplace: bool) -> None:
-    """Reduce each bucket of ``plan`` into ``results``; on a failure, note what was applied."""
+def _reduce_buckets(context, arrays: list, plan: List[List[int]], regions: list, results: list, reduce_op,
+                    algorithm: str, inplace: bool) -> None:
+    """Reduce each bucket of ``plan`` into ``results`` (a bucket with a region, see
+    ``buckets.bucket_region``, where it lies); on a failure, note what was applied."""
     done: List[int] = []
     try:
-        for bucket in plan:
+        for bucket, region in zip(plan, regions):
             first = arrays[bucket[0]]
+            if region is not None:
+                reduce_flat(context, region, region, reduce_op, algorithm)
+                done.extend(bucket)
+                continue
             if len(bucket) == 1 and first.flags.c_contiguous:
                 reduce_flat(context, first.reshape(-1), results[bucket[0]].reshape(-1), reduce_op, algorithm)
                 done.append(bucket[0])
@@ -118,13 +106,14 @@ def _reduce_buckets(context, arrays: list, plan: List[List[int]], results: list,
         raise
 
 
-def _prepare(context, arrays: list, plan: List[List[int]], inplace: bool) -> Tuple[list, Optional[Problem]]:
+def _prepare(context, arrays: list, plan: List[List[int]], regions: list,
+             inplace: bool) -> Tuple[list, Optional[Problem]]:
     """The result arrays and the fusion workspace, allocated before any communication."""
     try:
         results = list(arrays) if inplace else [array_module(x).empty(x.shape, x.dtype) for x in arrays]
-        for bucket in plan:
+        for bucket, region in zip(plan, regions):
             first = arrays[bucket[0]]
-            if len(bucket) > 1 or not first.flags.c_contiguous:
+            if region is None and (len(bucket) > 1 or not first.flags.c_contiguous):
                 kind = "device" if is_device_array(first) else "host"
                 workspace(context.cache, kind).get("fusion", first.dtype, sum(arrays[i].size for i in bucket))
         return results, None

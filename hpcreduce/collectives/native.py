@@ -31,6 +31,10 @@ def native_allreduce(comm: MPI.Intracomm, x, out, op: ReduceOp,
     else:
         synchronize(x)
         comm.Allreduce(MPI.IN_PLACE if out is x else x, out, op=op.mpi_op)
-    size = comm.Get_size()
-    moved = 2 * (size - 1) * x.nbytes // size
+    moved = native_moved(x.nbytes, comm.Get_size())
     return moved, moved
+
+
+def native_moved(nbytes: int, size: int) -> int:
+    """What a bandwidth-optimal allreduce of ``nbytes`` sends (and receives) per rank: 2(N-1)/N * n."""
+    return 2 * (size - 1) * nbytes // size

@@ -2,13 +2,16 @@
 
 Each row is (largest message in bytes, algorithm); the first row that covers the
 message wins. The crossovers come from ``hpcreduce bench allreduce`` (native
-``MPI_Allreduce``, the ring and recursive doubling interleaved call by call) on the
-2-core reference machine, 2 and 4 ranks, shared-memory and tcp transports; see
-docs/results.md (Allreduce) for the table they were read from. There the ring overtook native
-from 4 MiB up at 2 ranks (16 MiB at 4 oversubscribed ranks), and recursive doubling never
-beat native at small sizes (Python's per-step cost is larger than the library's whole
-small-message allreduce), so it has no row. Re-measure on your cluster and set
-``HPCREDUCE_AUTO_TABLE`` (e.g. ``"65536:recursive_doubling,4194304:native,inf:ring"``).
+``MPI_Allreduce``, the ring, recursive doubling and the hierarchical allreduce interleaved
+call by call) on the 2-core reference machine, 2 and 4 ranks, shared-memory and tcp
+transports (docs/algorithms.md, "Auto"). There the hierarchical allreduce (node-local
+shared memory, leaders across nodes) beat native from 256 KiB up (1.2-5.7x, one node;
+0.4-1.0x at 64 KiB), the ring only from 4-16 MiB, and recursive doubling never beat native
+at small sizes (Python's per-step cost is larger than the library's whole small-message
+allreduce), so it has no row. Device arrays run the ring where the table says hierarchical
+(``auto_choice``), fault-tolerant jobs native or the ring (``hierarchical.stepped_aside``).
+Re-measure on your cluster and set ``HPCREDUCE_AUTO_TABLE`` (e.g.
+``"65536:recursive_doubling,4194304:native,inf:ring"``).
 """
 from __future__ import annotations
 
@@ -19,12 +22,12 @@ from ..runtime.settings import Setting
 Table = Sequence[Tuple[float, str]]
 
 AUTO_TABLE: Table = (
-    (4 * 1024 * 1024, "native"),
-    (float("inf"), "ring"),
+    (128 * 1024, "native"),
+    (float("inf"), "hierarchical"),
 )
 
 
-CHOOSABLE = ("ring", "recursive_doubling", "native")
+CHOOSABLE = ("ring", "recursive_doubling", "native", "hierarchical")
 
 
 def parse_table(text: str) -> Table:

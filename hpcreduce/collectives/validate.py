@@ -8,7 +8,8 @@ op, shape, the algorithm it would run, ...) into one small integer vector; a sin
 each field. Any local problem, or any field whose minimum and maximum differ, raises
 the same error on every rank before data moves. Only then (the error path) do the
 ranks gather what each one passed, so the message names the real values per rank.
-Cost: one allreduce of 2 x (fields + 1) int64 values.
+Cost: one allreduce of 2 x (fields + 1) int64 values (``agree_planned``: the same
+allreduce with the vector made once per signature, for the hot path of ``allreduce``).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ..arrays import is_device_array
 from ..runtime.settings import Setting
 from .ops import DTYPES, OP_NAMES, dtype_code
 
-ALGORITHMS = ("auto", "ring", "recursive_doubling", "native")
+ALGORITHMS = ("auto", "ring", "recursive_doubling", "native", "hierarchical")
 
 
 @dataclass(frozen=True)
@@ -139,13 +140,29 @@ def agree(comm: MPI.Intracomm, what: str, fields: Sequence[Field], local: Option
     """Raise the same error on every rank if any rank has a problem or the fields differ."""
     size, rank = comm.Get_size(), comm.Get_rank()
     key = local.kind.code * size + rank + 1 if local is not None else 0
-    values = np.array([key] + [code for _, code, _ in fields], dtype=np.int64)
-    both = np.concatenate([values, -values])
+    both = check_vector(fields, key)
     comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
     # A problem anywhere makes the highest key positive; each field's max - min is >= 0, so
     # the fields all agree iff their sum is zero (the key's own max - min aside).
     if both[0] > 0 or sum(both.tolist()):
         _raise_disagreement(comm, what, fields, local, int(both[0]))
+
+
+def check_vector(fields: Sequence[Field], key: int = 0) -> np.ndarray:
+    """``[key, codes..., -key, -codes...]``: what each rank contributes to the check's MAX."""
+    values = np.array([key] + [code for _, code, _ in fields], dtype=np.int64)
+    return np.concatenate([values, -values])
+
+
+def agree_planned(comm: MPI.Intracomm, what: str, fields: Sequence[Field], vector: np.ndarray,
+                  scratch: np.ndarray, expected: bytes) -> None:
+    """``agree`` for a rank with no local problem whose ``check_vector(fields)`` is ``vector``
+    (``expected``: its bytes; both made once per signature): the same single allreduce, so it
+    meets ``agree`` on other ranks. With no problem anywhere and every field alike, the MAX
+    is ``vector`` itself."""
+    comm.Allreduce(vector, scratch, op=MPI.MAX)
+    if scratch.tobytes() != expected:
+        _raise_disagreement(comm, what, fields, None, int(scratch[0]))
 
 
 def _raise_disagreement(comm: MPI.Intracomm, what: str, fields: Sequence[Field],

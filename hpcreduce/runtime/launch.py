@@ -29,6 +29,19 @@ FT_ARGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_enable", "true", "--mca", "btl"
            "--mca", "async_mpi_finalize", "1")
 
 
+# PyPI's Open MPI is built with UCX, and on a machine without UCX devices its one-sided (osc)
+# UCX component prints "Error: OSC UCX component priority set inside component query failed"
+# on every rank at the first window (the hierarchical allreduce's shared memory). Jobs launched
+# with that bundled mpirun leave the component out (unless OMPI_MCA_osc is set already); a
+# site's MPI is left as it is.
+BUNDLED_MPI_ENV = {"OMPI_MCA_osc": "^ucx"}
+
+
+def _bundled(mpirun: str) -> bool:
+    """Whether ``mpirun`` is the one installed into this Python's environment (PyPI's Open MPI)."""
+    return os.path.realpath(mpirun).startswith(os.path.realpath(sys.prefix) + os.sep)
+
+
 @dataclass
 class LaunchPlan:
     """An ``mpirun`` command, the environment variables it adds, and the folder it puts
@@ -141,6 +154,8 @@ def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,
         env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     if ft:
         argv += FT_ARGS
+    if _bundled(argv[0]):
+        env.update({name: value for name, value in BUNDLED_MPI_ENV.items() if name not in os.environ})
     if path_first:
         argv += ["-x", "PATH"]
     argv += list(extra_args)

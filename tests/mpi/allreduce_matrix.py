@@ -1,7 +1,9 @@
-"""Every op, dtype, algorithm and awkward size against native MPI_Allreduce, on any N.
+"""Every op, dtype, algorithm and awkward size against native MPI_Allreduce, on any N and any
+number of nodes (tests/test_hierarchical.py runs it on two "nodes" of this host).
 
 Run under mpirun; exits non-zero on the first disagreement (collectively).
 """
+import socket
 import sys
 
 import numpy as np
@@ -14,7 +16,7 @@ from mpi_checks import sample
 context = hpcreduce.init()
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
-ALGORITHMS = ("ring", "recursive_doubling", "native", "auto")
+ALGORITHMS = ("ring", "recursive_doubling", "native", "hierarchical", "auto")
 SIZES = sorted({0, 1, max(size - 1, 0), size + 1, 1_000_003})
 TOLERANCE = {"float16": 2e-2, "float32": 1e-5, "float64": 1e-12}
 
@@ -59,9 +61,10 @@ for n in SIZES:
                     failures.append(f"{algorithm} {op} {dtype} n={n}: ranks hold different bits {digests}")
 
 all_failures = world.allgather(failures)
+nodes = len(set(world.allgather(socket.gethostname())))
 if rank == 0:
     flat = [f"rank {r}: {f}" for r, fs in enumerate(all_failures) for f in fs]
-    print(f"N={size}: {checked} cases, {len(flat)} failures")
+    print(f"N={size} on {nodes} node(s): {checked} cases, {len(flat)} failures")
     for line in flat[:20]:
         print(line)
 sys.exit(1 if any(all_failures) else 0)

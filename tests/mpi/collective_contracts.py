@@ -40,7 +40,9 @@ def check_fusion():
         results = hpcreduce.allreduce_many(arrays, "sum", threshold_bytes=threshold)
         for got, want, a in zip(results, expected, arrays):
             assert got.shape == a.shape and got.dtype == a.dtype, (got.shape, a.shape)
-            assert np.allclose(got, want, rtol=1e-2 if a.dtype == np.float16 else 1e-5), (threshold, a.dtype)
+            # another summation order than native's (ring, hierarchical): rounding, also near 0
+            tolerance = 1e-2 if a.dtype == np.float16 else 1e-5
+            assert np.allclose(got, want, rtol=tolerance, atol=tolerance), (threshold, a.dtype)
     copies = [a.copy() for a in arrays]
     returned = hpcreduce.allreduce_many(copies, "mean", inplace=True, threshold_bytes=4096)
     assert all(r is c for r, c in zip(returned, copies))

@@ -2,7 +2,8 @@
 
 ``collective_hardening.py`` (any N >= 2): overlapping out=, read-only buffers on one rank,
 settings that differ or are unusable on one rank, per-rank messages, unusable comm= on
-every rank, and what a failed in-place fusion says it applied. Every rank asserts.
+every rank, one rank leaving the planned path (a call signature seen before) while the others
+take it, and what a failed in-place fusion says it applied. Every rank asserts.
 ``collective_hardening.py one-bad-comm``: only rank 1 passes an unusable comm=; the job
 must end at once with the error, not hang.
 """
@@ -87,7 +88,7 @@ def check_settings_that_differ():
     ring_on_1 = "inf:ring" if rank == 1 else None
     expect_everywhere(InputMismatchError, ["algorithm", "passed native (auto)", "rank 1 passed ring (auto)"],
                       lambda: with_env("HPCREDUCE_AUTO_TABLE", ring_on_1, lambda: hpcreduce.allreduce(small)))
-    expect_everywhere(InputMismatchError, ["auto table", "rank 1 passed inf:ring", "4194304:native,inf:ring"],
+    expect_everywhere(InputMismatchError, ["auto table", "rank 1 passed inf:ring", "131072:native,inf:hierarchical"],
                       lambda: with_env("HPCREDUCE_AUTO_TABLE", ring_on_1,
                                        lambda: hpcreduce.allreduce_many([small, small])))
     expect_everywhere(InputMismatchError, ["fusion threshold", "rank 1 passed 64"],
@@ -123,12 +124,42 @@ def check_messages_name_values():
                       lambda: hpcreduce.allreduce(strided))
 
 
+def check_planned_path_meets_full_path():
+    """A signature seen before takes the planned path (one check allreduce made once per
+    signature); a rank that changes its call, or passes what only the full path reports,
+    meets the others in the same check: the same error everywhere, never a hang."""
+    grid = np.arange(12.0).reshape(3, 4) + rank
+    want = sum(np.arange(12.0).reshape(3, 4) + r for r in range(size))
+    for algorithm in ("auto", "ring", "recursive_doubling", "native"):
+        for _ in range(2):  # the first call makes the plan, the second uses it
+            assert np.array_equal(hpcreduce.allreduce(grid, algorithm=algorithm), want), algorithm
+            into = np.empty_like(grid)
+            assert hpcreduce.allreduce(grid, "mean", algorithm=algorithm, out=into) is into
+            assert np.array_equal(into, want / size), algorithm
+    odd = {"shape": np.zeros((4, 3)), "dtype": grid.astype(np.float32), "list": grid.tolist(),
+           "strided": np.zeros((3, 8))[:, ::2]}
+    for label, fragments, error, call in (
+            ("shape", ["shape", f"rank {LAST} passed (4, 3)"], InputMismatchError, None),
+            ("dtype", ["dtype", f"rank {LAST} passed float32"], InputMismatchError, None),
+            ("list", [f"rank {LAST} passed something that is not a numpy or cupy array"], UnsupportedInputError,
+             None),
+            ("strided", [f"rank {LAST} passed a non-contiguous array"], UnsupportedInputError, None),
+            ("op", ["op", f"rank {LAST} passed max"], InputMismatchError,
+             lambda: hpcreduce.allreduce(grid, "max" if rank == LAST else "sum")),
+            ("table", ["algorithm", f"rank {LAST} passed ring (auto)"], InputMismatchError,
+             lambda: with_env("HPCREDUCE_AUTO_TABLE", "inf:ring" if rank == LAST else None,
+                              lambda: hpcreduce.allreduce(grid)))):
+        expect_everywhere(error, fragments, call or (lambda label=label: hpcreduce.allreduce(
+            odd[label] if rank == LAST else grid)))
+        assert np.array_equal(hpcreduce.allreduce(grid), want), f"after the {label} mismatch"
+
+
 def check_failed_fusion_says_what_was_applied():
     alone = hpcreduce.runtime.context.resolve(MPI.COMM_SELF)
     arrays = [np.ones(3), np.ones(4), np.ones(5)]
     arrays[1].flags.writeable = False  # past the checks: fails while unpacking the second bucket
     try:
-        _reduce_buckets(alone, arrays, [[0], [1, 2]], arrays, OPS["sum"], "auto", True)
+        _reduce_buckets(alone, arrays, [[0], [1, 2]], [None, None], arrays, OPS["sum"], "auto", True)
     except ValueError as err:
         assert "on this rank arrays [0] already hold the reduced result" in "".join(err.__notes__), err.__notes__
     else:
@@ -139,7 +170,8 @@ if sys.argv[1:] == ["one-bad-comm"]:
     hpcreduce.allreduce(np.ones(2), comm="world" if rank == 1 else None)
     raise AssertionError(f"rank {rank}: an unusable comm= on rank 1 did not end the job")
 
-ACROSS_RANKS = (check_settings_that_differ, check_messages_name_values)  # need two ranks to differ
+ACROSS_RANKS = (check_settings_that_differ, check_messages_name_values,  # need two ranks to differ
+                check_planned_path_meets_full_path)
 for check in (check_overlapping_out, check_read_only_on_one_rank, check_unusable_setting_on_one_rank,
               *(ACROSS_RANKS if size > 1 else ()), check_failed_fusion_says_what_was_applied):
     check()

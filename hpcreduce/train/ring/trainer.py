@@ -1,8 +1,11 @@
 """Synchronous data-parallel training over ring AllReduce.
 
-Every rank holds the whole model. A step has three phases:
+Every rank holds the whole model, on its device (``config.device``: numpy arrays, or
+cupy arrays on the rank's GPU, which ``allreduce_many`` hands to CUDA-aware MPI or stages
+through host memory; the step's statistics stay on the host). A step has three phases:
 
-* ``compute``: the rank's share of the step's global batch (``partition``) gives
+* ``compute``: the rank's share of the step's global batch (``partition``: the examples
+  of the data shards it owns, re-split over the ranks after a failure or growth) gives
   summed gradients; sparse gradients are scattered into dense zero tables.
 * ``reduce``: one fused ``allreduce_many(..., "sum")`` of every gradient and of the
   step's [loss, correct, count, failed ranks] over all ranks.
@@ -34,8 +37,9 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ...arrays import array_module
+from ...arrays import Device, array_module, is_device_array
 from ...collectives import allreduce_many
+from ...collectives.buckets import GradientBuckets
 from ...errors import TrainingError
 from ...ps.inbox import all_finite
 from ...ps.optimizers import Optimizer, make_optimizer
@@ -80,17 +84,19 @@ class RingTrainer:
         self.ctx, self.config, self.model, self.dataset = ctx, config, model, dataset
         self.optimizer = optimizer or make_optimizer(config.optimizer, config.lr)
         self.specs = model.param_specs()
+        self.device = Device(config.device)  # selected (runtime.devices.open_device) before training
         # a straggler (--slow) is named by its stable id: its launch rank (ranks that join are never slowed)
         self.slow = 1.0 if ctx.joined else factor_for(config.fault, ctx.rank)
+        self.buckets: Optional[GradientBuckets] = None  # persistent fusion buffers the sums are reduced in
 
     def initial_state(self) -> TrainState:
-        return TrainState.initial(self.model, self.optimizer, self.config.seed)
+        return TrainState.initial(self.model, self.optimizer, self.config.seed, self.device)
 
     def compute(self, state: TrainState) -> StepGrads:
         """This rank's summed gradients for step ``state.step``; changes nothing. A model
         error is kept in ``failure`` (with zero gradients) for ``reduce`` to report."""
         indices = worker_batch(state.step, self.ctx.rank, self.ctx.size, batch=self.config.batch,
-                               num_examples=self.dataset.size("train"), seed=self.config.seed)
+                               shards=self.dataset.shard_sizes("train"), seed=self.config.seed)
         step = state.step + 1
         if len(indices) == 0:
             return StepGrads(zero_grads(self.specs, state.params), np.zeros(4), step)
@@ -111,7 +117,9 @@ class RingTrainer:
         ``TrainingError`` on every rank when a model failed on some rank or a summed
         gradient is not finite."""
         arrays = [local.grads[spec.name] for spec in self.specs] + [local.stats]
-        summed = allreduce_many(arrays, "sum", comm=self.ctx)
+        if self.buckets is None or not self.buckets.matches(arrays):
+            self.buckets = GradientBuckets(arrays)
+        summed = allreduce_many(self.buckets.load(arrays), "sum", comm=self.ctx, inplace=True)
         step = local.step
         total = StepGrads({spec.name: grad for spec, grad in zip(self.specs, summed)}, summed[-1], step)
         if total.stats[3]:  # the same count on every rank: all of them gather the reasons
@@ -119,7 +127,7 @@ class RingTrainer:
             raise TrainingError(f"training stopped at step {step}: model {self.model.name!r} failed on "
                                 f"{len(reasons)} rank(s): " + "; ".join(reasons))
         for spec in self.specs:
-            if not all_finite(total.grads[spec.name]):
+            if not finite(total.grads[spec.name]):
                 raise TrainingError(f"training stopped at step {step}: the summed gradient of parameter "
                                     f"{spec.name!r} contains NaN or Inf; refused on every rank, the step "
                                     f"was not applied")
@@ -146,3 +154,11 @@ class RingTrainer:
         state.step = step
         loss_sum, correct, count = (float(v) for v in total.stats[:3])
         return StepMetrics(step, loss_sum / max(count, 1.0), correct / max(count, 1.0), int(count))
+
+
+def finite(array) -> bool:
+    """No NaN or Inf: ``all_finite`` on the host; on the device one reduction and one
+    scalar read back."""
+    if is_device_array(array):
+        return bool(array_module(array).isfinite(array).all())
+    return all_finite(array)
