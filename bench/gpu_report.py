@@ -4,8 +4,8 @@
     python bench/gpu_report.py summary WORK OUT       # OUT/gpu_results.json and OUT/gpu_summary.md
 
 ``facts`` never fails: what it cannot find it records as an error string. ``summary``
-reads WORK/steps.tsv, WORK/facts.json, WORK/pytest.xml and OUT/bench_gpu_n*.json,
-whichever exist, so it reports whatever the check got to.
+reads WORK/steps.tsv, WORK/facts.json, WORK/pytest.xml, WORK/train_*.json, WORK/scaling.json
+and OUT/bench_gpu_n*.json, whichever exist, so it reports whatever the check got to.
 """
 from __future__ import annotations
 
@@ -105,6 +105,42 @@ def bench_table(result: Dict[str, object]) -> List[str]:
     return lines
 
 
+def read_json(path: Path) -> Dict[str, object]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        return {"error": f"unreadable: {err}"}
+
+
+def train_table(runs: Dict[str, Dict[str, object]]) -> List[str]:
+    """Each `train` run: mode, device, ranks, examples/s over its training time, held-out result."""
+    lines = ["| run | mode | device | ranks | steps | train s | examples/s | loss | accuracy |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, run in runs.items():
+        if "final" not in run:
+            lines.append(f"| {name} | {run.get('error')} |")
+            continue
+        config = run["config"]
+        examples = config["batch"] * len(run["steps"])  # the global batch of every step
+        lines.append(f"| {name} | {config['mode']} | {config.get('device', 'cpu')} | {run['ranks']} | "
+                     f"{len(run['steps'])} | {run['train_s']:.2f} | {examples / max(run['train_s'], 1e-9):.0f} | "
+                     f"{run['final']['loss']:.4f} | {run['final']['accuracy']:.4f} |")
+    return lines + [""]
+
+
+def scaling_lines(result: Dict[str, object]) -> List[str]:
+    """The GPU scaling runs and the alpha-beta fit of the GPU's own ring allreduce."""
+    if "rows" not in result:
+        return [f"- {result.get('error')}", ""]
+    link = result["link"]
+    lines = [f"alpha-beta fit ({link['fitted_from']}): alpha {link['alpha_s'] * 1e6:.1f} us, "
+             f"bandwidth {link['bandwidth_GBps']:.2f} GB/s", "",
+             "| topology | ranks | samples/s | efficiency | ms/step | model ms/step |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['topology']} | {r['ranks']} | {r['samples_per_s']:.0f} | {r['efficiency']:.2f} | "
+              f"{r['step_s'] * 1e3:.2f} | {r['model_step_s'] * 1e3:.2f} |" for r in result["rows"]]
+    return lines + ["", f"- {result.get('recommendation', '')}", ""]
+
+
 def summary(work_dir: str, out_dir: str) -> None:
     work, out = Path(work_dir), Path(out_dir)
     machine = json.loads((work / "facts.json").read_text()) if (work / "facts.json").exists() else {}
@@ -120,7 +156,9 @@ def summary(work_dir: str, out_dir: str) -> None:
               "failed: " + ", ".join(bad) if bad else "ok")
     results = {"status": status, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine,
                "mpi_source": (work / "mpi_source").read_text().strip() if (work / "mpi_source").exists() else None,
-               "steps": steps, "tests": tests, "benchmarks": benches}
+               "steps": steps, "tests": tests, "benchmarks": benches,
+               "train": {path.stem: read_json(path) for path in sorted(work.glob("train_*.json"))},
+               "scaling": read_json(work / "scaling.json") if (work / "scaling.json").exists() else None}
     (out / "gpu_results.json").write_text(json.dumps(results, indent=1))
     lines = [f"# hpcreduce GPU check: {status}", "", f"finished {results['finished']}", "",
              "| | |", "|---|---|"]
@@ -132,9 +170,13 @@ def summary(work_dir: str, out_dir: str) -> None:
         lines += ["", f"## Tests: {tests['tests']} run, {tests['failures'] + tests['errors']} failed, "
                       f"{tests['skipped']} skipped", ""]
         lines += [f"- {c['outcome']} {c['test']} ({c['seconds']:.1f} s) {c['detail']}" for c in tests["cases"]]
+    if results["train"]:
+        lines += ["", "## hpcreduce train", ""] + train_table(results["train"])
     lines += ["", "## allreduce on the GPU", ""]
     for name, result in benches.items():
         lines += bench_table(result) if "rows" in result else [f"- {name}: {result.get('error')}", ""]
+    if results["scaling"]:
+        lines += ["## bench scaling --device gpu", ""] + scaling_lines(results["scaling"])
     text = "\n".join(lines) + "\n"
     (out / "gpu_summary.md").write_text(text)
     print(text)

@@ -1,6 +1,6 @@
 """``hpcreduce bench allreduce --device gpu``: the same race on cupy arrays, NCCL as the peer.
 
-Each rank takes GPU ``local_rank % count`` (``select_device``), so several ranks may
+Each rank takes GPU ``local_rank % count`` (``open_device``), so several ranks may
 share one GPU. Candidates, interleaved call by call per size, each call followed by
 a wait for the stream so that its time covers the GPU work:
 
@@ -13,7 +13,8 @@ a wait for the stream so that its time covers the GPU work:
   out, with the reason in the notes, when ranks share one.
 
 Every candidate's result is compared with native's; a mismatch is reported in the
-notes and in each row's ``agrees_with_native``.
+notes and in each row's ``agrees_with_native``. ``pcie``: the host-device copy bandwidth
+cupy measures here, and the staged path's busbw ceiling it implies (``pcie``).
 """
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ from mpi4py import MPI
 
 from ..collectives import allreduce, allreduce_many
 from ..runtime.context import Context
-from ..arrays import visible_gpus
-from ..errors import GpuUnavailableError, setting_problem
-from ..runtime.devices import select_device
+from ..runtime.devices import open_device
 from .allreduce import NAME, fusion, size_rows
+from .pcie import copy_bandwidth
+from .pcie import note as pcie_note
 from .timing import interleaved_medians, iterations_for, launch_facts
 
 Where = Tuple[str, str]  # (host name, PCI bus id of the rank's GPU)
@@ -37,9 +38,9 @@ Where = Tuple[str, str]  # (host name, PCI bus id of the rank's GPU)
 
 def run_gpu(context: Context, sizes: Sequence[int], args) -> Dict[str, object]:
     comm = context.comm
-    require_gpus(comm)
-    device = select_device()
+    open_device("gpu", comm)
     import cupy
+    device = cupy.cuda.Device().id
     stream = cupy.cuda.get_current_stream()
     where: List[Where] = comm.allgather((socket.gethostname(), cupy.cuda.Device(device).pci_bus_id))
     nccl_peer, nccl_note = nccl_allreduce(comm, where, stream)
@@ -51,14 +52,7 @@ def run_gpu(context: Context, sizes: Sequence[int], args) -> Dict[str, object]:
         host = np.random.default_rng(comm.Get_rank()).random(nbytes // 4, dtype=np.float32)
         x = cupy.asarray(host)
         outs = {name: cupy.empty_like(x) for name in names}
-        calls: Dict[str, Callable[[], object]] = {
-            "ring": lambda: allreduce(x, algorithm="ring", comm=context, out=outs["ring"], check=False),
-            "auto": lambda: allreduce(x, comm=context, out=outs["auto"], check=True),
-            "native": lambda: allreduce(x, algorithm="native", comm=context, out=outs["native"],
-                                        check=False),
-        }
-        if nccl_peer:
-            calls["nccl"] = lambda: nccl_peer(x, outs["nccl"])
+        calls = candidates(context, x, outs, nccl_peer)
         medians = interleaved_medians(comm, {name: synced(calls[name], stream) for name in names},
                                       warmup=3, iterations=iterations_for(x.nbytes))
         agreeing = agreement(comm, outs)
@@ -71,29 +65,29 @@ def run_gpu(context: Context, sizes: Sequence[int], args) -> Dict[str, object]:
     title = (f"allreduce on {facts['gpu']}, float32, {facts['ranks']} ranks on {facts['gpus_used']} "
              f"GPU(s) ({facts['ranks_per_gpu']} per GPU), {facts['path']}, transport "
              f"{facts['transport']}; ratios against {peers[-1]}")
+    pcie = copy_bandwidth(comm, stream, facts["ranks_per_gpu"])
+    notes.append(pcie_note(pcie, facts["ranks_per_gpu"]))
     fused = gpu_fusion(context, args, stream)
     if not fused["agrees"]:
         notes.append("MISMATCH: allreduce_many or the per-array native calls gave a wrong sum")
     result = {"benchmark": NAME, "device": "gpu", **facts, "title": title, "candidates": names,
-              "peer": peers[-1], "nccl": nccl_note, "rows": rows, "notes": notes, "fusion": fused}
+              "peer": peers[-1], "nccl": nccl_note, "rows": rows, "notes": notes, "fusion": fused, "pcie": pcie}
     if nccl_peer:
         nccl_peer.close()
     return result
 
 
-def require_gpus(comm: MPI.Intracomm) -> None:
-    """Raise ``GpuUnavailableError`` on every rank when any rank has no cupy or no GPU."""
-    try:
-        visible_gpus()
-        problem = None
-    except GpuUnavailableError as err:
-        problem = str(err)
-    missing = [(rank, p) for rank, p in enumerate(comm.allgather(problem)) if p is not None]
-    if missing:
-        rank, problem = missing[0]
-        raise GpuUnavailableError(setting_problem(
-            "{device} gpu needs cupy and a GPU on every rank; {count} rank(s) have none (rank {rank}: "
-            "{problem}); see docs/gpu.md", count=len(missing), rank=rank, problem=problem))
+def candidates(context: Context, x, outs: Dict[str, object],
+               nccl_peer: Optional["NcclAllreduce"]) -> Dict[str, Callable[[], object]]:
+    """Each candidate's call on ``x`` into its own ``outs`` entry."""
+    calls: Dict[str, Callable[[], object]] = {
+        "ring": lambda: allreduce(x, algorithm="ring", comm=context, out=outs["ring"], check=False),
+        "auto": lambda: allreduce(x, comm=context, out=outs["auto"], check=True),
+        "native": lambda: allreduce(x, algorithm="native", comm=context, out=outs["native"], check=False),
+    }
+    if nccl_peer:
+        calls["nccl"] = lambda: nccl_peer(x, outs["nccl"])
+    return calls
 
 
 def synced(call: Callable[[], object], stream) -> Callable[[], None]:

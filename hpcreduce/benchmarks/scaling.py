@@ -26,7 +26,9 @@ Writes to ``--out DIR``: scaling.json (everything), scaling.csv (measured rows),
 predictions.csv, node_predictions.csv, scaling.png, nodes.png (measured against the
 two-link model, and the forecast by nodes), allreduce.json and allreduce_busbw.png, and
 runs/ (each run's JSON and output). Runs with more ranks than cores are marked oversubscribed: their
-figures show the machine, not the method.
+figures show the machine, not the method. ``--device gpu``: every run trains on the ranks' GPUs
+(``train --device gpu``) and the alpha-beta fit comes from ``bench allreduce --device gpu``'s
+ring rows, the path this MPI gives device buffers (direct or staged through host memory).
 """
 from __future__ import annotations
 
@@ -187,6 +189,7 @@ def drive(args) -> int:
         command += ["--batch", str(batch)] if batch else []
         command += ["--servers", str(args.servers)] if topology == "ps" else []
         command += ["--timeline", f"{stem}.timeline.json"] if topology == "ring" else []
+        command += ["--device", args.device]
         print(f"hpcreduce bench scaling: {topology} on {ranks} rank{'s' * (ranks > 1)} ...", file=sys.stderr, flush=True)
         launcher.run(ranks, command, Path(f"{stem}.log"))
         result = json.loads(Path(f"{stem}.json").read_text())
@@ -204,7 +207,8 @@ def drive(args) -> int:
     print(f"hpcreduce bench scaling: allreduce and ping-pongs on {fit_n} ranks (alpha-beta fits) ...",
           file=sys.stderr, flush=True)
     launcher.run(fit_n, [*hpcreduce, "bench", "allreduce", "--sizes", ",".join(map(str, args.sizes)), "--links",
-                         "--fusion-arrays", "4", "--fusion-elements", "1000", "--json", str(bench_path)],
+                         "--device", args.device, "--fusion-arrays", "4", "--fusion-elements", "1000",
+                         "--json", str(bench_path)],
                  folder / "runs" / "allreduce.log")
     bench = json.loads(bench_path.read_text())
     ring_rows = [row for row in bench["rows"] if row["algorithm"] == "ring"]
@@ -231,7 +235,7 @@ def assemble(args, rows, link: cost_model.Link, costs: cost_model.StepCosts, ben
     if over:
         notes.append(f"oversubscribed: runs on {', '.join(map(str, over))} ranks share {usable_cores()} cores; "
                      "their samples/s show this machine, not the method")
-    return {"benchmark": NAME, "model": args.model, "scaling": "weak" if args.weak else "strong",
+    return {"benchmark": NAME, "model": args.model, "device": args.device, "scaling": "weak" if args.weak else "strong",
             "steps": args.steps, "warmup": args.warmup, "launcher": args.launcher, "cores": usable_cores(),
             "oversubscribed_ranks": over, "notes": notes, "rows": rows,
             "link": {**asdict(link), "bandwidth_GBps": link.bandwidth_GBps, "fitted_from": bench["title"]},
@@ -297,7 +301,7 @@ def write_outputs(folder: Path, result: Dict[str, Any], bench: Dict[str, Any], j
 def render(result: Dict[str, Any]) -> str:
     """The console report: measured rows beside the model, the fit, the forecast, the advice."""
     link, costs = result["link"], result["costs"]
-    lines = [f"scaling ({result['scaling']}), {result['model']}, {result['steps']} steps "
+    lines = [f"scaling ({result['scaling']}), {result['model']} on {result['device']}, {result['steps']} steps "
              f"({result['warmup']} warm-up), {result['cores']} cores"
              + (f"  [OVERSUBSCRIBED at {', '.join(map(str, result['oversubscribed_ranks']))} ranks]"
                 if result["oversubscribed_ranks"] else ""),

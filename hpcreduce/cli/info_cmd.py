@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import platform
 
-from ..arrays import cupy_available
 from ..runtime import environment, nodes
+from ..runtime.devices import gpu_summary
 
 
 def register(subcommands) -> None:
@@ -31,7 +31,7 @@ def collect() -> dict:
         "ft_enabled": environment.ft_enabled(MPI) and problem is None,
         "ft_problem": problem,
         "cuda_aware": environment.cuda_aware(MPI),
-        "cupy": cupy_available(),
+        "gpu": gpu_summary(),
         "launcher": environment.detect_launcher(),
         "ranks": MPI.COMM_WORLD.Get_size(),
         "cores": environment.usable_cores(),
@@ -51,7 +51,10 @@ def run(args, _argv) -> int:
     print(f"ULFM            {yes[facts['ulfm_supported']]} in the library; "
           f"{'enabled' if facts['ft_enabled'] else 'off: ' + str(facts['ft_problem'])} in this launch")
     print(f"CUDA-aware MPI  {yes[facts['cuda_aware']]}")
-    print(f"cupy with GPU   {yes[facts['cupy']]}")
+    gpu = facts["gpu"]
+    print("GPUs            " + (f"{gpu['gpus']}: {', '.join(gpu['names'])} (cupy {gpu['cupy']}, CUDA driver "
+                                f"{gpu['cuda_driver']}); train --device gpu takes GPU local rank % {gpu['gpus']}"
+                                if gpu["gpus"] else f"none: {gpu['problem']}"))
     print(f"launcher        {facts['launcher']}")
     print(f"ranks / cores   {facts['ranks']} / {facts['cores']}")
     ranks = [0] * facts["ranks"]

@@ -5,13 +5,17 @@ otherwise all land on GPU 0). ``select_device()`` makes GPU ``local_rank % count
 current device; call it once, right after start-up, before any cupy allocation. Where
 the scheduler already gives each rank one GPU (``CUDA_VISIBLE_DEVICES`` per task, e.g.
 Slurm's ``--gpus-per-task=1``), the rank sees one device and picks it.
+``open_device(kind, comm)`` is what a run calls first: on ``gpu`` every rank checks it
+has cupy and a GPU, they agree (one small allgather), and each selects its device; a
+rank without one makes every rank raise ``GpuUnavailableError`` naming what is missing.
 """
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional
+from typing import Dict, Mapping, Optional
 
-from ..arrays import visible_gpus
+from ..arrays import Device, visible_gpus
+from ..errors import GpuUnavailableError, SettingProblem, setting_problem
 
 # Set by the launchers for each rank: Open MPI, MPICH/Intel MPI (Hydra), Slurm's srun,
 # MVAPICH, Cray PALS. The first one present wins.
@@ -51,3 +55,52 @@ def select_device(local_rank: Optional[int] = None) -> int:
     import cupy
     cupy.cuda.Device(index).use()
     return index
+
+
+def gpu_problem(comm=None) -> Optional[SettingProblem]:
+    """Why ``--device gpu`` cannot run here: every rank's own check (cupy imports, a GPU is
+    visible), agreed over ``comm`` (one allgather: the same answer on every rank, naming the
+    first rank without a GPU and what it lacks); with ``comm`` None this process's alone."""
+    try:
+        visible_gpus()
+        mine = None
+    except GpuUnavailableError as err:
+        mine = str(err)
+    found = [mine] if comm is None else comm.allgather(mine)
+    missing = [(rank, problem) for rank, problem in enumerate(found) if problem is not None]
+    if not missing:
+        return None
+    rank, problem = missing[0]
+    where = "this process" if comm is None else f"{len(missing)} of {len(found)} rank(s) have none (rank {rank}"
+    return setting_problem("{device} gpu needs cupy and a GPU on every rank; %s: {problem}%s; see docs/gpu.md"
+                           % (where, "" if comm is None else ")"), problem=problem)
+
+
+def open_device(kind: str, comm=None) -> Device:
+    """The ``Device`` a run computes on. ``gpu``: ``gpu_problem(comm)`` (collective over
+    ``comm``; None for a process checking alone, such as a rank that joins a running job)
+    raises ``GpuUnavailableError`` on every rank, else this rank's GPU is selected
+    (``select_device``). ``cpu``: nothing to check, no communication."""
+    if kind == "gpu":
+        problem = gpu_problem(comm)
+        if problem is not None:
+            raise GpuUnavailableError(problem)
+        select_device()
+    return Device(kind)
+
+
+def gpu_summary() -> Dict[str, object]:
+    """What this process sees of GPUs, for ``hpcreduce info``: ``gpus`` (count), ``names``,
+    ``cupy`` (version), ``cuda_driver`` ("major.minor"), or ``problem`` (what is missing)."""
+    try:
+        count = visible_gpus()
+    except GpuUnavailableError as err:
+        return {"gpus": 0, "problem": str(err)}
+    import cupy
+    names = []
+    for index in range(count):
+        name = cupy.cuda.runtime.getDeviceProperties(index)["name"]
+        names.append(name.decode() if isinstance(name, bytes) else str(name))
+    driver = cupy.cuda.runtime.driverGetVersion()
+    return {"gpus": count, "names": names, "cupy": cupy.__version__,
+            "cuda_driver": f"{driver // 1000}.{driver % 1000 // 10}", "problem": None}

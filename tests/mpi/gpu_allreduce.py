@@ -9,7 +9,6 @@ GPU_TEST_PATH=direct expects CUDA-aware MPI and prints "skip: ..." where MPI is 
 """
 import os
 import sys
-import traceback
 
 import cupy
 import numpy as np
@@ -19,7 +18,7 @@ import hpcreduce
 from hpcreduce.collectives.ops import DTYPES, OPS
 from hpcreduce.collectives.transfer import transfer_kind
 from hpcreduce.runtime.devices import select_device
-from mpi_checks import expect_raised, sample
+from mpi_checks import expect_raised, run_checks, sample
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -137,15 +136,6 @@ def check_bad_device_input():
 
 if rank == 0:
     print(f"path={path} ranks={size} gpus={cupy.cuda.runtime.getDeviceCount()} device={device}", flush=True)
-for check in (check_every_op_dtype_algorithm, check_waits_for_queued_kernels, check_fusion_mixed_arrays,
-              check_bad_device_input):
-    try:
-        check()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        world.Abort(1)
-    world.Barrier()
-    if rank == 0:
-        print(f"ok {check.__name__}", flush=True)
+run_checks(check_every_op_dtype_algorithm, check_waits_for_queued_kernels, check_fusion_mixed_arrays,
+           check_bad_device_input)
 sys.exit(0)

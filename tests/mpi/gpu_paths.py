@@ -13,7 +13,6 @@ Run under mpirun with HPCREDUCE_CUDA_AWARE=1 at N >= 2; rank 0 overrides it with
 """
 import os
 import sys
-import traceback
 
 import numpy as np
 from mpi4py import MPI
@@ -29,6 +28,7 @@ from hpcreduce.collectives.transfer import (DirectTransfer, StagedTransfer, make
 from hpcreduce.runtime import environment
 from hpcreduce.runtime.context import resolve
 from hpcreduce.runtime.devices import node_local_rank
+from mpi_checks import run_checks
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -282,16 +282,7 @@ def check_local_rank():
     node.Free()
 
 
-for check in (check_detection_through_libmpi, check_path_choice, check_every_hand_off_waits,
-              check_stream_discipline_and_mixed_paths, check_careless_transfer_is_caught,
-              check_fusion_and_allreduce_staged, check_local_rank):
-    try:
-        check()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        world.Abort(1)  # end the job now instead of leaving the other ranks waiting
-    world.Barrier()
-    if rank == 0:
-        print(f"ok {check.__name__}", flush=True)
+run_checks(check_detection_through_libmpi, check_path_choice, check_every_hand_off_waits,
+           check_stream_discipline_and_mixed_paths, check_careless_transfer_is_caught,
+           check_fusion_and_allreduce_staged, check_local_rank)
 sys.exit(0)

@@ -1,5 +1,9 @@
 """Helpers shared by the MPI-side test programs in this folder."""
+import sys
+import traceback
+
 import numpy as np
+from mpi4py import MPI
 
 
 def sample(dtype: np.dtype, op: str, n: int, seed: int) -> np.ndarray:
@@ -21,3 +25,19 @@ def expect_raised(error, fragment: str, call, rank: int) -> None:
         assert fragment in str(err), f"{fragment!r} not in {err}"
     else:
         raise AssertionError(f"rank {rank}: no {error.__name__} for {fragment!r}")
+
+
+def run_checks(*checks) -> None:
+    """Run each check on every rank; rank 0 prints "ok NAME" once all passed it. A check that
+    fails on one rank ends the job (MPI_Abort) instead of leaving the others waiting."""
+    world = MPI.COMM_WORLD
+    for check in checks:
+        try:
+            check()
+        except BaseException:
+            traceback.print_exc()
+            sys.stdout.flush()
+            world.Abort(1)
+        world.Barrier()
+        if world.Get_rank() == 0:
+            print(f"ok {check.__name__}", flush=True)

@@ -3,16 +3,19 @@
 Parameters, optimizer state and the number of steps done are all a rank needs to go
 on: the elastic driver (``elastic``) keeps it committed step by step, syncs it to the
 survivors and to ranks that join, and checkpoints it, much as Horovod's elastic
-``State`` does; ``copy`` gives a commit point to restore by hand.
+``State`` does; ``copy`` gives a commit point to restore by hand. Its arrays live on the
+run's device (numpy or cupy); the step count on the host.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
-from ...arrays import array_module
+from ...arrays import Device, array_module
 from ...ps.optimizers import Optimizer
 from ..model import Model
+
+CPU = Device("cpu")
 
 
 @dataclass
@@ -25,12 +28,13 @@ class TrainState:
     step: int = 0
 
     @classmethod
-    def initial(cls, model: Model, optimizer: Optimizer, seed: int) -> "TrainState":
-        """The model's initial parameters and zeroed optimizer state."""
+    def initial(cls, model: Model, optimizer: Optimizer, seed: int, device: Device = CPU) -> "TrainState":
+        """The model's initial parameters, on ``device``, and zeroed optimizer state there."""
         params = model.init_params(seed)
         missing = [spec.name for spec in model.param_specs() if spec.name not in params]
         if missing:
             raise ValueError(f"{model.name}.init_params gave no value for {', '.join(missing)}")
+        params = device.put_all(params)
         return cls(params, {name: optimizer.init_state(value) for name, value in params.items()})
 
     def arrays(self) -> List[Tuple[str, object]]:
