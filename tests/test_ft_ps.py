@@ -118,8 +118,10 @@ def test_a_lone_server_is_replaced_by_a_worker_from_the_checkpoint_and_lost_upda
     assert "acknowledged updates lost" in result.output
 
 
-def test_a_shard_lost_with_its_replica_and_no_checkpoint_fails_clearly_everywhere(tmp_path):
-    result, _ = train(tmp_path, "no-checkpoint", *kills("0@5"), ranks=3, servers=1)
+def test_a_lone_server_without_a_checkpoint_is_refused_unless_accepted_then_its_loss_fails_clearly(tmp_path):
+    refused, _ = train(tmp_path, "refused", ranks=3, servers=1)
+    assert refused.returncode == 2 and "its death would end the job" in refused.output, refused
+    result, _ = train(tmp_path, "no-checkpoint", *kills("0@5"), "--accept-server-loss", ranks=3, servers=1)
     assert result.returncode == 1, result
     assert "parameter-server recovery failed" in result.output and "no complete checkpoint" in result.output
     assert result.output.count("died together with their replica") == 2, "every rank reports it"
@@ -143,7 +145,7 @@ def test_a_newcomer_pulls_the_weights_before_its_first_step_under_every_consiste
     only applies to asp. Loss: BSP as the run without growth up to summation order; SSP and ASP
     within 10% (it falls from 0.69 to 0.46 over the run)."""
     result, data = train(tmp_path, "grown", "--consistency", consistency, "--fetch-every", str(fetch_every),
-                         "--grow", "1@7", ranks=4, servers=1)
+                         "--grow", "1@7", "--accept-server-loss", ranks=4, servers=1)
     assert result.returncode == 0, result
     assert "NaN" not in result.output and "refused" not in result.output, result
     (growth,) = [e for e in data["recovery"] if e["kind"] == "growth"]

@@ -1,5 +1,5 @@
 """hpcreduce inside real Slurm jobs: one 4-rank world under srun (PMIx) and under mpirun
-in an allocation, and no launcher in the batch step itself."""
+in an allocation, and no launcher in the batch step itself; ``train --ft`` under srun refused."""
 import json
 import sys
 from pathlib import Path
@@ -25,6 +25,8 @@ echo "== batch step"; show_env
 {python} -m hpcreduce info --json > batch.json
 echo "== srun step (task 0)"; srun -n 1 bash -c "$(declare -f show_env); show_env"
 srun -n {ranks} --output=srun-%t.json {python} -m hpcreduce info --json
+ft_code=0; srun -n 2 {python} -m hpcreduce train --ft --steps 2 > srun-ft.txt 2>&1 || ft_code=$?
+echo "$ft_code" > srun-ft.code
 echo "== mpirun rank 0"
 mpirun --allow-run-as-root -n {ranks} bash -c "$(declare -f show_env); \\
   [ \\$OMPI_COMM_WORLD_RANK = 0 ] && show_env; {python} -m hpcreduce info --json > mpirun-\\$OMPI_COMM_WORLD_RANK.json"
@@ -49,6 +51,11 @@ def test_hpcreduce_sees_one_world_under_srun_and_mpirun_in_a_job(slurm_cluster, 
         infos = _infos(tmp_path, prefix)
         seen = [(info["launcher"], info["ranks"]) for info in infos]
         assert seen == [(launcher, RANKS)] * RANKS, (prefix, seen, output)
+
+    # --ft under srun: refused at once, saying why (Open MPI's ULFM needs its own mpirun)
+    refusal = (tmp_path / "srun-ft.txt").read_text()
+    assert (tmp_path / "srun-ft.code").read_text().strip() != "0", refusal
+    assert refusal.count("started by srun") == 1 and "mpirun --with-ft ulfm" in refusal, refusal
 
 
 AGENT = """#!/bin/bash

@@ -27,6 +27,9 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
                        help="poll --discover every STEPS steps (default 1)")
     group.add_argument("--replace", action="store_true",
                        help="spawn a replacement for every rank lost, keeping the job's size")
+    group.add_argument("--accept-server-loss", action="store_true",
+                       help="--mode ps --ft with one server and no --checkpoint-dir: run anyway, knowing "
+                            "that the server's death ends the job (a worker's death is still recovered)")
     group.add_argument("--checkpoint-dir", metavar="DIR",
                        help="write checkpoints here and resume from the latest one at start")
     group.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
@@ -53,5 +56,5 @@ def fault_config(args: argparse.Namespace) -> Tuple[FaultConfig, List[str]]:
     config = FaultConfig(kills=kills, kill_random=args.kill_random, kill_seed=args.kill_seed, grow=grow,
                          discover=args.discover, discover_every=args.discover_every, replace=args.replace,
                          checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                         deadline_s=args.deadline_s, slow=slow)
+                         deadline_s=args.deadline_s, slow=slow, accept_server_loss=args.accept_server_loss)
     return config, problems

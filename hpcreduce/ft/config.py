@@ -17,7 +17,9 @@ class FaultConfig:
     number of ranks, polled between steps; ``replace``: spawn a replacement per lost rank;
     ``checkpoint_dir``/``checkpoint_every``: periodic checkpoints (the fallback without
     ULFM, resumed when the job is relaunched); ``deadline_s``: longest blocking wait (None: ``HPCREDUCE_DEADLINE``, else 120 s);
-    ``slow``: (rank id, factor) stragglers, whose compute takes factor times as long (``train.straggler``)."""
+    ``slow``: (rank id, factor) stragglers, whose compute takes factor times as long (``train.straggler``);
+    ``accept_server_loss``: a PS run with one server and no checkpoint may start under ULFM (its
+    server's death then ends the job)."""
 
     kills: List[Kill] = field(default_factory=list)
     kill_random: float = 0.0
@@ -30,6 +32,7 @@ class FaultConfig:
     checkpoint_every: int = 0
     deadline_s: Optional[float] = None
     slow: List[Tuple[int, float]] = field(default_factory=list)
+    accept_server_loss: bool = False
 
     def needs_ulfm(self) -> bool:
         """Whether the run can only go on in-job (ULFM): kills without checkpoints, growth."""

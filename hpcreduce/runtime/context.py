@@ -94,7 +94,7 @@ def init(*, ft: Optional[bool] = None, cuda_aware: Optional[bool] = None) -> Con
     if _default is not None:
         return _default
     start_mpi()
-    settings = launch_settings(ft=ft, cuda_aware=cuda_aware)
+    settings = agreed_launch_settings(ft=ft, cuda_aware=cuda_aware)
     comm = merge_with_parent()
     joined = comm is not None
     if comm is None:
@@ -109,6 +109,25 @@ def start_mpi() -> None:
     the ``hpcreduce`` command defers it to the commands that run as ranks."""
     if not MPI.Is_initialized():
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
+
+
+def agreed_launch_settings(*, ft: Optional[bool] = None, cuda_aware: Optional[bool] = None) -> Dict[str, Any]:
+    """``launch_settings``, with ``ft=True``'s verdict agreed over ``MPI.COMM_WORLD`` (one
+    allgather): ranks on different nodes may see different launch variables, and a refusal on
+    some ranks only would leave the others waiting for them."""
+    if not ft:
+        return launch_settings(ft=ft, cuda_aware=cuda_aware)
+    settings, refusal = None, None
+    try:
+        settings = launch_settings(ft=ft, cuda_aware=cuda_aware)
+    except FaultToleranceUnavailableError as err:
+        refusal = str(err)
+    refusals = MPI.COMM_WORLD.allgather(refusal)
+    refused = [rank for rank, text in enumerate(refusals) if text]
+    if refused:
+        ranks = "every rank" if len(refused) == len(refusals) else f"rank(s) {', '.join(map(str, refused))}"
+        raise FaultToleranceUnavailableError(f"{refusals[refused[0]]} (on {ranks})")
+    return settings
 
 
 def launch_settings(*, ft: Optional[bool] = None, cuda_aware: Optional[bool] = None) -> Dict[str, Any]:

@@ -16,14 +16,17 @@ from ..errors import ConfigurationError
 def detect_launcher(env: Optional[Mapping[str, str]] = None) -> str:
     """Return ``"srun"``, ``"mpirun"`` or ``"none"`` for the current process.
 
-    ``srun`` sets ``SLURM_STEP_ID`` for the ranks of a job step (a batch script
-    itself has none); Open MPI's ``mpirun``/``prterun`` set ``OMPI_COMM_WORLD_SIZE``,
-    MPICH's Hydra sets ``PMI_SIZE``.
+    Open MPI's ``mpirun``/``prterun`` set ``OMPI_COMM_WORLD_SIZE`` (looked at first: inside a
+    Slurm allocation, mpirun starts its daemons on the other nodes with srun, so the ranks
+    there also see srun's variables); ``srun`` sets ``SLURM_STEP_ID`` for the ranks of a job
+    step (a batch script itself has none); MPICH's Hydra sets ``PMI_SIZE``.
     """
     env = os.environ if env is None else env
+    if "OMPI_COMM_WORLD_SIZE" in env:
+        return "mpirun"
     if env.get("SLURM_STEP_ID") not in (None, "", "batch", "extern") and "SLURM_PROCID" in env:
         return "srun"
-    if "OMPI_COMM_WORLD_SIZE" in env or "PMI_SIZE" in env or "PMIX_RANK" in env:
+    if "PMI_SIZE" in env or "PMIX_RANK" in env:
         return "mpirun"
     return "none"
 
@@ -59,9 +62,15 @@ def failure_detection_problem(env: Optional[Mapping[str, str]] = None) -> Option
     """Why failed ranks would go unnoticed in this launch, or None when they will be seen.
 
     Open MPI 5.0's shared-memory transport never reports a dead peer: the job hangs.
-    Fault tolerance needs the transport limited to ``tcp,self``.
+    Fault tolerance needs the transport limited to ``tcp,self``. Under ``srun`` fault tolerance
+    is refused: Open MPI supports ULFM only under its own ``mpirun``.
     """
     env = os.environ if env is None else env
+    if detect_launcher(env) == "srun":
+        return ("this job step was started by srun, and Open MPI's fault tolerance works only under "
+                "its own mpirun (under srun a death may hang the job): run mpirun --with-ft ulfm inside "
+                "the allocation, as jobs/train_ft.sbatch does, or leave out --ft and relaunch from "
+                "checkpoints (FALLBACK=1 in jobs/train_ft.sbatch)")
     if not _truthy(env.get("OMPI_MCA_mpi_ft_enable")):
         return "ULFM is not enabled in this launch (mpirun --with-ft ulfm --mca mpi_ft_enable true)"
     btl = env.get("OMPI_MCA_btl", "").strip()
