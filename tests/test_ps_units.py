@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hpcreduce.ps import Consistency, ParamSpec, PSConfigError
-from hpcreduce.ps.inbox import all_finite
+from hpcreduce.ps.inbox import SMALL_CHECK, all_finite
 from hpcreduce.ps.layout import Layout
 from hpcreduce.ps.placement import SPLIT_BYTES, place
 from hpcreduce.ps.start import table_optimizers
@@ -161,8 +161,57 @@ def test_row_sums_and_ownership():
 def test_nonfinite_gradients_are_spotted():
     assert all_finite(np.ones((3, 4), np.float32)) and all_finite(np.full(4, 1e30, np.float32))
     assert all_finite(np.ones(3, np.float16)) and all_finite(np.zeros(0))
+    large = SMALL_CHECK + 1  # the BLAS path; its overflow falls back to the elementwise check
+    assert all_finite(np.full(large, 1e30, np.float32)) and all_finite(np.ones(large))
     for bad in (np.nan, np.inf, -np.inf):
         for dtype in (np.float16, np.float32, np.float64):
-            values = np.ones(1000, dtype)
-            values[777] = bad
-            assert not all_finite(values)
+            for size in (1000, large):
+                values = np.ones(size, dtype)
+                values[777] = bad
+                assert not all_finite(values), (bad, dtype, size)
+
+
+def test_key_cache_names_a_repeated_list_and_a_server_only_recalls_what_it_was_sent():
+    from hpcreduce.ps.key_cache import KnownKeys, SentKeys
+    sent, known = SentKeys(), KnownKeys()
+    ids = np.array([3, 9, 12])
+    number, cached = sent.number(1, 0, ids)
+    assert not cached
+    known.remember(slot=0, table=0, number=number, ids=ids)
+    assert sent.number(1, 0, ids.copy()) == (number, True), "the same list again: its number"
+    assert sent.number(2, 0, ids)[1] is False, "another server has not seen it"
+    assert sent.number(1, 1, ids)[1] is False, "nor another table"
+    other, cached = sent.number(1, 0, np.array([3, 9]))
+    assert not cached and other != number, "a different list gets a new number"
+    assert np.array_equal(known.recall(0, 0, number), ids)
+    assert known.recall(0, 0, other) is None and known.recall(1, 0, number) is None
+    sent.forget(1, 0)
+    assert sent.number(1, 0, np.array([3, 9]))[1] is False, "forgotten: sent whole again"
+
+
+def test_wire_dtype_only_narrows_floats():
+    from hpcreduce.ps.protocol import wire_dtype
+    assert wire_dtype("float32", np.float16) == np.float16
+    assert wire_dtype("float64", np.float16) == np.float16
+    assert wire_dtype("float32") == np.float32
+    assert wire_dtype("float16", np.float16) == np.float16
+    assert wire_dtype("float16", np.float32) == np.float16, "never wider than stored"
+    assert wire_dtype("int64", np.float16) == np.int64
+
+
+def test_load_summary_reports_per_server_steps_and_imbalance():
+    from hpcreduce.ps.stats import RequestLoad, load_summary
+    busy, idle = RequestLoad(), RequestLoad()
+    for step in range(3):
+        busy.request(step, 100)
+        busy.request(step, 0)
+        busy.reply(step, 50)
+        idle.request(step, 0)
+    summary = load_summary({0: busy.per_step(3), 2: idle.per_step(3)})
+    header = RequestLoad.HEADER_BYTES
+    assert summary["server_ranks"] == [0, 2]
+    assert summary["requests_per_step"] == [[2, 2, 2], [1, 1, 1]]
+    assert summary["bytes_per_step"][0] == [150 + 3 * header] * 3
+    assert summary["requests_max_mean"] == pytest.approx(2 / 1.5, abs=1e-4)
+    assert summary["bytes_max_mean"] == pytest.approx((150 + 3 * header) / ((150 + 4 * header) / 2), abs=1e-4)
+    assert load_summary({0: RequestLoad().per_step(2)})["requests_max_mean"] == 1.0, "no load: balanced"

@@ -19,46 +19,11 @@ from hpcreduce.train import FinalMetrics, TrainConfig, TrainResult
 from hpcreduce.train.model import SparseRows
 from hpcreduce.train.models import LogisticRegression
 from hpcreduce.train.params import batch_view, dense_grads
-from hpcreduce.train.partition import epoch_order, global_batch, share_bounds, worker_batch, worker_share
 from hpcreduce.train.results import checksum
 from hpcreduce.train.ring.state import TrainState
 
 
-@pytest.mark.parametrize("num_examples,batch", [(1000, 64), (100, 30), (10, 25), (7, 7)])
-def test_global_batches_walk_through_reshuffled_epochs(num_examples, batch):
-    steps = 3 * num_examples // batch + 2
-    stream = np.concatenate([global_batch(t, batch, num_examples, seed=4) for t in range(steps)])
-    assert all(len(global_batch(t, batch, num_examples, seed=4)) == batch for t in range(steps))
-    epochs = [stream[e * num_examples:(e + 1) * num_examples] for e in range(len(stream) // num_examples)]
-    for epoch, order in enumerate(epochs):
-        assert np.array_equal(np.sort(order), np.arange(num_examples))  # each example once per epoch
-        assert np.array_equal(order, epoch_order(num_examples, 4, epoch))
-    assert not np.array_equal(epochs[0], epochs[1])  # reshuffled
-    assert np.array_equal(global_batch(5, batch, num_examples, seed=4),
-                          global_batch(5, batch, num_examples, seed=4))
-    assert not np.array_equal(global_batch(0, batch, num_examples, seed=4),
-                              global_batch(0, batch, num_examples, seed=5))
-
-
-@pytest.mark.parametrize("batch", [1, 5, 64, 97, 1000])
-def test_worker_shares_cover_the_global_batch_exactly_once(batch):
-    indices = global_batch(3, batch, 10_000, seed=0)
-    for workers in range(1, 10):
-        shares = [worker_share(indices, w, workers) for w in range(workers)]
-        assert np.array_equal(np.concatenate(shares), indices)  # each example once, in order
-        sizes = [len(share) for share in shares]
-        assert max(sizes) - min(sizes) <= 1 and sum(sizes) == batch
-        assert all(np.array_equal(shares[w], worker_batch(3, w, workers, batch=batch,
-                                                          num_examples=10_000, seed=0))
-                   for w in range(workers))
-
-
-def test_partition_refuses_bad_arguments():
-    with pytest.raises(ValueError, match="worker must be in"):
-        share_bounds(10, 3, 3)
-    with pytest.raises(ValueError, match="batch >= 1"):
-        global_batch(0, 0, 10, seed=0)
-    assert epoch_order(10, 0, 0).flags.writeable is False
+# partitioning: tests/test_data_shards.py
 
 
 def test_batch_view_and_dense_grads_round_trip():

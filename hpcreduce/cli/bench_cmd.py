@@ -11,6 +11,7 @@ from typing import Dict, Optional
 
 from ..benchmarks import allreduce as allreduce_bench
 from ..benchmarks import ps as ps_bench
+from ..benchmarks import ps_memory as ps_memory_bench
 from ..benchmarks import recovery as recovery_bench
 from ..benchmarks import scaling as scaling_bench
 from ..benchmarks import stragglers as stragglers_bench
@@ -20,7 +21,7 @@ from .checks import launch_problems, output_problems, refuse, setting_problems
 from .flags import flag_names
 from .ranks import add_rank_options, outside_mpi, relaunch
 
-BENCHMARKS = (allreduce_bench, ps_bench, scaling_bench, recovery_bench, stragglers_bench)
+BENCHMARKS = (allreduce_bench, ps_bench, ps_memory_bench, scaling_bench, recovery_bench, stragglers_bench)
 
 
 def register(subcommands) -> None:

@@ -5,7 +5,7 @@ import argparse
 import os
 from typing import Callable, Dict, List, Sequence
 
-from ..benchmarks import allreduce, ps, recovery, scaling, stragglers
+from ..benchmarks import allreduce, ps, ps_memory, recovery, scaling, stragglers
 from ..benchmarks.timing import sizes_argument
 from ..runtime.environment import detect_launcher
 from ..runtime.files import path_problem
@@ -32,6 +32,8 @@ def ps_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"dense table sizes in bytes (default {ps.DEFAULT_SIZES})")
     parser.add_argument("--rows", type=int, default=4096, help="rows per pull_rows/push_rows")
     parser.add_argument("--width", type=int, default=16, help="float32 elements per sparse row")
+    parser.add_argument("--wire-dtype", dest="wire_dtype", choices=("float32", "float16"), default="float32",
+                        help="how pushed and pulled values travel (the raw peer moves the same bytes; default float32)")
     parser.add_argument("--table-rows", type=int, default=1 << 18, help="rows of the sparse table")
     parser.add_argument("--rounds", type=int, default=5, help="PS and raw blocks per case")
 
@@ -49,6 +51,8 @@ def scaling_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=None,
                         help="global batch (with --weak: per worker; default: the model's)")
     parser.add_argument("--weak", action="store_true", help="weak scaling: the batch per worker stays fixed")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="train and fit the allreduce on numpy (cpu) or on each rank's GPU (gpu; default cpu)")
     parser.add_argument("--servers", type=int, default=1, help="PS server ranks K (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every run (default 0)")
     parser.add_argument("--sizes", type=size_list, default=size_list(scaling.DEFAULT_SIZES),
@@ -92,6 +96,15 @@ def stragglers_flags(parser: argparse.ArgumentParser) -> None:
                         help="Downpour and ring budgets in steps, ascending (default %(default)s)")
     parser.add_argument("--sgd-batch", type=int, default=4096, help="Downpour and ring global batch (default 4096)")
     launcher_flags(parser, timeout=600)
+
+
+def ps_memory_flags(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(ranks=6)
+    parser.add_argument("--servers", type=int, default=4, help="server ranks K (default 4)")
+    parser.add_argument("--table-rows", type=size_list, default=[1 << 20, 1 << 26],
+                        help="logreg table rows R to compare, powers of two (default 1M,64M)")
+    parser.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
+    launcher_flags(parser, timeout=900)
 
 
 def launcher_flags(parser: argparse.ArgumentParser, *, timeout: float) -> None:
@@ -194,6 +207,16 @@ def stragglers_problems(args: argparse.Namespace) -> List[str]:
     return found + _outside_jobs("stragglers")
 
 
+def ps_memory_problems(args: argparse.Namespace) -> List[str]:
+    """What stops ``bench ps-memory`` with these flags (empty when fine)."""
+    found = at_least(args, 1, "--servers", "--steps")
+    if args.servers is not None and args.ranks is not None and not 1 <= args.servers < args.ranks:
+        found.append(f"--servers K needs 1 <= K < ranks ({args.ranks}), got {args.servers}")
+    found += [f"--table-rows: {rows} is not a power of two from 2 to 2**40" for rows in args.table_rows
+              if not 2 <= rows <= 2**40 or rows & (rows - 1)]
+    return found + _outside_jobs("ps-memory")
+
+
 def _outside_jobs(name: str) -> List[str]:
     if detect_launcher() == "none":
         return []
@@ -203,9 +226,9 @@ def _outside_jobs(name: str) -> List[str]:
 
 FLAGS: Dict[str, Callable[[argparse.ArgumentParser], None]] = {
     allreduce.NAME: allreduce_flags, ps.NAME: ps_flags, scaling.NAME: scaling_flags, recovery.NAME: recovery_flags,
-    stragglers.NAME: stragglers_flags,
+    stragglers.NAME: stragglers_flags, ps_memory.NAME: ps_memory_flags,
 }
 PROBLEMS: Dict[str, Callable[[argparse.Namespace], List[str]]] = {
     allreduce.NAME: allreduce_problems, ps.NAME: ps_problems, scaling.NAME: scaling_problems,
-    recovery.NAME: recovery_problems, stragglers.NAME: stragglers_problems,
+    recovery.NAME: recovery_problems, stragglers.NAME: stragglers_problems, ps_memory.NAME: ps_memory_problems,
 }

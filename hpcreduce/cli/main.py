@@ -13,9 +13,9 @@ mpi4py.rc.initialize = False
 mpi4py.rc.finalize = True
 
 from ..errors import HpcreduceError  # noqa: E402
-from . import bench_cmd, info_cmd, launch_cmd, report_cmd, train_cmd  # noqa: E402
+from . import bench_cmd, data_cmd, export_cmd, info_cmd, launch_cmd, report_cmd, train_cmd  # noqa: E402
 
-COMMANDS = (info_cmd, launch_cmd, bench_cmd, train_cmd, report_cmd)
+COMMANDS = (info_cmd, launch_cmd, bench_cmd, train_cmd, data_cmd, report_cmd, export_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,12 +44,26 @@ def register(subcommands) -> None:
     parser.add_argument("--model", default="logreg", metavar="NAME",
                         help="logreg (sparse hashed features, synthetic clicks; default) or "
                              "mlp (scikit-learn digits)")
+    parser.add_argument("--data", metavar="DIR",
+                        help="train on the .npy shards of data directory DIR (hpcreduce data write makes one; "
+                             "each worker opens only its shards) instead of the model's built-in data")
+    parser.add_argument("--table-rows", dest="table_rows", type=int, metavar="R",
+                        help="logreg: rows of the hashed feature table, a power of two (default 2**20)")
+    parser.add_argument("--wire-dtype", dest="wire_dtype", default="float32", metavar="DTYPE",
+                        help="ps: float32 or float16, how pushed and pulled values travel (the servers keep "
+                             "float32; default float32)")
+    parser.add_argument("--model-dir", dest="model_dir", metavar="DIR",
+                        help="ps: each server writes its shard of the trained model here, plus a manifest "
+                             "(hpcreduce export DIR assembles it)")
     parser.add_argument("--steps", type=int, metavar="S", help="training steps (default: the model's)")
     parser.add_argument("--batch", type=int, metavar="B", help="global batch per step, split over the workers "
                                                   "(default: the model's)")
     parser.add_argument("--lr", type=float, metavar="X", help="learning rate (default: the model's)")
     parser.add_argument("--optimizer", metavar="NAME", help="sgd, momentum, adagrad or adam (default: the model's); "
                                                             "sandblaster: lbfgs (default) or gd")
+    parser.add_argument("--device", default="cpu", metavar="cpu|gpu",
+                        help="cpu (numpy) or gpu (cupy; each rank takes GPU local rank %% GPUs; ring and ps "
+                             "modes; default cpu)")
     parser.add_argument("--seed", type=int, default=0, metavar="SEED", help="seed of data, initial parameters and "
                                                             "batch order (default 0)")
     parser.add_argument("--json", dest="json_path", metavar="PATH",
@@ -100,12 +114,18 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     except FaultToleranceUnavailableError as err:
         return refuse("train", [str(err)], MPI.COMM_WORLD.Get_rank(), args.flags)
     problems += [*config_problems(config, ctx), *setting_problems(), *_ulfm_problems(config, ctx.ft)]
+    if config.device == "gpu":  # every rank checks its own GPU; all agree (a newcomer checks alone)
+        from ..runtime.devices import gpu_problem
+        problems += [found for found in [gpu_problem(None if ctx.joined else ctx.comm)] if found]
+    if config.data and not ctx.joined:  # every rank checks a part of the shards; all agree
+        from ..train.data_dir import agreed_problems
+        problems += agreed_problems(ctx, _data_dir(config))
     if problems:
         return refuse("train", problems, ctx.rank, args.flags)
     try:
         from ..train import train
         from ..train.models import build
-        model, dataset = build(config.model, config.seed)
+        model, dataset = build(config.model, config.seed, config.table_rows, config.data)
         if ctx.rank == 0:
             print(f"hpcreduce train: {model.name} on {dataset.name} "
                   f"({dataset.size('train')} train / {dataset.size('test')} test examples), "
@@ -128,6 +148,8 @@ def launcher_problems(args: argparse.Namespace) -> List[Problem]:
     config, problems = build_config(args)
     problems += [*config.problems(args.ranks, args.ft), *config.output_problems(), *launch_problems(args),
                  *setting_problems(), *_ulfm_problems(config, args.ft)]
+    if config.data:
+        problems += _data_dir(config).problems(0, 1)
     grown = growth_slots_problem(args, sum(n for n, _ in config.fault.grow))
     return problems + ([grown] if grown else [])
 
@@ -146,14 +168,23 @@ def build_config(args: argparse.Namespace) -> Tuple["TrainConfig", List[Problem]
         problems.append(f"--backups must be on or off, got {args.backups!r}")
     config = TrainConfig(mode=args.mode, model=args.model, seed=args.seed, servers=args.servers,
                          consistency=args.consistency, staleness=args.staleness,
-                         fetch_every=args.fetch_every, push_every=args.push_every,
+                         fetch_every=args.fetch_every, push_every=args.push_every, table_rows=args.table_rows,
+                         model_dir=args.model_dir, data=args.data, wire_dtype=args.wire_dtype,
                          json_path=args.json_path, progress=args.progress, metrics_path=args.metrics_path,
                          timeline_path=args.timeline_path, fault=fault, unit=args.unit, history=args.history,
                          backups=args.backups != "off", gtol=args.gtol, ftol=args.ftol, l2=args.l2,
-                         push_units=args.push_units, **{**defaults, **chosen})
+                         push_units=args.push_units, device=args.device, **{**defaults, **chosen})
     if builtin is None:
         problems.append(f"--model must be one of {', '.join(BUILTIN)}, got {args.model!r}")
     return config, problems
+
+
+def _data_dir(config: "TrainConfig"):
+    """The data directory --data names, as the model reads it (its manifest read, nothing else)."""
+    from ..train.data_dir import DirDataset
+    from ..train.models import BUILTIN
+    builtin = BUILTIN.get(config.model)
+    return DirDataset(config.data, builtin.reads if builtin else ())
 
 
 def _ulfm_problems(config: "TrainConfig", ft: bool) -> List[str]:

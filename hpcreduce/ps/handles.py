@@ -30,13 +30,15 @@ class Part:
     buffers: List[np.ndarray]
     reply: np.ndarray = field(default_factory=lambda: np.zeros(HEADER_LEN, dtype=np.int64))
     received: int = 0
+    resend: Optional[Callable[[], "Part"]] = None  # the request again in full (key caching)
 
 
 class Handle:
     """One worker call in flight to one or more servers; ``wait()`` returns its result.
 
     ``wait`` completes every part before looking at the replies, so a refused part
-    never leaves a receive posted; it then raises ``PSRefusedError`` naming the
+    never leaves a receive posted (a part whose cached id list the server did not hold
+    is sent again with its ids, once); it then raises ``PSRefusedError`` naming the
     servers and their reasons, or returns ``finish()``'s result. ``guard(what)`` wraps
     the blocking wait (the fault-tolerance watchdog). An MPI error (a failed server)
     leaves the handle unfinished, to be abandoned (``Worker.abandon``).
@@ -72,6 +74,12 @@ class Handle:
     def _complete(self) -> Tuple[Any, Optional[PSRefusedError]]:
         with self._guard(f"waiting for the {self.what}"):
             wait_requests(self.requests)
+            unknown = [i for i, part in enumerate(self.parts)
+                       if part.resend is not None and part.reply[Rep.STATUS] == Status.KEYS_UNKNOWN]
+            for i in unknown:  # the server did not hold the id list: send the ids
+                self.parts[i] = self.parts[i].resend()
+            if unknown:
+                wait_requests(self.requests)
         reasons = [(part, refusal(int(part.reply[Rep.STATUS]), int(part.reply[Rep.DETAIL])))
                    for part in self.parts]
         self._traffic.add(0, sum(part.received for part, reason in reasons if not reason))

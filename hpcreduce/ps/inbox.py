@@ -14,14 +14,18 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from .key_cache import KnownKeys
 from .layout import Layout
 from .tables import row_width
-from .protocol import (DTYPES, HEADER_LEN, PAYLOADS_IN, PUSHES, SPARSE_OPS, TAG_FORWARD,
+from .protocol import (DENSE_PUSHES, DTYPES, wire_dtype, HEADER_LEN, PAYLOADS_IN, PUSHES, SPARSE_OPS, TAG_FORWARD,
                        TAG_FORWARD_PAYLOAD, TAG_PAYLOAD, TAG_REQUEST, WORKER_OPS, Op, Req, Status)
 from .state import ShardState
 from .updates import local_rows
 
 Problem = Tuple[Status, int]
+TABLE_OPS = frozenset(SPARSE_OPS + DENSE_PUSHES + (Op.PULL,))
+ALL_OPS = frozenset(Op)
+WORKER_OP_SET = frozenset(WORKER_OPS)
 TakeBuffer = Callable[[int], np.ndarray]
 
 
@@ -29,7 +33,9 @@ TakeBuffer = Callable[[int], np.ndarray]
 class Request:
     """One received request: its header (and the header's fields as ints), payloads and
     problem. ``local``: the owned-row positions of its sparse ids; ``borrowed``: the
-    server's spare buffer its dense gradient was received into."""
+    server's spare buffer its dense gradient was received into; ``pushed``: a push's
+    status once the server took it (its reply may wait); ``wire``: the dtype code values
+    travel in (replies of PULL and PUSH_PULL are narrowed to it)."""
 
     source: int
     slot: int
@@ -39,32 +45,40 @@ class Request:
     local: Optional[np.ndarray] = None
     borrowed: Optional[np.ndarray] = None
     nbytes: int = 0
+    pushed: Optional[Status] = None
 
     def __post_init__(self):
         fields = self.header.tolist()
+        self.wire = fields[Req.DTYPE]
         self.op, self.table, self.clock = fields[Req.OP], fields[Req.TABLE], fields[Req.CLOCK]
         self.count, self.fields = fields[Req.COUNT], fields
 
 
 def receive(comm: MPI.Intracomm, source: int, layout: Layout, state: ShardState,
-            take_buffer: TakeBuffer, *, forwarded: bool = False) -> Request:
-    """Receive the request ``source`` sent (its header is waiting) and check it.
+            take_buffer: TakeBuffer, *, forwarded: bool = False, header: Optional[np.ndarray] = None,
+            keys: Optional[KnownKeys] = None) -> Request:
+    """Receive the request ``source`` sent (its header is waiting, or already received
+    into ``header``) and check it.
 
     ``take_buffer(table)`` lends a buffer for a dense gradient of that table's piece.
     ``forwarded``: a push a primary server forwarded to this backup (``TAG_FORWARD``), on
-    behalf of the worker slot its header names.
+    behalf of the worker slot its header names. ``keys``: the id lists this server holds
+    (key caching); a request naming one gets it as its first payload, and its header is
+    rewritten to the full form (what a backup is forwarded).
     """
     header_tag, payload_tag = (TAG_FORWARD, TAG_FORWARD_PAYLOAD) if forwarded else (TAG_REQUEST, TAG_PAYLOAD)
-    header = np.empty(HEADER_LEN, dtype=np.int64)
-    comm.Recv(header, source, header_tag)
+    if header is None:
+        header = np.zeros(HEADER_LEN, dtype=np.int64)
+        comm.Recv(header, source, header_tag)
     slot = int(header[Req.SLOT]) if forwarded else layout.slot_of(source)
     request = Request(source, slot, header)
-    request.problem = header_problem(request, layout, state, tuple(Op) if forwarded else WORKER_OPS)
+    request.problem = header_problem(request, layout, state, ALL_OPS if forwarded else WORKER_OP_SET)
     status = MPI.Status()
+    skipped = _cached_ids(request)
     for index in range(max(0, request.fields[Req.PAYLOADS])):
         comm.Probe(source, payload_tag, status)
         nbytes = status.Get_count(MPI.BYTE)
-        buffer = None if request.problem else _expected_buffer(request, index, nbytes, layout, state,
+        buffer = None if request.problem else _expected_buffer(request, index + skipped, nbytes, layout, state,
                                                                take_buffer)
         if buffer is None:
             buffer = np.empty(nbytes, dtype=np.uint8)
@@ -72,26 +86,53 @@ def receive(comm: MPI.Intracomm, source: int, layout: Layout, state: ShardState,
         comm.Recv(buffer, source, payload_tag)
         request.payloads.append(buffer)
         request.nbytes += nbytes
+    if request.problem is None and skipped:
+        request.problem = _recalled(request, keys)
+    if request.problem is None and request.op in PUSHES and request.payloads[-1].dtype != \
+            layout.specs[request.table].dtype:
+        _widened(request, layout, take_buffer)
     if request.problem is None:
         request.problem = content_problem(request, layout, state)
+        if request.problem is None and keys is not None and request.op in SPARSE_OPS and request.fields[Req.KEYS] > 0:
+            keys.remember(request.slot, request.table, request.fields[Req.KEYS], request.payloads[0])
     return request
 
 
+def _cached_ids(request: Request) -> int:
+    """1 when the request names a cached id list instead of sending the ids, else 0."""
+    fields = request.fields
+    return int(request.op in SPARSE_OPS and fields[Req.KEYS] > 0
+               and fields[Req.PAYLOADS] == PAYLOADS_IN[request.op] - 1)
+
+
+def _recalled(request: Request, keys: Optional[KnownKeys]) -> Optional[Problem]:
+    """Put the cached id list in front of the payloads and rewrite the header to the full
+    form; KEYS_UNKNOWN when this server does not hold that list."""
+    fields = request.fields
+    ids = None if keys is None else keys.recall(request.slot, request.table, fields[Req.KEYS])
+    if ids is None:
+        return Status.KEYS_UNKNOWN, fields[Req.KEYS]
+    if len(ids) != request.count:
+        return Status.BAD_SIZE, request.count
+    request.payloads.insert(0, ids)
+    request.header = request.header.copy()
+    request.header[Req.PAYLOADS] += 1
+    request.fields = request.header.tolist()
+    return None
+
+
 def header_problem(request: Request, layout: Layout, state: ShardState,
-                   allowed=WORKER_OPS) -> Optional[Problem]:
+                   allowed=WORKER_OP_SET) -> Optional[Problem]:
     """What is wrong with the header alone, if anything (``allowed``: the ops accepted)."""
     fields = request.fields
-    try:
-        op = Op(request.op)
-    except ValueError:
-        return Status.UNKNOWN_OP, request.op
-    if op not in allowed:
-        return Status.UNKNOWN_OP, request.op
+    op = request.op
+    if op not in allowed:  # IntEnum members compare and hash as their ints
+        return Status.UNKNOWN_OP, op
     if not 0 <= request.slot < state.slot_count or fields[Req.SLOT] != request.slot:
         return Status.WRONG_SLOT, fields[Req.SLOT]
-    if fields[Req.PAYLOADS] != PAYLOADS_IN[op]:
+    if fields[Req.PAYLOADS] != PAYLOADS_IN[op] - _cached_ids(request):
         return Status.BAD_SIZE, fields[Req.PAYLOADS]
-    if op not in SPARSE_OPS + (Op.PULL, Op.PUSH):
+    if op not in TABLE_OPS:
         return None
     table = request.table
     if not 0 <= table < len(layout.specs):
@@ -101,8 +142,9 @@ def header_problem(request: Request, layout: Layout, state: ShardState,
         return Status.WRONG_KIND, table
     if table not in state.tables:
         return Status.NOT_OWNER, table
-    if not 0 <= fields[Req.DTYPE] < len(DTYPES) or DTYPES[fields[Req.DTYPE]] != np.dtype(spec.dtype):
-        return Status.BAD_DTYPE, fields[Req.DTYPE]
+    code = fields[Req.DTYPE]
+    if not 0 <= code < len(DTYPES) or DTYPES[code] not in (np.dtype(spec.dtype), wire_dtype(spec.dtype, DTYPES[code])):
+        return Status.BAD_DTYPE, code
     count = request.count
     if spec.sparse:
         if count < 0 or fields[Req.WIDTH] != row_width(spec):
@@ -117,18 +159,36 @@ def _expected_buffer(request: Request, index: int, nbytes: int, layout: Layout, 
     """A buffer for payload ``index`` when its size is the one the header implies."""
     spec = layout.specs[request.table]
     count = request.count
-    itemsize = np.dtype(spec.dtype).itemsize
-    if request.op == Op.PUSH:
-        if nbytes != count * itemsize:
+    wire = DTYPES[request.fields[Req.DTYPE]]
+    if request.op in DENSE_PUSHES:
+        if nbytes != count * wire.itemsize:
             return None
+        if wire != spec.dtype:
+            return np.empty(count, dtype=wire)
         request.borrowed = take_buffer(request.table)
         return request.borrowed
     if index == 0:
         return np.empty(count, dtype=np.int64) if nbytes == count * 8 else None
     row_shape = state.tables[request.table].values.shape[1:]
-    if nbytes != count * row_width(spec) * itemsize:
+    if nbytes != count * row_width(spec) * wire.itemsize:
         return None
-    return np.empty((count,) + row_shape, dtype=spec.dtype)
+    return np.empty((count,) + row_shape, dtype=wire)
+
+
+def _widened(request: Request, layout: Layout, take_buffer: TakeBuffer) -> None:
+    """A push whose gradient travelled narrower than its table (``--wire-dtype``): the
+    gradient in the table's dtype, and the header saying so (what a backup is forwarded)."""
+    stored = np.dtype(layout.specs[request.table].dtype)
+    narrow = request.payloads[-1]
+    if request.op in DENSE_PUSHES:
+        request.borrowed = take_buffer(request.table)
+        np.copyto(request.borrowed, narrow)
+        request.payloads[-1] = request.borrowed
+    else:
+        request.payloads[-1] = narrow.astype(stored)
+    request.header = request.header.copy()
+    request.header[Req.DTYPE] = DTYPES.index(stored)
+    request.fields = request.header.tolist()
 
 
 def content_problem(request: Request, layout: Layout, state: ShardState) -> Optional[Problem]:
@@ -151,10 +211,16 @@ def content_problem(request: Request, layout: Layout, state: ShardState) -> Opti
     return None
 
 
+SMALL_CHECK = 1 << 16  # elements: below, one elementwise pass beats entering np.errstate
+
+
 def all_finite(values: np.ndarray) -> bool:
-    """No NaN or Inf. One BLAS pass (the dot product with itself is finite exactly when
-    every element is, short of overflow); the elementwise check only when it is not."""
+    """No NaN or Inf. Small arrays: one elementwise pass. Larger: one BLAS pass (the dot
+    product with itself is finite exactly when every element is, short of overflow); the
+    elementwise check only when it is not."""
     flat = values.reshape(-1)
+    if flat.size <= SMALL_CHECK:
+        return bool(np.isfinite(flat).all())
     with np.errstate(over="ignore", invalid="ignore"):
         if flat.dtype != np.float16 and np.isfinite(np.dot(flat, flat)):
             return True

@@ -3,8 +3,11 @@
 Every message is a numpy buffer; nothing is pickled. A request is one header of
 ``HEADER_LEN`` int64 on ``TAG_REQUEST`` followed by ``payloads`` buffers on
 ``TAG_PAYLOAD`` (same source, so MPI's non-overtaking rule keeps them in order).
-A reply is one header on ``TAG_REPLY`` followed, for the two pull ops, by exactly one
-payload buffer on ``TAG_REPLY`` (empty when the request was refused). A server answers
+A sparse request may name an id list the server already holds instead of sending the ids
+(key caching, ``key_cache.py``: the header's ``KEYS`` field, one payload fewer).
+A reply is one header on ``TAG_REPLY`` followed, for the two pull ops and the two
+push-pull ops, by exactly one payload buffer on ``TAG_REPLY`` (empty when the request
+was refused). A server answers
 each worker's requests in the order they were sent, so a worker posts its reply
 receives when it sends and they match in order.
 
@@ -13,6 +16,8 @@ receives when it sends and they match in order.
     PUSH        gradient of the piece     -                 yes
     PULL_ROWS   ids (int64)               rows              yes (the rows)
     PUSH_ROWS   ids (int64), row grads    -                 yes
+    PUSH_PULL   gradient of the piece     piece values      yes (the values after the push)
+    PUSH_PULL_END  as PUSH_PULL, and the worker's clock moves on here (no CLOCK follows)
     CLOCK       -                         -                 no
     RELEASE     -                         -                 no (the worker is done)
 
@@ -21,6 +26,13 @@ backup (the next shard key) on ``TAG_FORWARD`` (the worker's header, then its pa
 ``TAG_FORWARD_PAYLOAD``), plus ``APPLY`` (BSP: the steps it applied) and ``DONE`` (it
 forwards no more); the backup answers each forwarded push with one header on
 ``TAG_FORWARD_ACK``, and only then does the primary acknowledge the worker.
+
+``PUSH_PULL`` (ps-lite's ZPushPull) is a dense push of step t and the pull of the
+piece for step t+1 in one round trip: the reply (the push's status, then the values)
+leaves when a read at clock t+1 may be answered (BSP: once step t is applied).
+``PUSH_PULL_END`` is the worker's last request of step t to that server: after its push
+the worker's clock there is t+1, and ``clock()`` sends that server no ``CLOCK``. Not on
+a replicating server (refused ``UNSUPPORTED``: push, then pull; an END still ends the step).
 """
 from __future__ import annotations
 
@@ -29,7 +41,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-HEADER_LEN = 8
+HEADER_LEN = 9
 TAG_REQUEST = 7301
 TAG_PAYLOAD = 7302
 TAG_REPLY = 7303
@@ -49,14 +61,19 @@ class Op(IntEnum):
     RELEASE = 6
     APPLY = 7      # primary -> backup only: BSP steps below CLOCK applied, COUNT = steps completed
     DONE = 8       # primary -> backup only: nothing more will be forwarded
+    PUSH_PULL = 9  # a dense push of step CLOCK, answered with the piece's values read at CLOCK + 1
+    PUSH_PULL_END = 10  # a PUSH_PULL after which the worker's clock is CLOCK + 1 (its step's last request)
 
 
 PAYLOADS_IN = {Op.PULL: 0, Op.PUSH: 1, Op.PULL_ROWS: 1, Op.PUSH_ROWS: 2, Op.CLOCK: 0, Op.RELEASE: 0,
-               Op.APPLY: 0, Op.DONE: 0}
-WORKER_OPS = (Op.PULL, Op.PUSH, Op.PULL_ROWS, Op.PUSH_ROWS, Op.CLOCK, Op.RELEASE)
-REPLIED = (Op.PULL, Op.PUSH, Op.PULL_ROWS, Op.PUSH_ROWS)
+               Op.APPLY: 0, Op.DONE: 0, Op.PUSH_PULL: 1, Op.PUSH_PULL_END: 1}
+FUSED = (Op.PUSH_PULL, Op.PUSH_PULL_END)
+WORKER_OPS = (Op.PULL, Op.PUSH, Op.PULL_ROWS, Op.PUSH_ROWS, Op.CLOCK, Op.RELEASE) + FUSED
+REPLIED = (Op.PULL, Op.PUSH, Op.PULL_ROWS, Op.PUSH_ROWS) + FUSED
 PULLS = (Op.PULL, Op.PULL_ROWS)
-PUSHES = (Op.PUSH, Op.PUSH_ROWS)
+PUSHES = (Op.PUSH, Op.PUSH_ROWS) + FUSED
+DENSE_PUSHES = (Op.PUSH,) + FUSED
+VALUES_BACK = PULLS + FUSED  # ops whose reply carries one payload
 SPARSE_OPS = (Op.PULL_ROWS, Op.PUSH_ROWS)
 
 
@@ -68,9 +85,13 @@ class Req(IntEnum):
     SLOT = 2       # the worker's slot: a stable id (0..W-1 at start; newcomers get new ones)
     CLOCK = 3      # the worker's clock: steps it has finished; a push's step
     COUNT = 4      # elements (PULL, PUSH) or row ids (PULL_ROWS, PUSH_ROWS)
-    DTYPE = 5      # index into DTYPES
+    DTYPE = 5      # index into DTYPES: the values' dtype on the wire (the table's, or float16:
+    #                a push's gradient is widened on arrival, a pull's reply narrowed)
     WIDTH = 6      # elements per row (sparse ops), 1 otherwise
     PAYLOADS = 7   # payload messages that follow, so a server can always drain them
+    KEYS = 8       # sparse ops: the id list's number (key caching, ``key_cache``); 0: none.
+    #                With one payload fewer than PAYLOADS_IN, the ids are not sent: the
+    #                server uses the list it received with this number
 
 
 class Rep(IntEnum):
@@ -84,6 +105,7 @@ class Rep(IntEnum):
     COUNT = 5      # elements in the reply payload
     DETAIL = 6     # the offending value of a refusal (an id, a size), else 0
     SLOWEST = 7    # the slowest live worker's clock when answered
+    SPARE = 8      # 0
 
 
 class Status(IntEnum):
@@ -99,6 +121,8 @@ class Status(IntEnum):
     NONFINITE = 9
     LATE = 10
     WRONG_SLOT = 11
+    KEYS_UNKNOWN = 12  # a cached id list this server does not hold: the worker sends the ids again
+    UNSUPPORTED = 13   # PUSH_PULL on a replicating server (--ft): nothing applied
 
 
 REASONS: Dict[Status, str] = {
@@ -112,6 +136,8 @@ REASONS: Dict[Status, str] = {
     Status.NONFINITE: "gradient contains NaN or Inf; refused, parameters unchanged",
     Status.LATE: "BSP push for a step that was already applied",
     Status.WRONG_SLOT: "worker slot does not match the sending rank",
+    Status.KEYS_UNKNOWN: "id list number not known here (send the ids)",
+    Status.UNSUPPORTED: "push_pull is not served with replication (--ft): push, then pull",
 }
 
 
@@ -123,17 +149,28 @@ def dtype_code(dtype) -> int:
         return -1
 
 
+def wire_dtype(stored, wanted=None) -> np.dtype:
+    """The dtype values stored as ``stored`` travel in: ``wanted`` (float16) when it is a
+    narrower float than ``stored``, else ``stored``."""
+    stored = np.dtype(stored)
+    if wanted is None or stored.kind != "f" or np.dtype(wanted).itemsize >= stored.itemsize:
+        return stored
+    return np.dtype(wanted)
+
+
 def request(op: Op, table: int, slot: int, clock: int, count: int = 0,
-            dtype: int = 0, width: int = 1) -> np.ndarray:
-    """A request header (the payload count follows from the op)."""
-    return np.array([op, table, slot, clock, count, dtype, width, PAYLOADS_IN[op]], dtype=np.int64)
+            dtype: int = 0, width: int = 1, keys: int = 0, cached: bool = False) -> np.ndarray:
+    """A request header (the payload count follows from the op; ``cached``: the ids of list
+    number ``keys`` are not sent)."""
+    return np.array([op, table, slot, clock, count, dtype, width, PAYLOADS_IN[op] - cached, keys],
+                    dtype=np.int64)
 
 
 def reply(header: np.ndarray, shard: int, status: Status, *, version: int = 0, count: int = 0,
           detail: int = 0, slowest: int = 0) -> np.ndarray:
     """The reply header to request ``header``."""
     return np.array([header[Req.OP], header[Req.TABLE], shard, status, version, count, detail,
-                     slowest], dtype=np.int64)
+                     slowest, 0], dtype=np.int64)
 
 
 def refusal(status: int, detail: int) -> Optional[str]:

@@ -12,8 +12,8 @@ A gradient buffer being forwarded is *pinned*: not reused or summed into in plac
 until the backup has it. ``DONE`` tells the backup that nothing more will come, so
 both loops end without leaving a message unreceived.
 
-Cost per push: the gradient once more over the wire (primary to backup), 64 B of ack,
-and the backup's copy of the update arithmetic; per BSP step one 64 B ``APPLY``.
+Cost per push: the gradient once more over the wire (primary to backup), 72 B of ack,
+and the backup's copy of the update arithmetic; per BSP step one 72 B ``APPLY``.
 """
 from __future__ import annotations
 

@@ -9,9 +9,11 @@ first waits for those sends to finish. What a push does to the shard is the upda
 rule of ``engine.ShardEngine``. With fault tolerance (``replicate``), every accepted
 push is forwarded to the backup server first and acknowledged to its worker only once
 the backup has applied it (``replication.Replication``); the loop then also serves the
-forwards of the server whose backup it is.
+forwards of the server whose backup it is. A fused push-pull is taken when it reaches its
+queue's head and answered with the values once a read at the next clock may be; while it
+waits, the pushes and clocks queued behind it are taken (``_run_ahead``).
 
-Cost per request: one header (64 B) each way plus the payloads; see docs/parameter-server.md.
+Cost per request: one header (72 B) each way plus the payloads; see docs/parameter-server.md.
 """
 from __future__ import annotations
 
@@ -28,12 +30,15 @@ from . import inbox, protocol
 from .consistency import Consistency
 from .engine import ShardEngine
 from .inbox import Request
+from .key_cache import KnownKeys
 from .layout import Layout
-from .protocol import PULLS, PUSHES, TAG_REPLY, TAG_REQUEST, Op, Status
+from .protocol import DENSE_PUSHES, FUSED, PULLS, PUSHES, TAG_REPLY, TAG_REQUEST, VALUES_BACK, Op, Status
 from .state import ShardState
+from .stats import RequestLoad
 
 NOBODY_LIVE = np.iinfo(np.int64).max
 EMPTY = np.empty(0, dtype=np.uint8)
+RETIRE_AT = 16  # finished reply sends are collected in batches, not after every request
 Guard = Callable[[str], object]
 
 
@@ -61,6 +66,9 @@ class Server:
         self.released = np.zeros(layout.slot_count, dtype=bool)
         self.outbox: List[Tuple[MPI.Request, np.ndarray, Optional[int]]] = []
         self.clock_moved = False
+        self.load = RequestLoad()
+        self.known_keys = KnownKeys()
+        self._slowest = NOBODY_LIVE
         self._waiting = f"server rank {comm.Get_rank()} waiting for requests"
 
     @property
@@ -81,35 +89,45 @@ class Server:
         """Answer requests until every live worker has released this server (and, when
         replicating, until the forwards both ways are finished)."""
         self.released[:] = False
+        self._slowest = self.slowest()
         status = MPI.Status()
-        tag = MPI.ANY_TAG if self.replication else TAG_REQUEST
         reported = None
         while True:
-            slowest = self.slowest()
+            slowest = self._slowest
             if self.on_progress is not None and slowest != reported:
                 reported = slowest
                 self.on_progress(self, slowest)
-            if self._finished():
+            if slowest == NOBODY_LIVE and self._finished():
                 break
+            header = None
             with self.guard(self._waiting):
-                self.comm.Probe(MPI.ANY_SOURCE, tag, status)
+                if self.replication is None:  # one receive, no probe: only requests arrive
+                    header = np.zeros(protocol.HEADER_LEN, dtype=np.int64)
+                    self.comm.Recv(header, MPI.ANY_SOURCE, TAG_REQUEST, status)
+                else:
+                    self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             source = status.Get_source()
             if status.Get_tag() == TAG_REQUEST:
-                request = inbox.receive(self.comm, source, self.layout, self.state, self.engine.take_buffer)
-                if request.slot < 0 or request.slot not in self.queues:
+                request = inbox.receive(self.comm, source, self.layout, self.state, self.engine.take_buffer,
+                                        header=header, keys=self.known_keys)
+                self.load.request(request.clock - (request.op == Op.CLOCK), request.nbytes)
+                queue = self.queues.get(request.slot) if request.slot >= 0 else None
+                if queue is None:
                     self._answer(request)
                 else:
-                    self.queues[request.slot].append(request)
-                    self._make_progress()
+                    queue.append(request)
+                    self._make_progress(queue)
             else:
                 self.replication.handle(status.Get_tag(), source)
-            self._retire_sends()
+            if len(self.outbox) >= RETIRE_AT:
+                self._retire_sends()
         with self.guard(f"server rank {self.comm.Get_rank()} finishing its replies"):
             MPI.Request.Waitall([entry[0] for entry in self.outbox])
         self.outbox.clear()
 
     def slowest(self) -> int:
-        """The smallest clock among live (unreleased) workers."""
+        """The smallest clock among live (unreleased) workers (the loop keeps it in
+        ``_slowest``, recomputed only when a clock moves or a worker releases)."""
         live = self.state.clocks[self.live & ~self.released]
         return int(live.min()) if live.size else NOBODY_LIVE
 
@@ -125,14 +143,42 @@ class Server:
             return False
         return self.replication is None or self.replication.wind_down()
 
-    def _make_progress(self) -> None:
-        """Answer queue heads until nothing moves (a clock that moves may unblock reads)."""
-        while True:
+    def _make_progress(self, arrived: Optional[Deque[Request]] = None) -> None:
+        """Answer the heads of the queue a request just ``arrived`` in (None: of every
+        queue); when a clock moves (which may unblock reads anywhere), every queue's heads
+        until nothing moves."""
+        self.clock_moved = arrived is None
+        if arrived:
+            self._drain(arrived)
+        while self.clock_moved:
             self.clock_moved = False
             for queue in self.queues.values():
-                while queue and self._answer(queue[0]):
-                    queue.popleft()
-            if not self.clock_moved:
+                self._drain(queue)
+
+    def _drain(self, queue: Deque[Request]) -> None:
+        """Answer the queue's heads while they may be. Behind a fused push-pull whose reply
+        waits, take the pushes and clocks that follow it (their replies, refusals included,
+        stay in order; under BSP the step cannot complete without them), up to the first
+        other request."""
+        while queue:
+            if self._answer(queue[0]):
+                queue.popleft()
+                continue
+            if queue[0].op in FUSED:
+                self._run_ahead(queue)
+            return
+
+    def _run_ahead(self, queue: Deque[Request]) -> None:
+        index = 1
+        while index < len(queue):
+            request = queue[index]
+            if request.op == Op.CLOCK and request.problem is None:
+                self._answer(request)
+                del queue[index]
+            elif request.op in PUSHES:
+                self._take(request)
+                index += 1
+            else:
                 return
 
     def _answer(self, request: Request) -> bool:
@@ -141,18 +187,25 @@ class Server:
         if slot >= 0 and request.clock > self.state.clocks[slot]:
             self.state.clocks[slot] = request.clock
             self._clock_moved()
-        if request.op in PULLS and self.replication is not None and self.replication.holding(slot):
-            return False  # its earlier pushes are not acknowledged yet: replies stay in order
+        if request.op in VALUES_BACK and self.replication is not None:
+            if self.replication.holding(slot):
+                return False  # its earlier pushes are not acknowledged yet: replies stay in order
+            if request.op in FUSED and request.problem is None:
+                request.problem = (Status.UNSUPPORTED, 0)
         if request.problem is not None:
             self._refuse(request)
+            if request.op == Op.PUSH_PULL_END:
+                self._end_step(request)
         elif request.op == Op.RELEASE:
             self.released[slot] = True
             self._clock_moved()
         elif request.op in PULLS:
-            slowest = self.slowest()
+            slowest = self._slowest
             if not self.consistency.may_read(request.clock, slowest):
                 return False
             self._read(request, slowest)
+        elif request.op in FUSED:
+            return self._push_pull(request)
         elif request.op in PUSHES:
             self._push(request)
         return True
@@ -161,44 +214,89 @@ class Server:
         """The slowest clock may have moved: under BSP, apply the steps it completed right
         away, so that no read is ever answered before its step's update."""
         self.clock_moved = True
+        self._slowest = self.slowest()
         if self.consistency.aggregates:
-            slowest = self.slowest()
+            slowest = self._slowest
             live = self.state.clocks[self.live]
             completed = min(slowest, int(live.max()) if live.size else 0)
             if self.engine.apply_completed(slowest, completed) and self.replication is not None:
                 self.replication.forward_apply(slowest, completed)
 
-    def _read(self, request: Request, slowest: int) -> None:
+    def _read(self, request: Request, slowest: int, clock: Optional[int] = None,
+              status: Status = Status.OK) -> None:
+        """Answer a read at ``clock`` (the request's own by default) with the values."""
         table = self.state.tables[request.table]
-        self.state.read_staleness[max(0, request.clock - slowest)] += 1
+        clock = request.clock if clock is None else clock
+        self.state.read_staleness[max(0, clock - slowest)] += 1
         table.read_version[request.slot] = table.version
+        wire = protocol.DTYPES[request.wire]  # the table's, or narrower (float16)
         if table.sparse:
-            self._reply(request, Status.OK, table.values[request.local], reads=None)
+            self._reply(request, status, table.values[request.local].astype(wire, copy=False), reads=None)
+        elif wire != table.values.dtype:
+            self._reply(request, status, table.values.astype(wire), reads=None)
         else:
-            self._reply(request, Status.OK, table.values, reads=request.table)
+            self._reply(request, status, table.values, reads=request.table)
 
     def _push(self, request: Request) -> None:
+        if request.pushed is None:
+            request.pushed = self._take_push(request)
+        if request.pushed is None:
+            self._refuse(request)
+        else:
+            self._reply(request, request.pushed, forward=self.replication is not None)
+
+    def _push_pull(self, request: Request) -> bool:
+        """A fused push-pull: the push is taken first; the reply (the push's status, then the
+        values) once a read at the next clock may be answered. False while it waits."""
+        self._take(request)
+        if request.pushed is None:
+            self._refuse(request)
+            return True
+        slowest = self._slowest
+        if not self.consistency.may_read(request.clock + 1, slowest):
+            return False
+        self._read(request, slowest, request.clock + 1, request.pushed)
+        return True
+
+    def _take(self, request: Request) -> None:
+        """Take a queued push once (``request.pushed``); a PUSH_PULL_END then ends its
+        worker's step here, whether the push was taken or refused."""
+        if request.pushed is None and request.problem is None:
+            request.pushed = self._take_push(request)
+        if request.op == Op.PUSH_PULL_END:
+            self._end_step(request)
+
+    def _end_step(self, request: Request) -> None:
+        """The worker's clock here moves past the step of its PUSH_PULL_END (as a CLOCK would)."""
+        clocks = self.state.clocks
+        if 0 <= request.slot < len(clocks) and request.clock + 1 > clocks[request.slot]:
+            clocks[request.slot] = request.clock + 1
+            self._clock_moved()
+
+    def _take_push(self, request: Request) -> Optional[Status]:
+        """Hand a push to the engine: its status (OK, DUPLICATE), or None when it came too
+        late (``request.problem`` set; the reply is the caller's)."""
         replication = self.replication
         if replication is not None:
             replication.pin(request)
-        gradient = request.payloads[0] if request.op == Op.PUSH else (request.local, request.payloads[1])
+        gradient = request.payloads[0] if request.op in DENSE_PUSHES else (request.local, request.payloads[1])
         status = self.engine.accept(request.slot, request.clock, request.table, gradient)
         if status == Status.LATE:
             if replication is not None:
                 replication.unpin(request)
             request.problem = (Status.LATE, request.clock)
-            self._refuse(request)
-            return
+            return None
         if status == Status.DUPLICATE:
             self._release_buffer(request)
-        self._reply(request, status, forward=replication is not None)
+        return status
 
     def _refuse(self, request: Request) -> None:
         status, detail = request.problem
         self._release_buffer(request)
-        if 0 <= request.slot < self.state.slot_count:
-            self.state.refused[request.slot] += 1
-        self.state.refusals[status.name] += 1
+        if status != Status.KEYS_UNKNOWN:  # not the worker's fault: it sends the ids again
+            if 0 <= request.slot < self.state.slot_count:
+                self.state.refused[request.slot] += 1
+            self.state.refusals[status.name] += 1
         if request.op in protocol.REPLIED:
             self._reply(request, status, detail=detail)
 
@@ -211,7 +309,7 @@ class Server:
         header = protocol.reply(request.header, self.state.shard, status,
                                 version=table.version if table is not None else 0,
                                 count=0 if payload is None else payload.size, detail=detail,
-                                slowest=self.slowest())
+                                slowest=self._slowest)
         if forward:
             self.replication.forward(request, header)
         elif self.replication is not None and self.replication.holding(request.slot):
@@ -219,11 +317,12 @@ class Server:
         else:
             self._send(header, request.source, None)
         sent = 0
-        if request.op in PULLS:
+        if request.op in VALUES_BACK:
             body = EMPTY if payload is None else payload
             self._send(body, request.source, reads)
             sent = body.nbytes
         self.traffic.add(sent, request.nbytes)
+        self.load.reply(request.clock, sent)
         self.state.count_traffic(request.clock, sent, request.nbytes)
 
     def _send(self, buffer: np.ndarray, dest: int, reads: Optional[int], tag: int = TAG_REPLY) -> None:

@@ -5,8 +5,8 @@
     if isinstance(role, Server): role.serve()       # until every worker released it
     else: ... role.pull(...), role.push(...), role.clock() ... role.release()
 
-Servers initialise their shard from ``initial()`` (whole tables by name) and workers
-pull it. Setting up ends with one small allgather, so that a setup failure on any rank
+Servers initialise their shard from ``initial``: a ``PartInit`` (``ps.init``: each server
+makes only its own elements) or a callable giving whole tables by name; workers pull it. Setting up ends with one small allgather, so that a setup failure on any rank
 (bad settings, initial values that lack a table) raises on every rank instead of
 leaving workers waiting for a server that is not there.
 """
@@ -18,7 +18,10 @@ import numpy as np
 
 from ..errors import PSConfigError, PSTrainingError
 from ..runtime.context import Comm, Context, resolve
+from ..runtime.nodes import rank_nodes
 from .consistency import Consistency
+from .footprint import refuse_unfit
+from .init import PartInit
 from .layout import Layout
 from .optimizers import Optimizer, make_optimizer
 from .server import Server
@@ -43,24 +46,26 @@ def table_optimizers(specs: Sequence[ParamSpec], name: str, lr: float,
         raise PSConfigError(str(err)) from None
 
 
-def start(specs: Sequence[ParamSpec], initial: Initial, *, servers: int = 1,
+def start(specs: Sequence[ParamSpec], initial: Union[Initial, PartInit], *, servers: int = 1,
           consistency: Consistency = Consistency(), optimizer: str = "sgd", lr: float = 0.1,
           table_lr: Optional[Mapping[str, float]] = None, comm: Comm = None,
           guard: Optional[Callable[[str], Any]] = None) -> Union[Server, Worker]:
     """This rank's part of a PS job over ``comm`` (a Context, an MPI intracommunicator that
     hpcreduce duplicates once, or None for ``hpcreduce.init()``'s): a ``Server`` on ranks
     0..servers-1, else a ``Worker``. Collective; raises the same kind of error on every
-    rank on bad input. ``guard(what)``: wraps every blocking wait (a deadline watchdog)."""
+    rank on bad input (``PSConfigError`` naming the sizes when the servers' shards would not
+    fit their nodes' memory, before anything is allocated). ``guard(what)``: wraps every blocking wait (a deadline watchdog)."""
     ctx = resolve(comm)
     layout = Layout.initial(specs, ctx.size, servers)
     optimizers = table_optimizers(layout.specs, optimizer, lr, table_lr)
+    refuse_unfit(ctx.comm, layout, optimizers, False, rank_nodes(ctx.comm))
 
     guarded = {} if guard is None else {"guard": guard}
 
     def make() -> Union[Server, Worker]:
         if layout.is_server(ctx.rank):
-            state = ShardState.create(layout, layout.shard_of(ctx.rank), checked(initial(), specs),
-                                      optimizers)
+            values = initial if isinstance(initial, PartInit) else checked(initial(), specs)
+            state = ShardState.create(layout, layout.shard_of(ctx.rank), values, optimizers)
             return Server(ctx.comm, layout, state, optimizers, consistency, ctx.traffic, **guarded)
         return Worker(ctx.comm, layout, ctx.traffic, **guarded)
     return everywhere(ctx, make)

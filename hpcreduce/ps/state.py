@@ -13,13 +13,14 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .init import PartInit, owned_rows, whole_tables
 from .layout import Layout
 from .optimizers import Optimizer
-from .tables import position_index
+from .tables import RowIndex
 
 RowGrads = Tuple[np.ndarray, np.ndarray]
 Pending = Dict[int, Dict[int, List[Tuple[int, Union[np.ndarray, RowGrads]]]]]
@@ -32,7 +33,7 @@ class TableShard:
 
     Dense: ``values`` is the flat piece ``[start, start + values.size)`` of the table.
     Sparse: ``values[i]`` is row ``ids[i]`` (``ids`` sorted: the rows this shard owns),
-    and ``position`` is their position index (``tables.position_index``).
+    and ``position`` finds them by id (``tables.RowIndex``).
     ``optimizer_state`` holds the optimizer's arrays, shaped like ``values``.
     ``version`` counts the updates applied here; ``read_version[s]`` is the version
     worker slot s last read, so an update's lag is ``version - read_version[s]``.
@@ -45,7 +46,7 @@ class TableShard:
     slot_count: int
     start: int = 0
     ids: Optional[np.ndarray] = None
-    position: Optional[np.ndarray] = None
+    position: Optional[RowIndex] = None
     version: int = 0
     last_push: np.ndarray = field(default=None)
     read_version: np.ndarray = field(default=None)
@@ -59,7 +60,7 @@ class TableShard:
     def own_rows(self, ids: np.ndarray, rows: int) -> None:
         """Make ``ids`` (sorted) the rows of this sparse shard of a ``rows``-row table."""
         self.ids = ids
-        self.position = position_index(ids, rows)
+        self.position = RowIndex(ids, rows)
 
 
 @dataclass
@@ -89,25 +90,35 @@ class ShardState:
         return cls(shard, slot_count, tables, zeros(), zeros(), zeros(), zeros(), applied_steps=applied_steps)
 
     @classmethod
-    def create(cls, layout: Layout, shard: int, initial: Mapping[str, np.ndarray],
+    def create(cls, layout: Layout, shard: int, initial: Union[PartInit, Mapping[str, np.ndarray]],
                optimizers: Mapping[int, Optimizer]) -> "ShardState":
-        """Shard ``shard``'s part of the ``initial`` values, with zeroed optimizer state."""
+        """Shard ``shard``'s part of the initial values, with zeroed optimizer state.
+        ``initial``: a ``PartInit`` (only this shard's elements are ever made) or whole tables by name."""
+        return cls.create_many(layout, [shard], initial, optimizers)[0]
+
+    @classmethod
+    def create_many(cls, layout: Layout, shards: Sequence[int], initial: Union[PartInit, Mapping[str, np.ndarray]],
+                    optimizers: Mapping[int, Optimizer]) -> List["ShardState"]:
+        """``create`` for each of ``shards`` (a server's own shard and its replica), the
+        sparse rows' owners hashed once for all of them."""
+        if not isinstance(initial, PartInit):
+            initial = whole_tables(layout.specs, initial)
         slot_count = layout.slot_count
-        tables: Dict[int, TableShard] = {}
-        for piece in layout.placement.pieces_on(shard):
-            spec = layout.specs[piece.table]
-            flat = np.asarray(initial[spec.name], dtype=spec.dtype).reshape(-1)
-            values = flat[piece.start:piece.stop].copy()
-            tables[piece.table] = TableShard(piece.table, False, values,
-                                             optimizers[piece.table].init_state(values), slot_count,
-                                             start=piece.start)
+        tables: Dict[int, Dict[int, TableShard]] = {shard: {} for shard in shards}
+        for shard in shards:
+            for piece in layout.placement.pieces_on(shard):
+                values = initial.dense(piece.table, piece.start, piece.stop)
+                tables[shard][piece.table] = TableShard(piece.table, False, values,
+                                                        optimizers[piece.table].init_state(values), slot_count,
+                                                        start=piece.start)
         for table, spec in enumerate(layout.specs):
             if spec.sparse:
-                ids = layout.placement.rows_on(table, shard)
-                values = np.asarray(initial[spec.name], dtype=spec.dtype)[ids].copy()
-                tables[table] = TableShard(table, True, values, optimizers[table].init_state(values), slot_count)
-                tables[table].own_rows(ids, spec.shape[0])
-        return cls.empty(shard, tables, slot_count)
+                for shard, ids in owned_rows(layout.placement, table, shards).items():
+                    values = initial.rows(table, ids)
+                    made = TableShard(table, True, values, optimizers[table].init_state(values), slot_count)
+                    made.own_rows(ids, spec.shape[0])
+                    tables[shard][table] = made
+        return [cls.empty(shard, tables[shard], slot_count) for shard in shards]
 
     def grow(self, slot_count: int) -> None:
         """Make room for worker slots up to ``slot_count`` (workers that joined), counters at zero."""

@@ -3,7 +3,7 @@
 Histograms are lists indexed by clocks: ``hist[k]`` counts the events k clocks stale.
 Read staleness: how many clocks behind the reader the slowest worker was when a read
 was answered. Update lag: how many updates a table piece received between a worker's
-read of it and that worker's push.
+read of it and that worker's push. Load: requests and bytes each server handled per step.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
+from .protocol import HEADER_LEN
 from .state import COUNTERS, ShardState
 
 
@@ -54,6 +55,43 @@ def merge_summaries(summaries: List[Optional[Mapping[str, object]]], slot_count:
 def server_traffic(state: ShardState, steps: int) -> List[List[int]]:
     """A server's payload bytes [sent, received] for each step, from the requests' clocks."""
     return [state.traffic.get(step, [0, 0]) for step in range(steps)]
+
+
+class RequestLoad:
+    """A server's load per step: requests received and bytes moved (payloads plus the
+    72 B headers each way). A request counts for the step its worker was in (its clock;
+    a ``CLOCK`` for the step it ends)."""
+
+    HEADER_BYTES = HEADER_LEN * 8
+
+    def __init__(self):
+        self.cells: Dict[int, List[int]] = {}
+
+    def request(self, step: int, nbytes: int) -> None:
+        cell = self.cells.setdefault(step, [0, 0])
+        cell[0] += 1
+        cell[1] += nbytes + self.HEADER_BYTES
+
+    def reply(self, step: int, nbytes: int) -> None:
+        self.cells.setdefault(step, [0, 0])[1] += nbytes + self.HEADER_BYTES
+
+    def per_step(self, steps: int) -> List[List[int]]:
+        """[requests, bytes] for each step 0..steps-1."""
+        return [self.cells.get(step, [0, 0]) for step in range(steps)]
+
+
+def load_summary(per_server: Mapping[int, List[List[int]]]) -> Dict[str, Any]:
+    """``ps.load``: each server's requests and bytes per step (by server rank), and the
+    imbalance over the whole run: max over servers / mean over servers of the totals."""
+    ranks = sorted(per_server)
+    cells = np.array([per_server[rank] for rank in ranks], dtype=np.float64).reshape(len(ranks), -1, 2)
+    totals = cells.sum(axis=1)
+    means = totals.mean(axis=0)
+    ratio = np.divide(totals.max(axis=0), means, out=np.ones(2), where=means > 0)
+    return {"server_ranks": ranks,
+            "requests_per_step": cells[:, :, 0].astype(np.int64).tolist(),
+            "bytes_per_step": cells[:, :, 1].astype(np.int64).tolist(),
+            "requests_max_mean": round(float(ratio[0]), 4), "bytes_max_mean": round(float(ratio[1]), 4)}
 
 
 def _values(counts: Counter) -> np.ndarray:

@@ -9,28 +9,31 @@
 
 A call is checked here first (table, shape, dtype, writable output, ids; a worker
 already released) and raises ``PSInputError`` before anything is sent, so a bad call
-leaves the worker and the servers as they were. It then goes to the shards holding
+leaves the worker and the servers as they were (a pushed device (cupy) array is first
+copied to the host: only host memory reaches MPI). It then goes to the shards holding
 the table's pieces or rows (``Layout.placement``), all at once; the reply receives are
 posted first, straight into the result (dense pulls land in the output array, no copy). Each request carries the
 worker's clock, which is a push's step: the pair (slot, step) lets a server refuse a
 duplicate, so push at most once per table per step.
-Cost per call: one 64 B header to each shard involved, the payload, and a 64 B reply.
+Cost per call: one 72 B header to each shard involved, the payload, and a 72 B reply.
 """
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
+from ..arrays import is_device_array, to_host
 from ..errors import PSInputError
 from ..runtime.context import Traffic
 from ..runtime.failures import abandon
 from . import protocol
 from .handles import Handle, Part, PushResult, push_result
 from .layout import Layout
-from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op
+from .key_cache import SentKeys
+from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op, Req
 from .tables import ParamSpec, row_width
 
 
@@ -52,7 +55,10 @@ class Worker:
         self.traffic = traffic if traffic is not None else Traffic()
         self.guard = guard
         self.clock_value = clock
+        self.sent_keys = SentKeys()
+        self.wire_dtype: Optional[np.dtype] = None  # float16: values travel as float16 (None: as stored)
         self._unanswered: List[Tuple[MPI.Request, np.ndarray]] = []
+        self._ended: Set[int] = set()  # server ranks where this step already ended (PUSH_PULL_END)
         self._open: List[Handle] = []
         self.released = False
 
@@ -60,17 +66,7 @@ class Worker:
     def pull_async(self, table: str, out: Optional[np.ndarray] = None) -> Handle:
         """Start reading dense ``table`` whole, into ``out`` if given."""
         t, spec = self._table(table, sparse=False)
-        if out is None:
-            out = np.empty(spec.shape, dtype=spec.dtype)
-        else:
-            _check_array(f"pull of {table!r}: out", out, spec.shape, spec.dtype, output=True)
-        flat = out.reshape(-1)
-        parts = []
-        for piece in self.layout.placement.pieces[t]:
-            rank = self.layout.shard_ranks[piece.shard]
-            header = self._header(Op.PULL, t, piece.size, spec)
-            parts.append(self._request(rank, header, [], [flat[piece.start:piece.stop]]))
-        return self._handle(f"pull of table {table!r}", parts, lambda _: out, t)
+        return self._dense(Op.PULL, t, spec, None, out, f"pull of table {table!r}")
 
     def pull(self, table: str, out: Optional[np.ndarray] = None) -> np.ndarray:
         return self.pull_async(table, out).wait()
@@ -78,8 +74,7 @@ class Worker:
     def push_async(self, table: str, grad: np.ndarray) -> Handle:
         """Start sending dense ``table``'s gradient (whole tensor) for this step."""
         t, spec = self._table(table, sparse=False)
-        _check_array(f"push to {table!r}: gradient", grad, spec.shape, spec.dtype)
-        flat = np.ascontiguousarray(grad).reshape(-1)
+        flat = self._dense_gradient(table, spec, grad)
         parts = []
         for piece in self.layout.placement.pieces[t]:
             rank = self.layout.shard_ranks[piece.shard]
@@ -90,6 +85,45 @@ class Worker:
     def push(self, table: str, grad: np.ndarray) -> PushResult:
         return self.push_async(table, grad).wait()
 
+    def push_pull_async(self, table: str, grad: np.ndarray, out: Optional[np.ndarray] = None, *,
+                        ends_step: bool = False) -> Handle:
+        """Start ps-lite's fused push-pull of dense ``table``: this step's gradient goes out
+        and the values come back in the same round trip, read at the next clock (BSP: once
+        this step is applied; SSP/ASP: as a pull at clock + 1 may be), into ``out`` if given.
+        Send the step's other pushes to those servers first, and call ``clock()`` before
+        waiting (under BSP the reply needs every worker's clock). ``ends_step``: nothing
+        more of this step goes to the table's servers; the step ends there with it, and
+        ``clock()`` does not message them. Not with replication (--ft)."""
+        t, spec = self._table(table, sparse=False)
+        flat = self._dense_gradient(table, spec, grad)
+        ranks = {self.layout.shard_ranks[piece.shard] for piece in self.layout.placement.pieces[t]}
+        return self._push_pull(t, spec, flat, out, ranks if ends_step else set())
+
+    def push_pull(self, table: str, grad: np.ndarray, out: Optional[np.ndarray] = None, *,
+                  ends_step: bool = False) -> np.ndarray:
+        """``push_pull_async(...).wait()`` (BSP with more than one worker: use the async form,
+        ``clock()``, then wait)."""
+        return self.push_pull_async(table, grad, out, ends_step=ends_step).wait()
+
+    def push_pull_step_async(self, grads: Dict[str, np.ndarray],
+                             outs: Optional[Dict[str, np.ndarray]] = None) -> List[Handle]:
+        """A step's fused push-pulls of dense tables (``grads``: table -> gradient, ``outs``:
+        table -> output array), every one checked before any is sent; the last request to
+        each server ends the step there (``ends_step``). Then ``clock()`` and wait."""
+        outs = outs or {}
+        checked = []
+        for name, grad in grads.items():
+            t, spec = self._table(name, sparse=False)
+            out = outs.get(name)
+            if out is not None:
+                _check_array(f"push_pull of {name!r}: out", out, spec.shape, spec.dtype, output=True)
+            checked.append((t, spec, self._dense_gradient(name, spec, grad), out))
+        last: Dict[int, int] = {}
+        for t, _, _, _ in checked:
+            last.update((self.layout.shard_ranks[piece.shard], t) for piece in self.layout.placement.pieces[t])
+        return [self._push_pull(t, spec, flat, out, {rank for rank, final in last.items() if final == t})
+                for t, spec, flat, out in checked]
+
     # -- sparse tables -----------------------------------------------------------------
     def pull_rows_async(self, table: str, ids) -> Handle:
         """Start reading rows ``ids`` of sparse ``table``; the result is aligned with ids."""
@@ -97,15 +131,16 @@ class Worker:
         ids = checked_ids(f"pull_rows of {table!r}", ids, spec.shape[0])
         out = np.empty((len(ids),) + tuple(spec.shape[1:]), dtype=spec.dtype)
         groups = self._by_shard(t, ids)
+        wire = self._wire(spec)
+        direct = len(groups) == 1 and wire == out.dtype
         parts = []
         for rank, where in groups:
-            header = self._header(Op.PULL_ROWS, t, len(where), spec)
             # one shard holding every row: its reply lands in ``out`` directly
-            rows = out if len(groups) == 1 else np.empty((len(where),) + out.shape[1:], dtype=spec.dtype)
-            parts.append(self._request(rank, header, [ids[where]], [rows]))
+            rows = out if direct else np.empty((len(where),) + out.shape[1:], dtype=wire)
+            parts.append(self._rows_request(Op.PULL_ROWS, t, spec, rank, ids[where], [], [rows]))
 
         def scatter(done: List[Part]) -> np.ndarray:
-            if len(done) > 1:
+            if not direct:
                 for part, (_, where) in zip(done, groups):
                     out[where] = part.buffers[-1]
             return out
@@ -117,7 +152,8 @@ class Worker:
     def push_rows_async(self, table: str, ids, grads: np.ndarray) -> Handle:
         """Start sending the gradients of rows ``ids`` (unique) of sparse ``table``."""
         t, spec = self._table(table, sparse=True)
-        ids = checked_ids(f"push_rows to {table!r}", ids, spec.shape[0])
+        ids = checked_ids(f"push_rows to {table!r}", to_host(ids) if is_device_array(ids) else ids, spec.shape[0])
+        grads = to_host(grads) if is_device_array(grads) else grads
         _check_array(f"push_rows to {table!r}: gradients", grads,
                      (len(ids),) + tuple(spec.shape[1:]), spec.dtype)
         order = np.argsort(ids, kind="stable")
@@ -125,10 +161,10 @@ class Worker:
         if np.any(ids[1:] == ids[:-1]):
             raise PSInputError(f"push_rows to {table!r}: ids must be unique "
                                f"(sum the gradients of repeated rows)")
+        grads = grads.astype(self._wire(spec), copy=False)
         parts = []
         for rank, where in self._by_shard(t, ids):
-            header = self._header(Op.PUSH_ROWS, t, len(where), spec)
-            parts.append(self._request(rank, header, [ids[where], grads[where]], []))
+            parts.append(self._rows_request(Op.PUSH_ROWS, t, spec, rank, ids[where], [grads[where]], []))
         return self._handle(f"push_rows to table {table!r} at step {self.clock_value}", parts,
                             push_result, t)
 
@@ -140,7 +176,8 @@ class Worker:
         """End this step: tell every server this worker's clock moved on; return it."""
         self._check_not_released("clock()")
         self.clock_value += 1
-        self._tell_servers(Op.CLOCK)
+        self._tell_servers(Op.CLOCK, skip=self._ended)
+        self._ended = set()
         return self.clock_value
 
     def release(self) -> None:
@@ -193,10 +230,77 @@ class Worker:
         self._open.append(handle)
         return handle
 
-    def _header(self, op: Op, table: int, count: int, spec: ParamSpec) -> np.ndarray:
+    def _header(self, op: Op, table: int, count: int, spec: ParamSpec, keys: int = 0,
+                cached: bool = False) -> np.ndarray:
         width = row_width(spec) if spec.sparse else 1
         return protocol.request(op, table, self.slot, self.clock_value, count,
-                                protocol.dtype_code(spec.dtype), width)
+                                protocol.dtype_code(self._wire(spec)), width, keys, cached)
+
+    def _wire(self, spec: ParamSpec) -> np.dtype:
+        """The dtype ``spec``'s values travel in: ``wire_dtype`` when it is a narrower float."""
+        if self.wire_dtype is None:
+            return np.dtype(spec.dtype)
+        return protocol.wire_dtype(spec.dtype, self.wire_dtype)
+
+    def _push_pull(self, t: int, spec: ParamSpec, flat: np.ndarray, out: Optional[np.ndarray],
+                   ending: Set[int]) -> Handle:
+        """A checked push-pull of table ``t``, ending the step on the server ranks ``ending``."""
+        handle = self._dense(Op.PUSH_PULL, t, spec, flat, out, f"push_pull of table {spec.name!r} at step "
+                                                               f"{self.clock_value}", ending)
+        self._ended |= ending
+        return handle
+
+    def _dense(self, op: Op, t: int, spec: ParamSpec, grad: Optional[np.ndarray], out: Optional[np.ndarray],
+               what: str, ending: Set[int] = frozenset()) -> Handle:
+        """A PULL or PUSH_PULL of every piece of dense table ``t``, replies into ``out``
+        (a PUSH_PULL to a rank in ``ending``: PUSH_PULL_END)."""
+        if out is None:
+            out = np.empty(spec.shape, dtype=spec.dtype)
+        else:
+            _check_array(f"{what}: out", out, spec.shape, spec.dtype, output=True)
+        flat = out.reshape(-1)
+        wire = self._wire(spec)
+        pieces = self.layout.placement.pieces[t]
+        parts = []
+        for piece in pieces:
+            rank = self.layout.shard_ranks[piece.shard]
+            header = self._header(Op.PUSH_PULL_END if rank in ending else op, t, piece.size, spec)
+            into = flat[piece.start:piece.stop] if wire == out.dtype else np.empty(piece.size, wire)
+            sent = [] if grad is None else [grad[piece.start:piece.stop]]
+            parts.append(self._request(rank, header, sent, [into]))
+
+        def widen(done: List[Part]) -> np.ndarray:
+            if wire != out.dtype:
+                for part, piece in zip(done, pieces):
+                    flat[piece.start:piece.stop] = part.buffers[-1]
+            return out
+        return self._handle(what, parts, widen, t)
+
+    def _dense_gradient(self, table: str, spec: ParamSpec, grad) -> np.ndarray:
+        """A dense gradient checked, on the host, flat, in the wire dtype."""
+        grad = to_host(grad) if is_device_array(grad) else grad  # a GPU's gradient goes through the host
+        _check_array(f"push to {table!r}: gradient", grad, spec.shape, spec.dtype)
+        return np.ascontiguousarray(grad).reshape(-1).astype(self._wire(spec), copy=False)
+
+    def _rows_request(self, op: Op, table: int, spec: ParamSpec, rank: int, ids: np.ndarray,
+                      payloads: List[np.ndarray], into: List[np.ndarray]) -> Part:
+        """A sparse request for ``ids`` (the worker's own copy); when the server already holds
+        this id list (key caching), only its number travels, and if the server turns out not
+        to know it (``KEYS_UNKNOWN``) the handle sends the request again with the ids."""
+        number, cached = self.sent_keys.number(rank, table, ids)
+        header = self._header(op, table, len(ids), spec, number, cached)
+        if not cached:
+            return self._request(rank, header, [ids, *payloads], into)
+        part = self._request(rank, header, payloads, into)
+
+        def resend() -> Part:
+            self.sent_keys.forget(rank, table)
+            full = header.copy()
+            full[Req.KEYS], _ = self.sent_keys.number(rank, table, ids)
+            full[Req.PAYLOADS] += 1
+            return self._request(rank, full, [ids, *payloads], into)
+        part.resend = resend
+        return part
 
     def _request(self, rank: int, header: np.ndarray, payloads: List[np.ndarray],
                  into: List[np.ndarray]) -> Part:
@@ -224,9 +328,11 @@ class Worker:
         groups = np.split(order, starts[1:])
         return [(self.layout.shard_ranks[int(k)], g) for k, g in zip(keys, groups)]
 
-    def _tell_servers(self, op: Op) -> None:
+    def _tell_servers(self, op: Op, skip: Set[int] = frozenset()) -> None:
         self._retire_unanswered()
         for rank in self.layout.shard_ranks.values():
+            if rank in skip:
+                continue
             header = protocol.request(op, 0, self.slot, self.clock_value)
             self._unanswered.append((self.comm.Isend(header, rank, TAG_REQUEST), header))
 

@@ -13,12 +13,15 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..arrays import Device
 from ..errors import ConfigurationError, SettingProblem
 from ..ps.stats import staleness_summary
 from ..runtime.context import Comm, Context, resolve
+from ..runtime.devices import open_device
 from ..runtime.nodes import rank_nodes
 from .config import OUTPUTS, TrainConfig
 from .data import Dataset
+from .data_dir import agreed_problems
 from .evaluation import evaluate
 from .model import Model
 from .observe import RING_PHASES, Observer
@@ -48,15 +51,21 @@ def train(model: Model, dataset: Dataset, config: Optional[TrainConfig] = None, 
     ``config.mode`` picks the topology: ``ring`` (every rank a worker), ``ps``
     (``hpcreduce.train.ps.trainer.run_ps_training``) or ``sandblaster`` (a batch method,
     ``hpcreduce.train.sandblaster.trainer.run_sandblaster_training``). Returns the result on every rank,
-    with the trained parameters (the same on every rank) in ``result.params``. Rank 0
+    with the trained parameters (the same on every rank; numpy arrays, whatever
+    ``config.device``) in ``result.params``. On ``device="gpu"`` each rank first takes its
+    GPU (``runtime.devices.open_device``; ``GpuUnavailableError`` on every rank when one lacks
+    cupy or a GPU). Rank 0
     prints progress and the final line when ``verbose`` and writes ``config.json_path``
     when set. Bad settings raise ``ConfigurationError`` on every rank.
     """
     ctx = resolve(comm)
     config = config or TrainConfig()
     problems = config_problems(config, ctx)
+    if not ctx.joined:  # a data directory's shards, checked by all ranks together (a newcomer's job did)
+        problems += agreed_problems(ctx, dataset)
     if problems:
         raise ConfigurationError(problems)
+    open_device(config.device, None if ctx.joined else ctx.comm)  # GpuUnavailableError on every rank
     observer = Observer(ctx, config, verbose=verbose, reporter=config.servers if config.mode != "ring" else 0)
     if config.mode == "ps":
         result = run_ps_training(ctx, config, model, dataset, observer)
@@ -91,4 +100,4 @@ def train_ring(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset
                        dataset=dataset.info(), steps=log.rows, traffic=log.gather_traffic(),
                        staleness=staleness_summary(in_sync, in_sync), wall_s=time.perf_counter() - started,
                        train_s=train_s, final=FinalMetrics(loss, accuracy, checksum(state.params)),
-                       params=state.params, recovery=elastic.events.as_dicts())
+                       params=Device("cpu").put_all(state.params), recovery=elastic.events.as_dicts())

@@ -6,6 +6,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..arrays import DEVICE_KINDS
 from ..errors import SettingProblem, setting_problem
 from ..ft.config import FaultConfig
 from ..ps.consistency import KINDS as CONSISTENCIES
@@ -18,6 +19,7 @@ from ..sandblaster import METHODS, roles_problem
 MODES = ("ring", "ps", "sandblaster")
 PROGRESS = ("auto", "bar", "lines", "none")
 OUTPUTS = ("json_path", "metrics_path", "timeline_path")
+WIRE_DTYPES = ("float32", "float16")  # ps: how pushed and pulled values travel (--wire-dtype)
 
 
 @dataclass
@@ -32,6 +34,9 @@ class TrainConfig:
     turns backup tasks on, ``gtol``/``ftol`` stop on the gradient norm or the relative drop of
     the objective, ``l2`` weighs its 0.5 ||x||^2 term and a worker pushes every ``push_units``
     kept units.
+    ``device``: ``cpu`` (numpy) or ``gpu`` (cupy: each rank's GPU by its rank on the node;
+    ring and ps modes). ``data``: a data directory of shards to train the built-in model on
+    (``train.data_dir``; used by ``hpcreduce train --data``, not by ``train()``, which takes a data set).
     """
 
     mode: str = "ring"
@@ -46,6 +51,10 @@ class TrainConfig:
     staleness: int = 0
     fetch_every: int = 1
     push_every: int = 1
+    table_rows: Optional[int] = None
+    wire_dtype: str = "float32"
+    model_dir: Optional[str] = None
+    data: Optional[str] = None
     json_path: Optional[str] = None
     progress: str = "auto"
     metrics_path: Optional[str] = None
@@ -57,6 +66,7 @@ class TrainConfig:
     ftol: float = 1e-10
     l2: float = 1e-4
     push_units: int = 4
+    device: str = "cpu"
     fault: FaultConfig = field(default_factory=FaultConfig)
 
     def problems(self, size: int, ft: bool = True) -> List[SettingProblem]:
@@ -78,12 +88,22 @@ class TrainConfig:
             found.append(setting_problem("{seed} must be >= 0, got {value}", value=self.seed))
         if self.progress not in PROGRESS:
             found.append(_choice("progress", PROGRESS, self.progress))
+        found += self._table_rows_problems()
+        if self.model_dir and self.mode != "ps":
+            found.append(setting_problem("{model_dir} (the model written sharded by its servers) applies to {mode} ps"))
+        if self.device not in DEVICE_KINDS:
+            found.append(_choice("device", DEVICE_KINDS, self.device))
+        elif self.device == "gpu" and self.mode == "sandblaster":
+            found.append(setting_problem("{device} gpu applies to {mode} ring and ps; {mode} sandblaster "
+                                         "computes on the host"))
         if self.mode == "ring" and (self.consistency != "bsp" or self.staleness or self.servers != 1
                                     or self.fetch_every != 1 or self.push_every != 1):
             found.append(setting_problem("{servers}, {consistency}, {staleness}, {fetch_every} and "
                                          "{push_every} belong to {mode} ps; ring mode is synchronous"))
         if self.mode == "ps":
             found += self._ps_problems(size, ft)
+        elif self.wire_dtype != "float32":
+            found.append(setting_problem("{wire_dtype} applies to {mode} ps"))
         if self.mode == "sandblaster":
             found += self._sandblaster_problems(size, ft)
         else:
@@ -94,6 +114,18 @@ class TrainConfig:
                                              + " to {mode} sandblaster"))
         return (found + self._slow_role_problems()
                 + self.fault.problems(self.steps, size, ft, self.mode == "ps"))
+
+    def _table_rows_problems(self) -> List[SettingProblem]:
+        """``table_rows`` (logreg's hashed feature space): a power of two from 2 to 2**40."""
+        rows = self.table_rows
+        if rows is None:
+            return []
+        if self.model != "logreg":
+            return [setting_problem("{table_rows} sets the hashed feature space of {model} logreg, not of "
+                                    "{model} {value}", value=self.model)]
+        if not 2 <= rows <= 2**40 or rows & (rows - 1):
+            return [setting_problem("{table_rows} must be a power of two from 2 to 2**40, got {value}", value=rows)]
+        return []
 
     def _slow_role_problems(self) -> List[SettingProblem]:
         """Stragglers named among the ranks that compute no gradients: PS servers, and Sandblaster's
@@ -106,12 +138,20 @@ class TrainConfig:
 
     def _ps_problems(self, size: int, ft: bool) -> List[SettingProblem]:
         found = [servers_problem(self.servers, size)]
+        if self.wire_dtype not in WIRE_DTYPES:
+            found.append(_choice("wire_dtype", WIRE_DTYPES, self.wire_dtype))
+        elif self.wire_dtype != "float32" and ft:
+            found.append(setting_problem("{wire_dtype} %s is not yet supported with in-job fault tolerance "
+                                         "(--ft); use float32" % self.wire_dtype))
         if self.consistency != "ssp" and self.staleness:
             found.append(setting_problem("{staleness} only applies to {consistency} ssp"))
         if self.consistency == "ssp" and self.staleness < 0:
             found.append(setting_problem("{staleness} must be >= 0, got {value}", value=self.staleness))
         if self.consistency != "asp" and (self.fetch_every != 1 or self.push_every != 1):
             found.append(setting_problem("{fetch_every} and {push_every} only apply to {consistency} asp"))
+        if self.model_dir and self.model_dir == self.fault.checkpoint_dir:
+            found.append(setting_problem("{model_dir} and {checkpoint_dir} name one folder, {path}: give each its own",
+                                         path=self.model_dir))
         if self.fetch_every < 1 or self.push_every < 1:
             found.append(setting_problem("{fetch_every} and {push_every} must be at least 1"))
         fault = self.fault
@@ -121,6 +161,12 @@ class TrainConfig:
                 "in {mode} ps, {kills}, {kill_random}, {grow}, {discover}, {replace} and {checkpoint_dir} "
                 "need in-job fault tolerance: launch with ULFM (hpcreduce launch --ft); the parameter "
                 "server has no checkpoint-and-relaunch fallback"))
+        if ft and self.servers == 1 and not fault.checkpoint_dir and not fault.accept_server_loss:
+            found.append(setting_problem(
+                "{mode} ps with in-job fault tolerance and {servers} 1 has no copy of the model but the "
+                "server's: its death would end the job. Give {servers} 2 or more (each shard replicated on "
+                "another server), or {checkpoint_dir} (a worker takes over from the latest checkpoint), or "
+                "{accept_server_loss} to run anyway"))
         return [problem for problem in found if problem is not None]
 
     def _optimizer_problems(self) -> List[SettingProblem]:
@@ -191,10 +237,10 @@ class TrainConfig:
             why = path_problem(path) if path else None
             if why:
                 found.append(setting_problem("{%s} {path}: {why}" % name, path=path, why=why))
-        folder = self.fault.checkpoint_dir
-        why = folder_problem(folder) if folder else None
-        if why:
-            found.append(setting_problem("{checkpoint_dir} {path}: {why}", path=folder, why=why))
+        for name, folder in (("checkpoint_dir", self.fault.checkpoint_dir), ("model_dir", self.model_dir)):
+            why = folder_problem(folder) if folder else None
+            if why:
+                found.append(setting_problem("{%s} {path}: {why}" % name, path=folder, why=why))
         return found
 
     def as_dict(self) -> Dict[str, Any]:

@@ -1,13 +1,17 @@
-"""Data sets the trainers read: examples addressed by index, in two splits.
+"""Data sets the trainers read: examples addressed by index, in two splits, cut into shards.
 
-A trainer asks for the examples of its share by index (see ``partition``) and hands
-the batch it gets to the model unchanged, so a batch is whatever the model expects.
+A trainer asks for the examples of its share by index (see ``partition``: a worker's
+share comes from the shards it owns) and hands the batch it gets to the model
+unchanged, so a batch is whatever the model expects.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
+
+from ..errors import Problem
+from .partition import even_shards
 
 class Dataset:
     """Examples in a ``"train"`` split and a held-out ``"test"`` split."""
@@ -22,10 +26,19 @@ class Dataset:
         """The examples of ``split`` at ``indices``, in the form the model reads."""
         raise NotImplementedError
 
+    def shard_sizes(self, split: str) -> Tuple[int, ...]:
+        """Examples in each shard of ``split``, in index order (default: ``partition.even_shards``)."""
+        return even_shards(self.size(split))
+
+    def problems(self, part: int, parts: int) -> List[Problem]:
+        """What makes this data set unusable, found by checking part ``part`` of ``parts`` of it
+        (each rank checks one part; ``data_dir.agreed_problems`` joins them); none by default."""
+        return []
+
     def info(self) -> Dict[str, Any]:
         """Facts about the data set for the run's result (sizes, and any reference figures)."""
         return {"name": self.name, "train_examples": self.size("train"),
-                "test_examples": self.size("test")}
+                "test_examples": self.size("test"), "train_shards": len(self.shard_sizes("train"))}
 
 
 class ArrayDataset(Dataset):

@@ -22,6 +22,8 @@ from .config import TrainConfig
 from .model import SparseRows
 
 PROGRESS_LINES = 10
+EXACT_SHIFT = 1126  # every float64 is an integer multiple of 2**-1126 (frexp's mantissa x 2**53)
+HALF = 26
 
 
 def checksum_terms(name: str, value) -> np.ndarray:
@@ -46,6 +48,33 @@ def checksum(params: Mapping[str, Any]) -> float:
     as zeros); different parameters almost surely differ."""
     return math.fsum(np.concatenate([checksum_terms(name, value) for name, value in params.items()]
                                     or [np.zeros(0)]))
+
+
+def exact_sum(terms: np.ndarray) -> int:
+    """The exact sum of finite float64 ``terms`` as an integer count of ``2**-EXACT_SHIFT``:
+    parts of one sum computed on several ranks add up exactly (``exact_float``). Each term is
+    an int64 mantissa times a power of two; mantissas are summed per exponent in two 26-bit
+    halves (no int64 overflow below 2**36 terms). Cost: a sort of the nonzero terms."""
+    terms = np.asarray(terms, dtype=np.float64)
+    terms = terms[terms != 0]
+    if not len(terms):
+        return 0
+    mantissa, exponent = np.frexp(terms)
+    order = np.argsort(exponent, kind="stable")
+    exponent = exponent[order]
+    whole = (mantissa[order] * 2.0 ** 53).astype(np.int64)
+    starts = np.flatnonzero(np.diff(exponent, prepend=exponent[0] - 1))
+    high = np.add.reduceat(whole >> HALF, starts).tolist()
+    low = np.add.reduceat(whole & ((1 << HALF) - 1), starts).tolist()
+    total = 0
+    for power, upper, lower in zip(exponent[starts].tolist(), high, low):
+        total += ((upper << HALF) + lower) << (power - 53 + EXACT_SHIFT)
+    return total
+
+
+def exact_float(total: int) -> float:
+    """An ``exact_sum`` (or a sum of them) correctly rounded to float64, as ``math.fsum`` rounds."""
+    return total / (1 << EXACT_SHIFT)
 
 
 class StepLog:
@@ -119,8 +148,10 @@ class TrainResult:
     ``sandblaster``: the Sandblaster counters (units counted, backups issued, duplicates
     discarded, iterations, evaluations, pass_s, units_by_worker, ...; sandblaster mode);
     ``nodes``: the node (hostname) of each rank at the end, by rank;
-    ``params``: the trained parameters, whole, and ``gradient`` (sandblaster mode): the flat
-    objective gradient at them (both kept in memory, never written).
+    ``params``: the trained parameters, whole (PS mode, a model above ``ps.final.WHOLE_BYTES``:
+    this rank's part: the dense tables and, on a server, its own rows as ``SparseRows``), and
+    ``gradient`` (sandblaster mode): the flat objective gradient at them (both kept in memory,
+    never written); ``memory``: ``peak_rss_bytes`` and ``roles`` by rank (PS mode).
     ``to_json()`` is what ``--json`` writes, under the names scripts read.
     """
 
@@ -141,6 +172,7 @@ class TrainResult:
     sandblaster: Optional[Dict[str, Any]] = None
     gradient: Optional[np.ndarray] = field(default=None, repr=False)
     nodes: List[str] = field(default_factory=list)
+    memory: Optional[Dict[str, Any]] = None
 
     @property
     def mode(self) -> str:
@@ -168,6 +200,8 @@ class TrainResult:
             found["recovery"] = self.recovery
         if self.sandblaster is not None:
             found["sandblaster"] = self.sandblaster
+        if self.memory is not None:
+            found["memory"] = self.memory
         return found
 
 
@@ -176,7 +210,18 @@ def final_line(result: TrainResult) -> str:
     final, data = result.final, result.dataset
     bayes = data.get("bayes_accuracy")
     reference = f", Bayes accuracy {bayes:.4f}" if bayes is not None else ""
-    return (f"final: loss {final.loss:.4f}  accuracy {final.accuracy:.4f}  "
+    line = (f"final: loss {final.loss:.4f}  accuracy {final.accuracy:.4f}  "
             f"(held out: {data['test_examples']} examples{reference})  "
             f"checksum {final.checksum:.12e}  {result.wall_s:.2f} s, "
             f"{result.samples_per_s:.0f} samples/s on {result.worker_count} workers")
+    return line + (f"\n{memory_line(result.memory)}" if result.memory else "")
+
+
+def memory_line(memory: Mapping[str, Any]) -> str:
+    """The largest peak RSS of each role: ``memory: peak RSS server 1.2 GiB (rank 0), ...``."""
+    largest: Dict[str, Any] = {}
+    for rank, (peak, role) in enumerate(zip(memory["peak_rss_bytes"], memory["roles"])):
+        if role not in largest or peak > largest[role][0]:
+            largest[role] = (peak, rank)
+    return "memory: peak RSS " + ", ".join(f"{role} {peak / 2**30:.2f} GiB (rank {rank})"
+                                           for role, (peak, rank) in sorted(largest.items()))

@@ -14,9 +14,11 @@ bench_flags.ps_flags(parser)
 args = parser.parse_args(["--sizes", "4K,96K", "--rows", "64", "--table-rows", "1000", "--rounds", "2"])
 result = ps.run(ctx, args)
 cases = [(row["servers"], row["case"]) for row in result["rows"]]
-assert cases == [(k, c) for k in (1, 2) for c in ("dense push+pull", "dense push+pull",
-                                                   "pull_rows", "push_rows")], cases
+assert cases == [(k, c) for k in (1, 2) for c in ("dense push+pull", "dense push-pull", "dense push+pull",
+                                                   "dense push-pull", "latency (pull)", "pull_rows", "push_rows")], cases
 assert all(row["ps_s"] > 0 and row["raw_s"] > 0 and row["ratio"] > 0 for row in result["rows"])
 if ctx.rank == 0:
-    print(ps.render(result))
+    text = ps.render(result)
+    assert "side by side at 1 MiB dense push+pull: ps-lite 0.57 GB/s" in text, text
+    print(text)
     print("ps bench smoke: ok", flush=True)

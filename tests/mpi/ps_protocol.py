@@ -8,7 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcreduce
-from hpcreduce.ps import (Consistency, ParamSpec, PSConfigError, PSInputError, PSRefusedError,
+from hpcreduce.ps import (Consistency, Handle, ParamSpec, PSConfigError, PSInputError, PSRefusedError,
                           PSTrainingError, Server, start)
 from hpcreduce.ps.protocol import (DTYPES, HEADER_LEN, TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op,
                                    Rep, Status, request)
@@ -115,6 +115,34 @@ def protocol_session():
     assert np.array_equal(worker.pull("bias"), INITIAL["bias"] - LR * 4)
     assert np.array_equal(worker.pull_rows("emb", [5])[0], INITIAL["emb"][5] - LR * 2)
 
+    # Key caching: a push naming the rows just pulled sends gradients only; a server that does
+    # not hold the list (as after a failure: here the worker names numbers never sent) answers
+    # KEYS_UNKNOWN, the worker sends the ids, and exactly the named rows are read and changed.
+    mine = np.array([600 + w, 20 + w, 30 + w])
+    seen = worker.pull_rows("emb", mine)
+    sent = worker.traffic.sent
+    assert pushed(worker.push_rows("emb", mine, np.ones((3, 4), np.float32))).duplicates == 0
+    assert worker.traffic.sent - sent == 3 * 4 * 4, "cached ids: only the gradients travel"
+    for key, (number, listed) in list(worker.sent_keys.last.items()):
+        worker.sent_keys.last[key] = (number + 10**9, listed)
+    sent = worker.traffic.sent
+    assert np.array_equal(worker.pull_rows("emb", mine), seen - LR), "the ids were sent again"
+    assert worker.traffic.sent - sent == 3 * 8, "the ids travelled once, in the resent request"
+    worker.clock()
+
+    # --wire-dtype float16: values travel rounded to float16 (half the bytes); the servers keep
+    # float32 and widen each gradient on arrival.
+    exact, rows = worker.pull("big"), worker.pull_rows("emb", mine)
+    worker.wire_dtype = np.dtype(np.float16)
+    received = worker.traffic.received
+    assert np.array_equal(worker.pull("big"), exact.astype(np.float16).astype(np.float32))
+    assert worker.traffic.received - received == 40_000 * 2, "float16 on the wire"
+    assert np.array_equal(worker.pull_rows("emb", mine), rows.astype(np.float16).astype(np.float32))
+    assert pushed(worker.push_rows("emb", mine, np.full((3, 4), 0.5, np.float32))).duplicates == 0
+    worker.wire_dtype = None
+    assert np.array_equal(worker.pull_rows("emb", mine), rows - LR * 0.5), "a float16 push applied once"
+    worker.clock()
+
     # Bad calls are refused by the worker before anything is sent.
     expect(PSInputError, "unknown table 'nope'; the tables are 'big', 'bias', 'emb'",
            lambda: worker.pull("nope"))
@@ -163,7 +191,10 @@ def protocol_session():
         header = request(Op.PULL_ROWS, 2, w, worker.clock_value, 2, 1, 4)
         answer = raw(0, header, [foreign], reply_payload=np.empty(8, np.float32))
         assert answer[Rep.STATUS] == Status.NOT_OWNER and answer[Rep.DETAIL] == foreign[0], answer
-        comm.Send(np.array([42, 0, w, 0, 0, 0, 1, 0], np.int64), 0, TAG_REQUEST)  # unknown op: no reply
+        comm.Send(np.array([42, 0, w, 0, 0, 0, 1, 0, 0], np.int64), 0, TAG_REQUEST)  # unknown op: no reply
+        header = request(Op.PULL_ROWS, 2, w, worker.clock_value, 2, 1, 4, keys=10**9, cached=True)
+        answer = raw(0, header, reply_payload=np.empty(8, np.float32))
+        assert answer[Rep.STATUS] == Status.KEYS_UNKNOWN, answer  # not the worker's fault: not counted
         counts["refused"] += 4
         assert np.array_equal(worker.pull("big"), after), "still serving, nothing changed"
     worker.release()
@@ -194,6 +225,68 @@ def blocked_read_session():
     return None
 
 
+def push_pull_session():
+    """BSP fused push-pull: the reply waits for the step's update (every worker's push in it),
+    pushes and clocks queued behind a waiting push-pull are taken, refusals come back with
+    empty values, float16 travels both ways."""
+    role = start(SPECS, lambda: INITIAL, servers=SERVERS, consistency=Consistency("bsp"), lr=LR, comm=ctx)
+    if isinstance(role, Server):
+        role.serve()
+        return role.state.summary()
+    worker, w = role, role.slot
+
+    def step(starts, first):
+        """Issue, clock, wait; worker ``first`` issues before the other one has pushed anything."""
+        if w != first:
+            workers_comm.Barrier()
+        handles = [begin() for begin in starts]
+        ended = set(worker._ended)
+        worker.clock()
+        if w == first:
+            workers_comm.Barrier()
+        step.ended = ended
+        return [handle.wait() for handle in handles] if isinstance(handles[0], Handle) else \
+            [[h.wait() for h in hs] for hs in handles]
+
+    # Step 0: the dense pieces of 'big' on both servers; 'bias' pushed plainly behind the push-pull.
+    g = np.full(40_000, w + 1, np.float32)
+    big, _ = step([lambda: worker.push_pull_async("big", g), lambda: worker.push_async("bias", np.ones(3, np.float32))],
+                  first=0)
+    assert np.array_equal(big, INITIAL["big"] - LR * 3), "the reply waited for both workers' pushes"
+    assert np.array_equal(worker.pull("bias"), INITIAL["bias"] - LR * 2)
+
+    # A push-pull of a step already pushed is a duplicate: the values, nothing applied; one
+    # with NaN is refused with empty values: nothing changes.
+    worker.clock_value -= 1
+    assert np.array_equal(worker.push_pull("bias", np.ones(3, np.float32)), INITIAL["bias"] - LR * 2)
+    worker.clock_value += 1
+    expect(PSRefusedError, "NaN or Inf", lambda: worker.push_pull("bias", np.full(3, np.nan, np.float32)))
+
+    # Step 1: float16 both ways, worker 1 first.
+    worker.wire_dtype = np.dtype(np.float16)
+    third = np.full(3, 1 / 3, np.float32)
+    (bias,) = step([lambda: worker.push_pull_async("bias", third)], first=1)
+    worker.wire_dtype = None
+    widened = third.astype(np.float16).astype(np.float32)
+    exact = (INITIAL["bias"] - LR * 2) - LR * (widened + widened)
+    assert np.array_equal(bias, exact.astype(np.float16).astype(np.float32)), (bias, exact)
+
+    # Step 2: both tables at once, the last request to each server ending the step there (no
+    # CLOCK follows); a bad gradient in any table is refused before anything is sent.
+    expect(PSInputError, "has shape (2,), the table needs (3,)",
+           lambda: worker.push_pull_step_async({"big": g, "bias": np.ones(2, np.float32)}))
+    both = set(worker.layout.shard_ranks.values())
+    step([lambda: worker.push_pull_step_async({"big": g, "bias": np.ones(3, np.float32)})], first=0)
+    assert step.ended == both, "the push-pulls ended the step on both servers: clock() sent no CLOCK"
+    (big,) = step([lambda: worker.push_pull_async("big", g, ends_step=True)], first=1)
+    assert step.ended == both
+    assert np.array_equal(big, INITIAL["big"] - LR * 9), "three steps of both workers' gradients"
+    exact = exact - LR * 2
+    assert np.array_equal(worker.pull("bias"), exact), "the servers keep float32"
+    worker.release()
+    return None
+
+
 check_bad_settings_fail_everywhere()
 summary, counts = protocol_session()
 summaries = comm.allgather(summary)
@@ -208,6 +301,11 @@ assert merged["pushes"]["refusals"] == {"NONFINITE": 1, "UNKNOWN_TABLE": 1, "BAD
                                         "NOT_OWNER": 1, "UNKNOWN_OP": 1}, merged["pushes"]
 blocked = merge_summaries(comm.allgather(blocked_read_session()), size - SERVERS)
 assert blocked["staleness"]["read_max"] == 0, blocked
+fused = merge_summaries(comm.allgather(push_pull_session()), size - SERVERS)
+assert fused["staleness"]["read_max"] == 0, fused
+assert fused["pushes"]["refusals"] == {"NONFINITE": 2}, fused["pushes"]
+assert fused["pushes"]["applied_per_worker"] == [9, 9], fused["pushes"]  # big's 2 pieces x3, bias x3
+assert fused["pushes"]["duplicates_per_worker"] == [1, 1], fused["pushes"]
 if rank == 0:
     print(f"ps protocol: {size} ranks, pushes {merged['pushes']}, blocked-read staleness "
           f"{blocked['staleness']}: all checks passed", flush=True)

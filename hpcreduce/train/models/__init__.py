@@ -1,15 +1,19 @@
 """The built-in models, each with its data set and the settings it trains well with.
 
-``build(name, seed)`` returns ``(model, dataset)``; ``BUILTIN[name].defaults`` are the
+``build(name, seed, table_rows=None)`` returns ``(model, dataset)`` (``table_rows``: logreg's
+hashed feature space, a power of two; default 2**20); ``BUILTIN[name].defaults`` are the
 ``TrainConfig`` fields ``hpcreduce train --model name`` uses when not given (the
-``TrainConfig`` defaults are logreg's).
+``TrainConfig`` defaults are logreg's). ``build(..., data=DIR)`` trains on a data directory
+(``data_dir.DirDataset``) instead of the built-in data; ``BUILTIN[name].reads`` are the
+arrays the model reads from a batch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..data import Dataset
+from ..data_dir import DirDataset
 from ..model import Model
 from .ctr_data import SyntheticCTR
 from .logreg import LogisticRegression
@@ -20,26 +24,32 @@ from .mlp import MLP, digits_dataset
 class Builtin:
     """A built-in model: how to make it and its data set, and its usual settings."""
 
-    make: Callable[[int], Tuple[Model, Dataset]]
+    make: Callable[..., Tuple[Model, Dataset]]
     description: str
     defaults: Dict[str, Any] = field(default_factory=dict)
+    reads: Tuple[str, ...] = ()
 
 
 BUILTIN: Dict[str, Builtin] = {
-    "logreg": Builtin(lambda seed: (LogisticRegression(), SyntheticCTR(seed)),
-                      "logistic regression, 2**20 hashed sparse features, synthetic clicks"),
+    "logreg": Builtin(lambda seed, bits=20: (LogisticRegression(bits), SyntheticCTR(seed, hash_bits=bits)),
+                      "logistic regression, 2**20 hashed sparse features, synthetic clicks",
+                      reads=("ids", "label")),
     "mlp": Builtin(lambda seed: (MLP(), digits_dataset(seed)),
                    "64-64-10 tanh MLP on scikit-learn's digits",
-                   {"steps": 300, "batch": 64, "lr": 0.1, "optimizer": "momentum"}),
+                   {"steps": 300, "batch": 64, "lr": 0.1, "optimizer": "momentum"}, ("x", "label")),
 }
 
 
-def build(name: str, seed: int) -> Tuple[Model, Dataset]:
-    """The built-in model ``name`` and its data set, generated from ``seed``."""
-    try:
-        return BUILTIN[name].make(seed)
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; choose from {', '.join(BUILTIN)}") from None
+def build(name: str, seed: int, table_rows: Optional[int] = None,
+          data: Optional[str] = None) -> Tuple[Model, Dataset]:
+    """The built-in model ``name`` and its data set, generated from ``seed``; ``table_rows``
+    (logreg only) sets the rows of its hashed feature table; ``data``: a data directory to
+    train on instead (its manifest is read, nothing else: ``DirDataset.problems`` checks it)."""
+    if name not in BUILTIN:
+        raise ValueError(f"unknown model {name!r}; choose from {', '.join(BUILTIN)}")
+    model, dataset = BUILTIN[name].make(*([seed] if table_rows is None else
+                                          [seed, int(table_rows).bit_length() - 1]))
+    return (model, DirDataset(data, BUILTIN[name].reads)) if data else (model, dataset)
 
 
 __all__ = ["BUILTIN", "Builtin", "build", "LogisticRegression", "MLP", "SyntheticCTR",

@@ -7,11 +7,15 @@ has a vocabulary of ``V_f`` values (log-spaced from 8 to ``max_vocabulary``, abo
 to one of ``2**hash_bits`` feature ids (collisions included), so an example is the
 list of its ``fields`` active ids. Labels follow the true model exactly:
 ``P(click) = sigmoid(bias + sum of true_weights[id])``, true weights ~ N(0, scale^2).
-The Bayes accuracy (the true model's accuracy on the held-out examples) is what a
-learned model can approach.
+The true model has at most ``2**TRUE_BITS`` weights: with more hash bits, an id's true
+weight is that of its low ``TRUE_BITS`` bits, so the data set costs the same memory on
+every rank whatever the feature space. The Bayes accuracy (the true model's accuracy on
+the held-out examples) is what a learned model can approach.
 
 Nothing is stored: example ``i`` of a split is computed from a counter-based hash of
-(seed, split, i), so a batch costs only its own examples, on any rank.
+(seed, split, i), so a batch costs only its own examples, on any rank; a worker generates
+only the examples of its own shards (``partition``: 64 fixed blocks of the split, whatever
+the number of workers).
 """
 from __future__ import annotations
 
@@ -24,7 +28,9 @@ from ..data import Dataset
 from ...arrays.hashing import GOLDEN, mix64, unit_uniform
 
 WEIGHTS_STREAM = 0x5EED_0002
+TRUE_BITS = 20
 SPLIT_TAGS = {"train": 1, "test": 2}
+BAYES_CHUNK = 8192
 
 
 class SyntheticCTR(Dataset):
@@ -47,7 +53,8 @@ class SyntheticCTR(Dataset):
         self.field_salts = mix64(seed_key + (np.arange(1, fields + 1, dtype=np.uint64) << np.uint64(40)))
         self.split_keys = {split: mix64(seed_key ^ np.uint64(tag)) for split, tag in SPLIT_TAGS.items()}
         rng = np.random.default_rng([seed, WEIGHTS_STREAM])
-        self.true_weights = rng.standard_normal(1 << hash_bits, dtype=np.float32) * np.float32(scale)
+        true_rows = 1 << min(hash_bits, TRUE_BITS)
+        self.true_weights = rng.standard_normal(true_rows, dtype=np.float32) * np.float32(scale)
 
     def size(self, split: str) -> int:
         return self.sizes[split]
@@ -67,15 +74,20 @@ class SyntheticCTR(Dataset):
         values = np.floor(values).astype(np.uint64)
         mask = np.uint64((1 << self.hash_bits) - 1)
         ids = (mix64(self.field_salts + values * GOLDEN) & mask).astype(np.int64)
-        logits = self.true_weights[ids].sum(axis=1, dtype=np.float64) + self.true_bias
+        true = self.true_weights[ids & (len(self.true_weights) - 1)]
+        logits = true.sum(axis=1, dtype=np.float64) + self.true_bias
         clicked = uniform[:, self.fields] < 1.0 / (1.0 + np.exp(-logits))
         return ids, clicked.astype(np.float32), logits
 
     @cached_property
     def bayes_accuracy(self) -> float:
-        """Accuracy of the true weights on the held-out examples (same examples, same labels)."""
-        _, labels, logits = self.generate("test", np.arange(self.sizes["test"]))
-        return float(np.mean((logits > 0) == (labels > 0.5)))
+        """Accuracy of the true weights on the held-out examples (same examples, same labels),
+        generated a chunk at a time (never the whole split at once)."""
+        count, correct = self.sizes["test"], 0
+        for start in range(0, count, BAYES_CHUNK):
+            _, labels, logits = self.generate("test", np.arange(start, min(start + BAYES_CHUNK, count)))
+            correct += int(((logits > 0) == (labels > 0.5)).sum())
+        return correct / count
 
     def info(self) -> Dict[str, Any]:
         return {**super().info(), "fields": self.fields, "hash_bits": self.hash_bits,

@@ -47,6 +47,11 @@ class LogisticRegression(Model):
         """Zeros: the loss is convex, and zeros are what sparse tables start from."""
         return {spec.name: np.zeros(spec.shape, spec.dtype) for spec in self.param_specs()}
 
+    def init_elements(self, seed: int, name: str, flat: np.ndarray) -> np.ndarray:
+        """The initial values of elements ``flat`` of parameter ``name`` (zeros), so that a
+        parameter server makes only its own rows (``hpcreduce.ps.init``)."""
+        return np.zeros(len(flat), self.dtype)
+
     def rows(self, batch) -> Dict[str, np.ndarray]:
         return {"weights": np.unique(np.asarray(batch["ids"]))}
 

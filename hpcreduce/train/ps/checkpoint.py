@@ -80,6 +80,11 @@ def _shard_files(directory: Optional[str]) -> Dict[int, Dict[int, str]]:
     return steps
 
 
+def step_files(directory: str, step: int) -> List[str]:
+    """The files of checkpoint ``step`` in ``directory``, one per shard that wrote it."""
+    return sorted(_shard_files(directory).get(step, {}).values())
+
+
 def latest_complete(directory: Optional[str], warn: checkpoint.Warn = checkpoint.print_warning) -> Optional[int]:
     """The newest step every shard of its placement wrote a checkpoint of that reads back
     whole, or None; ``warn`` names each file passed over."""

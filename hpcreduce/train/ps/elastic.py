@@ -24,11 +24,12 @@ from ...ft.membership import Membership
 from ...ft.rounds import attempt
 from ...ft.watchdog import watchdog
 from ...ps.consistency import Consistency
+from ...ps.footprint import refuse_unfit
 from ...ps.holdings import ShardHoldings
 from ...ps.layout import Layout
 from ...ps.recovery_plan import Committed, Report
 from ...ps.server import Server
-from ...ps.start import checked, everywhere, table_optimizers
+from ...ps.start import everywhere, table_optimizers
 from ...ps.state import ShardState
 from ...ps.worker import Worker
 from ...runtime.context import Context
@@ -40,6 +41,7 @@ from ..model import Model
 from ..observe import Observer
 from ..identity import run_identity
 from . import checkpoint, growth
+from .final import part_init
 from .loop import WorkerLoop
 from .progress import StepHooks
 from .recovery import PSRecoveryEvent, Settled, recover
@@ -125,17 +127,18 @@ class ElasticPS:
         nodes = rank_nodes(ctx.comm)
         layout = Layout.initial(self.specs, ctx.size, config.servers, nodes)
         self.placement = layout.homes(nodes, replicated=True)
+        refuse_unfit(ctx.comm, layout, self.optimizers, True, nodes)
         self.committed = Committed(layout, config.servers)
 
         def make() -> None:
             if layout.is_server(ctx.rank):
-                initial = checked(self.model.init_params(config.seed), self.specs)
+                initial = part_init(self.model, config.seed, self.specs)
                 own = layout.shard_of(ctx.rank)
                 self.holdings.own_key = own
-                self.holdings.states = {own: ShardState.create(layout, own, initial, self.optimizers)}
-                if len(layout.shard_ranks) > 1:
-                    before = layout.neighbours(own)[1]
-                    self.holdings.replica = ShardState.create(layout, before, initial, self.optimizers)
+                keys = [own, layout.neighbours(own)[1]] if len(layout.shard_ranks) > 1 else [own]
+                states = ShardState.create_many(layout, keys, initial, self.optimizers)
+                self.holdings.states = {own: states[0]}
+                self.holdings.replica = states[1] if len(states) > 1 else None
             else:
                 self.worker_side.loop = self.new_loop(Worker(ctx.comm, layout, ctx.traffic, guard=watchdog.guard))
         everywhere(ctx, make)

@@ -6,7 +6,8 @@ that follows carries the request in its plan, and once it is committed every ran
 (never used before) and one broadcast of the layout to the newcomers, who ``join``: they
 take the layout and become workers at the slowest clock (BSP: the restart step), pulling
 every dense table at their first step (even off the ``--fetch-every`` schedule). Shards
-make room for the new slots. Cost: one spawn and merge, one broadcast of a few hundred bytes.
+make room for the new slots; the training shards are re-split over the grown set of workers
+(``partition.owned_shards``: the newcomers read their share), recorded in the event. Cost: one spawn and merge, one broadcast of a few hundred bytes.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ...ps.worker import Worker
 from ...runtime.launch import this_program
 from ...runtime.spawn import spawn_and_merge
 from .recovery import PSRecoveryEvent
+from ..partition import assignment
 
 if TYPE_CHECKING:
     from .elastic import ElasticPS
@@ -48,6 +50,8 @@ def grow(run: "ElasticPS", count: int, kind: str, plan: Plan, step: int) -> None
         state.grow(layout.slot_count)
         state.clocks[slots] = clock
     run.worker_side.rejoin(ctx, layout)
+    event.data_shards = assignment([run.members.ids[rank] for rank in layout.worker_ranks],
+                                   run.dataset.shard_sizes("train"))
     run.build_roles(layout)
     event.ranks_after, event.restore_s = ctx.size, time.time() - started
     run.hooks.growth_wanted = (0, 0)

@@ -2,13 +2,20 @@
 
 Step t (from 0) of the worker at index i of W live workers:
 
-1. its examples: ``partition.worker_batch(t, i, W)``, the same split as ring mode;
+1. its examples: ``partition.worker_batch(t, i, W)``, those of the data shards worker i of W
+   owns (the same split as ring mode; after a failure or growth, i and W change and so
+   do the shards it reads);
 2. ``read``: every dense table (on steps where t % fetch_every == 0; otherwise the last
    copy is reused) and the sparse rows the batch touches, all requests in flight at once;
 3. ``compute``: ``model.loss_and_grads`` on the share; gradients scaled by 1/global
    batch, so the workers' pushes add up to the global batch's mean gradient;
 4. ``push`` (when (t + 1) % push_every == 0, or at the last step): the gradients summed
-   since the last push, every table at once, then wait for the acknowledgements;
+   since the last push, every table at once, then wait for the acknowledgements; when step
+   t + 1 reads the dense tables anyway, they are pushed with ps-lite's fused push-pull
+   (``Worker.push_pull_step_async``: one round trip brings back the values step t + 1 reads,
+   so its read moves only sparse rows, and the last push-pull to a server ends the step there
+   instead of a CLOCK message), and ``clock()`` goes out before the wait (not with fault
+   tolerance: a replicating server does not serve push-pulls);
 5. ``clock()``.
 
 The loop is a small state machine (``step``, ``stage``) so that the fault-tolerance
@@ -19,6 +26,9 @@ kept (``outgoing``) until every piece is acknowledged, and re-pushed after a rec
 key), which is what exactly-once is checked against.
 Each step is recorded in a ``StepLog`` (this worker's share: loss, accuracy, bytes, and
 the read staleness the servers reported) and handed to the run's observer, if any.
+On ``config.device`` gpu the model computes on cupy arrays: pulled dense tables are
+copied up once per fetch and pulled rows every step, the gradients copied down before
+they are summed and pushed; requests, replies and the summing stay on the host.
 Cost per step: see ``hpcreduce.ps.Worker`` (one header each way per request, payloads once).
 """
 from __future__ import annotations
@@ -29,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ...arrays import Device, to_host
 from ...ps.handles import Handle, issue_all, wait_all
 from ...ps.protocol import Rep
 from ...ps.updates import sum_rows
@@ -79,6 +90,8 @@ class WorkerLoop:
         # NaN until the first pull: computing on never-pulled weights is refused as NaN, never silent
         self.dense = {spec.name: np.full(spec.shape, _unset(spec.dtype), spec.dtype) for spec in self.specs
                       if not spec.sparse}
+        self.device = Device(config.device)  # the model computes there; pushes and pulls go through the host
+        self.dense_on_device: Optional[Dict[str, object]] = None
         self.summed: Dict[str, np.ndarray] = {}
         self.summed_rows: Dict[str, List[RowGrads]] = {}
         self.result = WorkerLog(np.zeros((config.steps, 3)), StepLog(ctx, config.steps))
@@ -86,6 +99,8 @@ class WorkerLoop:
         self.outgoing: Optional[Outgoing] = None
         self.pushed: List[Tuple[int, int, int]] = []
         self.refetch = False
+        self.fused = not ctx.ft  # push-pull: replicating servers refuse it
+        self.prefetched: Optional[int] = None  # dense tables already pulled by a push-pull: its staleness
         self.before_step: Callable[[int], None] = lambda step: None
         self._current: Tuple[np.ndarray, int] = (np.zeros(3), 0)
         # a straggler (--slow) is named by its stable id, slot + K for the workers the job started with
@@ -102,7 +117,7 @@ class WorkerLoop:
         return self.result
 
     def fail(self, ctx: Context, err: Exception) -> None:
-        self.result.failure = f"worker rank {ctx.rank} at step {self.worker.clock_value}: " \
+        self.result.failure = f"worker rank {ctx.rank} at step {self.step}: " \
                               f"{type(err).__name__}: {err}"
 
     def run_steps(self, observer: Optional[Any] = None) -> None:
@@ -117,7 +132,7 @@ class WorkerLoop:
         if self.stage == READ:
             self.before_step(step + 1)
             indices = worker_batch(step, worker.index, worker.layout.worker_count, batch=config.batch,
-                                   num_examples=self.dataset.size("train"), seed=config.seed)
+                                   shards=self.dataset.shard_sizes("train"), seed=config.seed)
             stats, staleness = np.zeros(3), 0
             if len(indices):
                 batch = self.dataset.batch("train", indices)
@@ -148,15 +163,19 @@ class WorkerLoop:
         the largest staleness (this worker's clock - the slowest) the servers reported."""
         rows = self.model.rows(batch)
         sparse = [spec.name for spec in self.specs if spec.sparse]
+        prefetched, self.prefetched = self.prefetched, None
         starts = [partial(self.worker.pull_async, name, out=value)
-                  for name, value in self.dense.items()] if fetch_dense else []
+                  for name, value in self.dense.items()] if fetch_dense and prefetched is None else []
         starts += [partial(self.worker.pull_rows_async, name, rows[name]) for name in sparse]
         handles = issue_all(starts)
         pulled = wait_all(handles)[len(starts) - len(sparse):]
-        params: Dict[str, object] = dict(self.dense)
+        if fetch_dense or self.dense_on_device is None:  # the pulled bytes go up once per fetch
+            self.dense_on_device = self.device.put_all(self.dense)
+        params: Dict[str, object] = dict(self.dense_on_device)
         for name, values in zip(sparse, pulled):
-            params[name] = SparseRows(np.asarray(rows[name], dtype=np.int64), values)
-        return params, max([reported_staleness(h, self.worker.clock_value) for h in handles], default=0)
+            params[name] = SparseRows(np.asarray(rows[name], dtype=np.int64), self.device.put(values))
+        staleness = [reported_staleness(h, self.worker.clock_value) for h in handles]
+        return params, max(staleness + ([] if prefetched is None else [prefetched]), default=0)
 
     def compute(self, params: Dict[str, object], batch) -> StepOutput:
         """The model's loss and gradients; the gradients, checked against the parameters
@@ -169,12 +188,12 @@ class WorkerLoop:
         for spec in self.specs:
             grad = grads[spec.name]
             if spec.sparse:
-                values = (np.asarray(grad.values) * scale).astype(spec.dtype, copy=False)
-                self.summed_rows.setdefault(spec.name, []).append((np.asarray(grad.ids), values))
+                values = (to_host(grad.values) * scale).astype(spec.dtype, copy=False)
+                self.summed_rows.setdefault(spec.name, []).append((to_host(grad.ids), values))
             elif spec.name in self.summed:
-                self.summed[spec.name] += np.asarray(grad, dtype=spec.dtype) * scale
+                self.summed[spec.name] += to_host(grad).astype(spec.dtype, copy=False) * scale
             else:
-                self.summed[spec.name] = (np.asarray(grad) * scale).astype(spec.dtype, copy=False)
+                self.summed[spec.name] = (to_host(grad) * scale).astype(spec.dtype, copy=False)
         return output
 
     def push(self) -> None:
@@ -185,11 +204,20 @@ class WorkerLoop:
                                      {name: sum_rows(parts) for name, parts in self.summed_rows.items()})
             self.summed, self.summed_rows = {}, {}
         out = self.outgoing
-        starts = [partial(self.worker.push_async, name, grad) for name, grad in out.dense.items()]
-        starts += [partial(self.worker.push_rows_async, name, ids, grads)
-                   for name, (ids, grads) in out.rows.items()]
+        following = self.step + 1
+        fused = self.fused and following < self.config.steps and following % self.config.fetch_every == 0 \
+            and bool(self.dense) and out.dense.keys() == self.dense.keys()
+        starts = [partial(self.worker.push_rows_async, name, ids, grads)
+                  for name, (ids, grads) in out.rows.items()]
+        if not fused:
+            starts += [partial(self.worker.push_async, name, grad) for name, grad in out.dense.items()]
         handles = issue_all(starts)
+        if fused:  # the dense pushes last: the last push-pull to a server ends the step there
+            handles += self.worker.push_pull_step_async(out.dense, self.dense)
+            self.worker.clock()  # under BSP the values come back once every worker's clock has moved
         wait_all(handles)
+        if fused:
+            self.prefetched = max(reported_staleness(h, self.worker.clock_value) for h in handles[len(out.rows):])
         layout = self.worker.layout
         self.acknowledged([(handle.table, layout.shard_of(part.rank))
                            for handle in handles for part in handle.parts])
@@ -204,6 +232,7 @@ class WorkerLoop:
         dropped by the servers (and from the log), and the gradients not pushed are dropped."""
         self.step, self.stage = step, READ
         self.summed, self.summed_rows, self.outgoing = {}, {}, None
+        self.prefetched = None
         self.pushed = [entry for entry in self.pushed if entry[0] < step]
         self.result.stats[step:] = 0
         self.result.log.drop_after(step)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from ...errors import PSTrainingError
 from ...ft.events import RecoveryEvent
@@ -34,6 +34,7 @@ from ...ps.rebalance import deliver_repushes, rebalance, rebuild_replica, settle
 from ...ps.recovery_plan import Plan, make_plan
 from ...ps.state import ShardState
 from . import checkpoint
+from ..partition import assignment
 
 if TYPE_CHECKING:
     from .elastic import ElasticPS
@@ -48,7 +49,8 @@ class PSRecoveryEvent(RecoveryEvent):
     ``updates_lost``: acknowledged pushes (pieces) the restored state lacks; ``restart_step``:
     BSP, the step every worker computes again from (from 1); ``promoted``: the id of a worker
     made server; ``repushed``: pieces re-pushed; ``rebalance_s``/``moved_bytes``: the move of
-    shard data to the new placement.
+    shard data to the new placement; ``data_shards``: ``[worker id, [shards]]`` of the training
+    shards each live worker reads after the recovery (a lost worker's shards reassigned).
     """
 
     lost_servers: List[int] = field(default_factory=list)
@@ -62,6 +64,7 @@ class PSRecoveryEvent(RecoveryEvent):
     repushed: int = 0
     rebalance_s: float = 0.0
     moved_bytes: int = 0
+    data_shards: List[List[Any]] = field(default_factory=list)
 
     def line(self) -> str:
         extras = [f"servers lost {self.lost_servers}" if self.lost_servers else "",
@@ -73,7 +76,8 @@ class PSRecoveryEvent(RecoveryEvent):
                   f"worker id {self.promoted} promoted to server" if self.promoted is not None else "",
                   f"BSP restarts at step {self.restart_step}" if self.restart_step else "",
                   f"rebalance {self.rebalance_s * 1e3:.1f} ms ({self.moved_bytes} B moved)"
-                  if self.moved_bytes else ""]
+                  if self.moved_bytes else "",
+                  f"training shards re-split over {len(self.data_shards)} workers" if self.data_shards else ""]
         return super().line() + "".join(f"; {extra}" for extra in extras if extra)
 
 
@@ -135,6 +139,8 @@ def _round(run: "ElasticPS", event: PSRecoveryEvent) -> Settled:
     event.restart_step = plan.restart + 1 if plan.restart is not None else None
     event.promoted = run.members.ids[plan.promoted] if plan.promoted is not None else None
     event.updates_lost = comm.allreduce(run.worker_side.count_lost(plan))
+    event.data_shards = assignment([run.members.ids[rank] for rank in settled.layout.worker_ranks],
+                                   run.dataset.shard_sizes("train"))
     return settled
 
 

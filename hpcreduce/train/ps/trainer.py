@@ -1,9 +1,12 @@
 """``run_ps_training``: train a model with parameter servers (``hpcreduce train --mode ps``).
 
-Ranks 0..K-1 serve the model's shards (``hpcreduce.ps``), the others run ``loop.WorkerLoop``;
-when every worker has released them the servers stop, and all ranks together gather the
-final parameters, evaluate them on the held-out split and build the same result as the
-ring trainer (``train.results``), plus ``ps``: the layout, the push counters per worker
+Ranks 0..K-1 serve the model's shards (``hpcreduce.ps``; each server makes only its own
+part: ``final.part_init``), the others run ``loop.WorkerLoop``; when every worker has
+released them the servers stop, and all ranks together evaluate the final parameters on
+the held-out split, each rank with the rows its share touches, and checksum them shard by
+shard (``final``: no rank assembles a model above ``final.WHOLE_BYTES``), and build the
+same result as the ring trainer (``train.results``), plus ``memory`` (each rank's peak RSS
+and role) and ``ps``: the layout, the push counters per worker
 slot (applied, duplicate, refused) and the refusal reasons. ``staleness`` holds the
 measured read staleness and update lag histograms. With fault tolerance, ``ps.pushes``
 adds ``made_per_worker`` (pieces each live worker had acknowledged, by slot; -1 for a
@@ -24,26 +27,30 @@ from mpi4py import MPI
 from ...errors import PSConfigError, PSTrainingError
 from ...ft.watchdog import watchdog
 from ...ps import Consistency, Server, start
-from ...ps.gather import gather_params
+from ...ps.gather import gather_dense
 from ...ps.layout import Layout
+from ...ps.optimizers import make_optimizer
 from ...ps.state import ShardState
-from ...ps.stats import merge_summaries, server_traffic
+from ...ps.stats import RequestLoad, load_summary, merge_summaries, server_traffic
 from ...runtime.context import Context
 from ...runtime.nodes import rank_nodes
 from ..config import TrainConfig
 from ..data import Dataset
-from ..evaluation import evaluate
 from ..model import Model
 from ..observe import Observer
-from ..results import FinalMetrics, StepLog, TrainResult, checksum
+from ..results import FinalMetrics, StepLog, TrainResult
 from .elastic import ElasticPS
+from ..identity import run_identity
+from .export import save_model
+from .final import evaluate_sharded, final_params, memory_report, part_init, sharded_checksum
 from .loop import WorkerLog, WorkerLoop
 
 
 def run_ps_training(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset,
                     observer: Optional[Observer] = None) -> TrainResult:
     """Train on every rank of ``ctx`` (collective); returns the result on every rank, with
-    the final parameters (whole) in ``params``, as the ring trainer does.
+    the final parameters in ``params`` (whole, as the ring trainer gives them, up to
+    ``final.WHOLE_BYTES``; else this rank's part).
 
     ``observer`` (optional) gets every step of the first worker (its share) for progress
     and metrics, and times its phases. Bad settings raise ``PSConfigError`` on every rank
@@ -59,13 +66,16 @@ def run_ps_training(ctx: Context, config: TrainConfig, model: Model, dataset: Da
         return _run_elastic(ctx, config, model, dataset, observer, started)
     nodes = rank_nodes(ctx.comm)
     watchdog.deadline_s = config.fault.deadline_s  # --deadline: a hung peer ends the job, with or without --ft
-    role = start(model.param_specs(), lambda: model.init_params(config.seed), servers=config.servers,
+    specs = model.param_specs()
+    role = start(specs, part_init(model, config.seed, specs), servers=config.servers,
                  consistency=Consistency(config.consistency, config.staleness),
                  optimizer=config.optimizer, lr=config.lr, comm=ctx, guard=watchdog.guard)
     placement = role.layout.homes(nodes, replicated=False)
     if isinstance(role, Server):
         role.serve()
-        return _result(ctx, config, model, dataset, role.layout, role.state, None, started, placement=placement)
+        return _result(ctx, config, model, dataset, role.layout, role.state, None, started, placement=placement,
+                       load=role.load)
+    role.wire_dtype = None if config.wire_dtype == "float32" else np.dtype(config.wire_dtype)
     loop = WorkerLoop(role, config, model, dataset, ctx)
     hangs = config.fault.schedule(config.seed)  # without --ft only hangs (``:hang``) are allowed
     loop.before_step = lambda step: hangs.strike("step", step, ctx.rank, range(ctx.size))
@@ -96,9 +106,9 @@ def _run_elastic(ctx: Context, config: TrainConfig, model: Model, dataset: Datas
 def _result(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset, layout: Layout,
             state: Optional[ShardState], run: Optional[WorkerLog], started: float, *,
             placement: List[Dict[str, Any]], recovery: Optional[List[Dict[str, Any]]] = None, pushes_extra: Optional[Dict[str, Any]] = None,
-            ps_extra: Optional[Dict[str, Any]] = None) -> TrainResult:
+            ps_extra: Optional[Dict[str, Any]] = None, load: Optional[RequestLoad] = None) -> TrainResult:
     """The end of a run on every rank: failures reported everywhere, per-step metrics summed,
-    parameters gathered and evaluated, the servers' counters merged."""
+    parameters evaluated and checksummed shard by shard, the servers' counters merged."""
     steps = config.steps
     if run is None:
         failure, stats, wall = None, np.zeros((steps, 3)), np.zeros(steps + 1)
@@ -112,10 +122,15 @@ def _result(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset, l
         raise PSTrainingError("; ".join(failures))
     ctx.comm.Allreduce(MPI.IN_PLACE, stats, op=MPI.SUM)
     ctx.comm.Allreduce(MPI.IN_PLACE, wall, op=MPI.MAX)
-    params = gather_params(ctx.comm, layout, state)
+    dense = gather_dense(ctx.comm, layout, state)
     merged = merge_summaries(ctx.comm.allgather(state.summary() if state else None), layout.slot_count)
     per_rank = ctx.comm.allgather(traffic)
-    loss, accuracy = evaluate(ctx, model, params, dataset)
+    loss, accuracy = evaluate_sharded(ctx, model, dataset, layout, state, dense)
+    final = FinalMetrics(loss, accuracy, sharded_checksum(ctx.comm, layout, state))
+    params = final_params(ctx.comm, layout, state, dense)
+    if config.model_dir:
+        save_model(ctx.comm, config.model_dir, layout, state, run_identity(config, model, make_optimizer(config.optimizer, config.lr)),
+                   steps)
     rows = [{"step": t + 1, "loss": float(s[0] / max(s[2], 1.0)), "accuracy": float(s[1] / max(s[2], 1.0)),
              "examples": int(s[2]), "wall_s": round(float(wall[t]), 6)} for t, s in enumerate(stats)]
     return TrainResult(
@@ -124,13 +139,22 @@ def _result(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset, l
         traffic={"bytes_sent": [[cell[0] for cell in rank] for rank in per_rank],
                  "bytes_received": [[cell[1] for cell in rank] for rank in per_rank]},
         wall_s=time.perf_counter() - started, train_s=float(wall[-1]),
-        final=FinalMetrics(loss, accuracy, checksum(params)), params=params, recovery=recovery,
+        final=final, params=params, recovery=recovery,
+        memory=memory_report(ctx.comm, "server" if state is not None else "worker"),
         ps={"consistency": config.consistency, "staleness_bound": config.staleness,
             "fetch_every": config.fetch_every, "push_every": config.push_every,
             "server_ranks": sorted(layout.shard_ranks.values()), "placement": placement,
             "pieces": {spec.name: [[p.shard, p.start, p.stop] for p in layout.placement.pieces[t]]
                        for t, spec in enumerate(layout.specs) if not spec.sparse},
-            "pushes": {**merged["pushes"], **(pushes_extra or {})}, **(ps_extra or {})})
+            "pushes": {**merged["pushes"], **(pushes_extra or {})}, **_load(ctx, load, steps), **(ps_extra or {})})
+
+
+def _load(ctx: Context, load: Optional[RequestLoad], steps: int) -> Dict[str, Any]:
+    """``ps.load`` (the servers' requests and bytes per step, ``ps.stats.load_summary``)
+    when the servers counted it."""
+    mine = (ctx.rank, load.per_step(steps)) if load is not None else None
+    per_server = dict(filter(None, ctx.comm.allgather(mine)))
+    return {"load": load_summary(per_server)} if per_server else {}
 
 
 def _worker_traffic_and_wall(log: StepLog, steps: int) -> Tuple[List[List[int]], np.ndarray]:

@@ -9,13 +9,18 @@ order, and rank 0 broadcasts the state (as Horovod's ``State.sync``); the next a
 re-splits the global batch over the survivors (``train.partition``), so the run
 computes the same steps as one without failures, up to summation order. Growth spawns
 ranks between steps (``ft.growth`` says when) and broadcasts them the state. Without
-ULFM, checkpoints (``ft.checkpoint``) and a relaunch take over.
+ULFM, checkpoints (``ft.checkpoint``) and a relaunch take over. State on the GPU is
+broadcast from device memory where MPI is CUDA-aware and through host copies otherwise
+(``collectives.broadcast``); checkpoints store host copies and restore onto the device.
 """
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, TypeVar
 
+from ...arrays import copy_into
+from ...collectives.broadcast import broadcast_arrays
 from ...errors import CheckpointMismatchError, OutputFileError, setting_problem
 from ...ft import checkpoint
 from ...ft.config import FaultConfig
@@ -28,11 +33,20 @@ from ...runtime.files import remove_stale_temporaries
 from ...runtime.launch import this_program
 from ...runtime.spawn import spawn_and_merge
 from ..identity import run_identity
+from ..partition import assignment
 from .state import TrainState
 from .trainer import RingTrainer, StepGrads, StepMetrics
 
 Echo = Callable[[str], None]
 T = TypeVar("T")
+
+
+@dataclass
+class RingRecoveryEvent(RecoveryEvent):
+    """``RecoveryEvent`` plus ``data_shards``: ``[rank id, [shards]]``: the training shards
+    each rank reads after a failure or growth (``partition.assignment``)."""
+
+    data_shards: List[List[Any]] = field(default_factory=list)
 
 
 class ElasticRing:
@@ -91,7 +105,7 @@ class ElasticRing:
     def _recover(self) -> None:
         """Shrink to the survivors, restore the committed state on all of them, go on."""
         step = self.state.step + 1
-        event = self.events.add(RecoveryEvent("failure", step, self.ctx.size, self.detected or time.time()))
+        event = self.events.add(RingRecoveryEvent("failure", step, self.ctx.size, self.detected or time.time()))
         self.detected = None
 
         def restore(shrunk: Shrunk) -> None:
@@ -104,6 +118,7 @@ class ElasticRing:
             "recovery", step, self.members.me, self.members.ids))
         event.ranks_after = self.ctx.size
         event.restore_s = time.time() - event.detected_at - event.shrink_s
+        event.data_shards = self._data_shards()
         if self.fault.replace and event.lost:
             self._grow(len(event.lost), "replacement")
 
@@ -123,7 +138,7 @@ class ElasticRing:
 
     def _grow(self, count: int, kind: str) -> None:
         step = self.state.step + 1
-        event = self.events.add(RecoveryEvent(kind, step, self.ctx.size, time.time()))
+        event = self.events.add(RingRecoveryEvent(kind, step, self.ctx.size, time.time()))
         with watchdog.guard(f"{kind} at step {step} (spawn and merge)"):
             merged = spawn_and_merge(self.ctx.comm, count, this_program())
         self.ctx.replace_comm(merged)
@@ -134,13 +149,16 @@ class ElasticRing:
             self._sync()
         event.ranks_after = self.ctx.size
         event.restore_s = time.time() - started
+        event.data_shards = self._data_shards()
 
     def _sync(self) -> None:
         """Every rank takes rank 0's state (step, parameters, optimizer state)."""
-        comm = self.ctx.comm
-        self.state.step = comm.bcast(self.state.step, root=0)
-        for _name, array in self.state.arrays():
-            comm.Bcast(array, root=0)
+        self.state.step = self.ctx.comm.bcast(self.state.step, root=0)
+        broadcast_arrays(self.ctx, [array for _name, array in self.state.arrays()], root=0)
+
+    def _data_shards(self) -> List[List[int]]:
+        """Who reads which training shards now: every rank, in rank order, by its stable id."""
+        return assignment(self.members.ids, self.trainer.dataset.shard_sizes("train"))
 
     def _checkpoint(self) -> None:
         """Rank 0 writes the checkpoint when one is due; every rank learns whether it could
@@ -181,7 +199,7 @@ class ElasticRing:
                                                           "{why}; give another folder or empty it",
                                                           path=folder, step=metadata["step"], why=problem))
         for name, array in self.state.arrays():
-            array[...] = arrays[name]
+            copy_into(array, arrays[name])
         self.state.step = int(metadata["step"])
         event = self.events.add(RecoveryEvent("resume", self.state.step + 1, int(metadata["ranks"]), time.time()))
         event.ranks_after = self.ctx.size

@@ -1,0 +1,66 @@
+"""How much memory the servers' shards will take, checked before any is made.
+
+A shard holds, for each dense piece, its values and the optimizer's arrays of the same
+size; for each sparse table, about rows/K rows (rendezvous hashing spreads them evenly),
+each with its values, the optimizer's arrays and its id (``tables.id_dtype``). With
+replication a server also holds its predecessor's shard. ``refuse_unfit`` compares what
+the servers of each node will hold with the memory that node has available and raises
+``PSConfigError`` on every rank, naming the sizes, before anything is allocated.
+Cost: one small allgather.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import PSConfigError
+from ..runtime.memory import available_bytes
+from .layout import Layout
+from .optimizers import Optimizer
+from .tables import id_dtype, row_width
+
+GiB = float(1 << 30)
+
+
+def shard_bytes(layout: Layout, key: int, optimizers: Mapping[int, Optimizer]) -> int:
+    """The bytes shard ``key`` will hold: values, optimizer state and row ids."""
+    total = 0
+    for piece in layout.placement.pieces_on(key):
+        spec = layout.specs[piece.table]
+        total += piece.size * np.dtype(spec.dtype).itemsize * (1 + len(optimizers[piece.table].state_names))
+    shards = len(layout.placement.shards)
+    for table, spec in enumerate(layout.specs):
+        if spec.sparse:
+            row = row_width(spec) * np.dtype(spec.dtype).itemsize * (1 + len(optimizers[table].state_names))
+            total += -(-spec.shape[0] // shards) * (row + id_dtype(spec.shape[0]).itemsize)
+    return int(total)
+
+
+def node_problem(layout: Layout, optimizers: Mapping[int, Optimizer], replicated: bool, rank: int,
+                 nodes: Sequence[str], available: Optional[int]) -> Optional[str]:
+    """Why the servers on ``rank``'s node would not fit in its ``available`` memory, or None."""
+    here = [key for key, server in sorted(layout.shard_ranks.items()) if nodes[server] == nodes[rank]]
+    if not here or available is None:
+        return None
+    copies = 2 if replicated and len(layout.shard_ranks) > 1 else 1
+    need = sum(shard_bytes(layout, key, optimizers) for key in here) * copies
+    if need <= available:
+        return None
+    what = "its shard and a replica" if copies == 2 else "its shard"
+    return (f"the model does not fit the servers' memory: the {len(here)} server(s) on node {nodes[rank]} "
+            f"would hold {need / GiB:.2f} GiB ({what} each: values, optimizer state and row ids of "
+            f"{len(layout.specs)} table(s)), and the node has {available / GiB:.2f} GiB available; "
+            f"use more servers (--servers) or nodes, or fewer table rows (--table-rows)")
+
+
+def refuse_unfit(comm: MPI.Intracomm, layout: Layout, optimizers: Mapping[int, Optimizer],
+                 replicated: bool, nodes: Sequence[str]) -> None:
+    """``PSConfigError`` on every rank if the servers of some node would not fit its memory."""
+    rank = comm.Get_rank()
+    mine = nodes[rank] if layout.is_server(rank) else None
+    problem = node_problem(layout, optimizers, replicated, rank, nodes, available_bytes()) if mine else None
+    problems = [text for text in comm.allgather(problem) if text]
+    if problems:
+        raise PSConfigError(problems[0])

@@ -1,0 +1,232 @@
+"""A data set on disk: a directory of ``.npy`` shards and a manifest (``hpcreduce train --data DIR``).
+
+    DIR/manifest.json
+    DIR/train-00000.ids.npy   DIR/train-00000.label.npy   DIR/train-00001.ids.npy ...
+    DIR/test-00000.ids.npy    ...
+
+``manifest.json`` (written last, so a directory with one is complete)::
+
+    {"format": "hpcreduce-data", "version": 1, "name": "synthetic-ctr",
+     "arrays": {"ids": {"dtype": "int64", "shape": [32]}, "label": {"dtype": "float32", "shape": []}},
+     "splits": {"train": [15625, 15625, ...], "test": [5000, ...]},
+     "info": {"bayes_accuracy": 0.8197, ...}}
+
+``arrays`` gives each array's dtype and the shape of one example; ``splits`` the rows of each
+shard, in order (shard ``s`` of ``split`` is the files ``{split}-{s:05d}.{array}.npy``, one per
+array, each of ``rows`` examples). A batch is ``{array: rows}``, as the built-in models read.
+Shards are memory-mapped (``np.load(mmap_mode="r")``) the first time a batch touches them,
+so a worker opens only the shards ``partition`` gives it; ``opened`` lists them.
+``problems`` checks the manifest and the headers of a part of the files (existence, dtype,
+shape, length), and ``agreed_problems`` splits that check over the ranks and gives every
+rank the whole list, before anything trains. ``write_data_dir`` writes such a directory
+from any data set whose batches are dicts of arrays (``hpcreduce data write``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+
+from ..errors import OutputFileError, Problem, setting_problem, worded
+from ..runtime.context import Context
+from .data import Dataset
+from .partition import even_shards, share_bounds, shard_layout
+
+MANIFEST = "manifest.json"
+FORMAT, VERSION = "hpcreduce-data", 1
+SPLITS = ("train", "test")
+SHOWN = 5  # problems one rank reports in full; the rest are counted
+
+
+def shard_file(split: str, shard: int, array: str) -> str:
+    return f"{split}-{shard:05d}.{array}.npy"
+
+
+class DirDataset(Dataset):
+    """The data set in directory ``path``; ``expects``: array names the model reads."""
+
+    def __init__(self, path: str, expects: Sequence[str] = ()):
+        self.path, self.expects = os.fspath(path), tuple(expects)
+        self.opened: Set[Tuple[str, int]] = set()
+        self._maps: Dict[Tuple[str, int], Dict[str, np.ndarray]] = {}
+        self.manifest, self.manifest_problem = _read_manifest(self.path)
+        self.name = self.manifest.get("name", "data-dir") if self.manifest else "data-dir"
+
+    def _problem(self, why: str) -> Problem:
+        return setting_problem("{data} {path}: {why}", path=self.path, why=why)
+
+    def size(self, split: str) -> int:
+        return sum(self.shard_sizes(split))
+
+    def shard_sizes(self, split: str) -> Tuple[int, ...]:
+        if self.manifest is None:
+            raise ValueError(worded(self.manifest_problem, {"data": "data directory"}))
+        return tuple(self.manifest["splits"][split])
+
+    def problems(self, part: int, parts: int) -> List[Problem]:
+        """The manifest's problems (every part), then those of part ``part`` of the shard files."""
+        if self.manifest is None:
+            return [self._problem(self.manifest_problem)]
+        found = self._manifest_problems()
+        if found:
+            return found
+        files = [(split, shard, array) for split in SPLITS for shard in range(len(self.manifest["splits"][split]))
+                 for array in sorted(self.manifest["arrays"])]
+        start, stop = share_bounds(len(files), part, parts)
+        for split, shard, array in files[start:stop]:
+            why = self._file_problem(split, shard, array)
+            if why:
+                found.append(self._problem(why))
+        if len(found) > SHOWN:
+            found = found[:SHOWN] + [self._problem(f"{len(found) - SHOWN} more shard files with problems")]
+        return found
+
+    def _manifest_problems(self) -> List[Problem]:
+        manifest = self.manifest
+        arrays, splits = manifest.get("arrays"), manifest.get("splits")
+        if not isinstance(arrays, dict) or not arrays or not isinstance(splits, dict) or \
+                any(not isinstance(splits.get(split), list) or not splits[split] for split in SPLITS):
+            return [self._problem(f"{MANIFEST} needs 'arrays' and non-empty 'splits' train and test")]
+        found = [self._problem(f"{MANIFEST}: array {name!r} {why}") for name, why in
+                 ((name, _spec_problem(spec)) for name, spec in sorted(arrays.items())) if why]
+        bad = [split for split in SPLITS if any(not isinstance(rows, int) or rows < 1 for rows in splits[split])]
+        if bad:
+            found.append(self._problem(f"{MANIFEST}: every shard of {' and '.join(bad)} needs 1 or more rows"))
+        missing = [name for name in self.expects if name not in arrays]
+        if missing:
+            found.append(self._problem(f"holds arrays {', '.join(sorted(arrays))}; the model reads "
+                                       f"{', '.join(self.expects)} (missing {', '.join(missing)})"))
+        return found
+
+    def _file_problem(self, split: str, shard: int, array: str) -> Optional[str]:
+        """Why shard file (split, shard, array) does not match the manifest, or None."""
+        name = shard_file(split, shard, array)
+        spec = self.manifest["arrays"][array]
+        rows = self.manifest["splits"][split][shard]
+        try:
+            shape, dtype, length = read_header(os.path.join(self.path, name))
+        except FileNotFoundError:
+            return f"shard file {name} is missing ({split} shard {shard} of {len(self.manifest['splits'][split])})"
+        except (OSError, ValueError) as err:
+            return f"shard file {name} is not a readable .npy file: {err}"
+        wanted = (rows, *spec["shape"])
+        if dtype != np.dtype(spec["dtype"]) or shape != wanted:
+            return (f"shard file {name} holds {dtype} {list(shape)}; the manifest says "
+                    f"{spec['dtype']} {list(wanted)}")
+        if length < int(np.prod(shape)) * dtype.itemsize:
+            return f"shard file {name} is truncated ({length} of {int(np.prod(shape)) * dtype.itemsize} data bytes)"
+        return None
+
+    def _shard(self, split: str, shard: int) -> Dict[str, np.ndarray]:
+        key = (split, shard)
+        if key not in self._maps:
+            self._maps[key] = {array: np.load(os.path.join(self.path, shard_file(split, shard, array)),
+                                              mmap_mode="r") for array in self.manifest["arrays"]}
+            self.opened.add(key)
+        return self._maps[key]
+
+    def batch(self, split: str, indices: np.ndarray) -> Dict[str, np.ndarray]:
+        indices = np.asarray(indices, np.int64)
+        _, firsts = shard_layout(self.shard_sizes(split))
+        shards = np.searchsorted(firsts, indices, side="right") - 1
+        out = {array: np.empty((len(indices), *spec["shape"]), spec["dtype"])
+               for array, spec in self.manifest["arrays"].items()}
+        for shard in np.unique(shards):
+            where = np.flatnonzero(shards == shard)
+            rows = indices[where] - firsts[shard]
+            for array, values in self._shard(split, int(shard)).items():
+                out[array][where] = values[rows]
+        return out
+
+    def info(self) -> Dict[str, Any]:
+        return {**(self.manifest or {}).get("info", {}), **super().info(), "path": self.path}
+
+
+def _spec_problem(spec: Any) -> Optional[str]:
+    """Why an ``arrays`` entry of the manifest is not ``{"dtype": numeric dtype, "shape": [ints >= 1]}``."""
+    shape = spec.get("shape") if isinstance(spec, dict) else None
+    if not isinstance(shape, list) or any(not isinstance(n, int) or n < 1 for n in shape):
+        return "needs a 'shape' of one example: a list of sizes >= 1"
+    try:
+        dtype = np.dtype(spec.get("dtype"))
+    except TypeError:
+        return f"has an unknown dtype {spec.get('dtype')!r}"
+    return None if dtype.kind in "biuf" else f"has dtype {dtype}, not a number type"
+
+
+def read_header(path: str) -> Tuple[Tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, bytes after the header) of the ``.npy`` file at ``path``; reads the header only."""
+    with open(path, "rb") as handle:
+        version = np.lib.format.read_magic(handle)
+        reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = reader(handle)
+        if fortran or dtype.hasobject:
+            raise ValueError("Fortran-ordered or object arrays are not shards")
+        return tuple(shape), dtype, os.fstat(handle.fileno()).st_size - handle.tell()
+
+
+def _read_manifest(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """(manifest, None), or (None, why it cannot be read)."""
+    if not os.path.isdir(path):
+        return None, "is not a directory"
+    try:
+        with open(os.path.join(path, MANIFEST)) as handle:
+            manifest = json.load(handle)
+    except FileNotFoundError:
+        return None, f"has no {MANIFEST} (write one with hpcreduce data write)"
+    except (OSError, ValueError) as err:
+        return None, f"{MANIFEST} cannot be read: {err}"
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        return None, f"{MANIFEST} is not format {FORMAT!r} version {VERSION}"
+    return manifest, None
+
+
+def agreed_problems(ctx: Context, dataset: Dataset) -> List[Problem]:
+    """Collective: the data set's problems, each rank checking its part; the same list on every rank."""
+    try:
+        local = dataset.problems(ctx.rank, ctx.size)
+    except Exception as err:  # told to every rank: a rank raising alone would leave the others waiting
+        local = [f"checking data set {dataset.name!r} failed on rank {ctx.rank}: {type(err).__name__}: {err}"]
+    seen, found = set(), []
+    for problem in (p for part in ctx.comm.allgather(local) for p in part):
+        if worded(problem) not in seen:
+            seen.add(worded(problem))
+            found.append(problem)
+    return found
+
+
+def write_data_dir(dataset: Dataset, path: str, *, train_shards: int, test_shards: int,
+                   examples: Optional[int] = None) -> Dict[str, Any]:
+    """Write ``dataset`` (its first ``examples`` training examples when given) into the new or
+    empty directory ``path`` as shards; returns the manifest, written last."""
+    if os.path.isdir(path) and os.listdir(path):
+        raise OutputFileError(f"{path} is not empty; give a new or empty directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+        counts = {"train": min(examples or dataset.size("train"), dataset.size("train")),
+                  "test": dataset.size("test")}
+        splits, arrays = {}, {}
+        for split, shards in (("train", train_shards), ("test", test_shards)):
+            splits[split] = list(even_shards(counts[split], shards))
+            _, firsts = shard_layout(splits[split])
+            for shard, (first, rows) in enumerate(zip(firsts, splits[split])):
+                batch = dataset.batch(split, np.arange(first, first + rows))
+                if not isinstance(batch, dict):
+                    raise TypeError(f"{dataset.name}: batches are {type(batch).__name__}, not dicts of arrays")
+                for array, values in batch.items():
+                    values = np.ascontiguousarray(values)
+                    arrays[array] = {"dtype": values.dtype.name, "shape": list(values.shape[1:])}
+                    np.save(os.path.join(path, shard_file(split, shard, array)), values)
+        info = {key: value for key, value in dataset.info().items()
+                if key not in ("name", "train_examples", "test_examples", "train_shards")}
+        manifest = {"format": FORMAT, "version": VERSION, "name": dataset.name, "arrays": arrays,
+                    "splits": splits, "info": info}
+        temporary = os.path.join(path, f".{MANIFEST}.tmp")
+        with open(temporary, "w") as handle:
+            json.dump(manifest, handle, indent=1)
+        os.replace(temporary, os.path.join(path, MANIFEST))
+    except OSError as err:
+        raise OutputFileError(f"cannot write the data directory {path}: {err}") from err
+    return manifest

@@ -1,0 +1,144 @@
+"""A PS model written sharded, and a whole model assembled from shards only when asked.
+
+``save_model`` (collective, at the end of ``hpcreduce train --mode ps --model-dir DIR``):
+every server writes its own shard, in parallel, to ``DIR/shard-KEY.npz`` (each table's
+values, optimizer state, and its row ids or element offset), atomically; rank 0 then
+writes ``DIR/manifest.json`` last, atomically, once every shard is on disk: the run's
+identity (``train.identity``: model, shapes, optimizer...), the step and the shard files.
+A folder without a manifest (a run that died while writing) is never taken for a model.
+
+``whole_model`` (``hpcreduce export``, one process) assembles every table whole from
+such a folder, or from a checkpoint folder (``--checkpoint-dir``: the latest complete
+checkpoint, whatever K wrote it), and ``write_whole`` writes it as one ``.npz``.
+Cost: each server writes its bytes once; an export reads every shard once and holds the
+whole model (that is what it is for).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ...errors import CheckpointMismatchError, OutputFileError
+from ...ft import checkpoint as ft_checkpoint
+from ...ps.layout import Layout
+from ...ps.state import ShardState
+from ...runtime.files import atomic_file, write_json
+from . import checkpoint
+
+MANIFEST = "manifest.json"
+FORMAT = "hpcreduce-ps-model/1"
+
+
+def shard_name(key: int) -> str:
+    return f"shard-{key}.npz"
+
+
+def shard_arrays(state: ShardState) -> Dict[str, np.ndarray]:
+    """A shard's tables as named arrays: ``t{T}.values``, ``t{T}.optimizer.{NAME}``, ``t{T}.ids``."""
+    arrays: Dict[str, np.ndarray] = {}
+    for t, table in state.tables.items():
+        arrays[f"t{t}.values"] = table.values
+        arrays.update({f"t{t}.optimizer.{name}": value for name, value in table.optimizer_state.items()})
+        if table.sparse:
+            arrays[f"t{t}.ids"] = table.ids
+    return arrays
+
+
+def save_model(comm: MPI.Intracomm, directory: str, layout: Layout, state: Optional[ShardState],
+               identity: Mapping[str, object], step: int) -> None:
+    """Write this run's model sharded into ``directory`` (collective; see the module docstring).
+    ``OutputFileError`` on every rank if any server could not write its shard."""
+    rank = comm.Get_rank()
+    if rank == 0 and os.path.exists(os.path.join(directory, MANIFEST)):
+        os.unlink(os.path.join(directory, MANIFEST))  # no manifest names a half-written set
+    comm.Barrier()
+    problem = None
+    if state is not None:
+        try:
+            with atomic_file(os.path.join(directory, shard_name(state.shard)), "wb") as out:
+                np.savez(out, **shard_arrays(state))
+        except (OSError, OutputFileError) as err:
+            problem = f"server rank {rank} could not write shard {state.shard}: {err}"
+    problems = [text for text in comm.allgather(problem) if text]
+    if problems:
+        raise OutputFileError("; ".join(problems))
+    if rank == 0:
+        starts = {str(t): [[p.shard, p.start, p.stop] for p in pieces] for t, pieces in layout.placement.pieces.items()}
+        write_json(os.path.join(directory, MANIFEST),
+                   {"format": FORMAT, "identity": dict(identity), "step": step, "pieces": starts,
+                    "shards": {str(key): shard_name(key) for key in sorted(layout.shard_ranks)}})
+    comm.Barrier()
+
+
+Parameters = Dict[str, Dict[str, Any]]
+
+
+def whole_model(directory: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+    """Every table whole from a ``--model-dir`` or ``--checkpoint-dir`` folder, and what the
+    folder says of itself (identity, step, shards); ``CheckpointMismatchError`` naming what
+    is missing or does not fit."""
+    manifest_path = os.path.join(directory, MANIFEST)
+    if os.path.isfile(manifest_path):
+        with open(manifest_path, encoding="utf-8") as found:
+            manifest = json.load(found)
+        if manifest.get("format") != FORMAT:
+            raise CheckpointMismatchError(f"{manifest_path} is not an hpcreduce PS model manifest")
+        files = [os.path.join(directory, name) for name in manifest["shards"].values()]
+        return _assemble(directory, manifest["identity"]["parameters"], files,
+                         lambda t, stored: _starts(manifest, t, stored)), manifest
+    step = checkpoint.latest_complete(directory)
+    if step is None:
+        raise CheckpointMismatchError(f"{directory} holds neither a model ({MANIFEST}) nor a complete "
+                                      "parameter-server checkpoint")
+    files = checkpoint.step_files(directory, step)
+    metadata, _ = ft_checkpoint.read(files[0], arrays=False)
+    whole = _assemble(directory, metadata["identity"]["parameters"], files, None)
+    return whole, {"identity": metadata["identity"], "step": step,
+                   "shards": [os.path.relpath(path, directory) for path in files]}
+
+
+def _starts(manifest: Mapping[str, Any], table: int, path: str) -> int:
+    key = next(int(k) for k, name in manifest["shards"].items() if os.path.basename(path) == name)
+    return next(start for shard, start, _stop in manifest["pieces"][str(table)] if shard == key)
+
+
+def _assemble(directory: str, parameters: Parameters, files: Sequence[str], start_of) -> Dict[str, np.ndarray]:
+    names = list(parameters)
+    whole = {name: np.zeros(tuple(info["shape"]), info["dtype"]) for name, info in parameters.items()}
+    covered = {name: 0 for name in names}
+    for path in files:
+        if not os.path.isfile(path):
+            raise CheckpointMismatchError(f"{directory}: the shard file {os.path.basename(path)} is missing")
+        with np.load(path) as stored:
+            for t, name in enumerate(names):
+                if f"t{t}.values" not in stored:
+                    continue
+                values = stored[f"t{t}.values"]
+                if parameters[name]["sparse"]:
+                    ids = stored[f"t{t}.ids"]
+                    whole[name][ids] = values
+                    covered[name] += len(ids)
+                else:
+                    start = start_of(t, path) if start_of else _checkpoint_start(path, t)
+                    whole[name].reshape(-1)[start:start + values.size] = values
+                    covered[name] += values.size
+    short = [name for name in names
+             if covered[name] != (whole[name].shape[0] if parameters[name]["sparse"] else whole[name].size)]
+    if short:
+        raise CheckpointMismatchError(f"{directory}: the shards do not cover table(s) {short} exactly")
+    return whole
+
+
+def _checkpoint_start(path: str, table: int) -> int:
+    metadata, _ = ft_checkpoint.read(path, arrays=False)
+    return int(metadata["tables"][str(table)]["start"])
+
+
+def write_whole(path: str, params: Mapping[str, np.ndarray]) -> None:
+    """The whole model as one ``.npz`` of named arrays, atomically."""
+    with atomic_file(path, "wb") as out:
+        np.savez(out, **params)
