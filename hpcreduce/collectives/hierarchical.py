@@ -19,7 +19,7 @@ are staged through host memory (``auto`` gives them the ring).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -46,17 +46,23 @@ class NodeWindow:
         self.window: Optional[MPI.Win] = None
         self.capacity = 0
 
-    def pool(self, nbytes: int) -> np.ndarray:
-        """The shared bytes, at least (L + 1) * ``nbytes`` of them (collective over the node)."""
-        needed = (self.node_size + 1) * max(nbytes, 1)
-        if needed > self.capacity:
-            capacity = max(needed, 2 * self.capacity)
-            self._release_window()
+    def areas(self, nbytes: int, dtype: np.dtype) -> Tuple[List[np.ndarray], np.ndarray]:
+        """L slots and the result area, ``nbytes`` each as ``dtype`` (collective over the node
+        when the window grows). The areas sit a fixed stride apart (the capacity over L + 1),
+        whatever the message size, so a rank that already writes its slot for the next call
+        never touches the result area a slower rank is still copying out."""
+        slot = -(-max(nbytes, 1) // 8) * 8
+        if (self.node_size + 1) * slot > self.capacity:
+            capacity = max((self.node_size + 1) * slot, 2 * self.capacity)
+            self._release_window()  # collective: every rank has copied out the last result
             self.window = MPI.Win.Allocate_shared(capacity if self.node_rank == 0 else 0, 1, comm=self.node)
             self.window.Lock_all(MPI.MODE_NOCHECK)
             self.capacity = capacity
         memory, _ = self.window.Shared_query(0)
-        return np.frombuffer(memory, dtype=np.uint8)
+        shared = np.frombuffer(memory, dtype=np.uint8)
+        stride = self.capacity // (self.node_size + 1) // 8 * 8
+        area = [shared[j * stride:j * stride + nbytes].view(dtype) for j in range(self.node_size + 1)]
+        return area[:-1], area[-1]
 
     def fence(self) -> None:
         """Every rank of the node has finished its writes to the window (and sees the others')."""
@@ -106,17 +112,16 @@ def hierarchical_allreduce(comm: MPI.Intracomm, x, out, op: ReduceOp,
         return 0, 0
     shared = node_window(comm)
     n, size = x.size, shared.node_size
-    pool = shared.pool(x.nbytes)[:(size + 1) * x.nbytes].view(x.dtype).reshape(size + 1, n)
-    slots, result = pool[:size], pool[size]
-    slots[shared.node_rank] = x
+    slots, result = shared.areas(x.nbytes, x.dtype)
+    slots[shared.node_rank][...] = x
     shared.fence()
     a, b = n * shared.node_rank // size, n * (shared.node_rank + 1) // size
     if size == 1:
-        result[a:b] = slots[0, a:b]
+        result[a:b] = slots[0][a:b]
     else:
-        op.combine(np, slots[0, a:b], slots[1, a:b], result[a:b])
+        op.combine(np, slots[0][a:b], slots[1][a:b], result[a:b])
         for other in range(2, size):
-            op.combine(np, result[a:b], slots[other, a:b], result[a:b])
+            op.combine(np, result[a:b], slots[other][a:b], result[a:b])
     shared.fence()
     if shared.nodes > 1:
         if shared.leaders is not None:
