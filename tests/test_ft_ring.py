@@ -109,7 +109,7 @@ def test_a_hung_peer_ends_the_job_with_a_clear_error(tmp_path):
     assert result.returncode != 0
     assert "DeadlineExceededError" in result.output and "a peer is hung" in result.output
     time.sleep(1)  # the launcher's kills of the aborted job's ranks land
-    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True, timeout=30).stdout.split()
     assert not left, f"processes of the aborted job outlived it: {left}"
 
 

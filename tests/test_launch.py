@@ -130,7 +130,7 @@ def test_launch_runs_the_ranks_in_hpcreduces_own_environment(tmp_path):
     shim = tmp_path / "python"
     shim.write_text(f"#!/bin/sh\nexec {sys._base_executable} -S \"$@\"\n")  # -S: no site-packages
     shim.chmod(0o755)
-    lacking = subprocess.run([str(shim), "-c", "import mpi4py"], capture_output=True, text=True)
+    lacking = subprocess.run([str(shim), "-c", "import mpi4py"], capture_output=True, text=True, timeout=60)
     assert lacking.returncode != 0 and "mpi4py" in lacking.stderr, "the shim must lack mpi4py"
     path = os.pathsep.join([str(tmp_path), *(p for p in os.environ.get("PATH", "").split(os.pathsep)
                                              if p != os.path.dirname(sys.executable))])

@@ -132,5 +132,5 @@ def test_a_run_past_its_timeout_is_stopped_and_named(tmp_path):
                         "--timeout", "0.5", "--out", str(tmp_path), timeout=120)
     assert job.returncode == 1 and "timed out after 0.5 s" in job.output, job
     assert "ring-1.log" in job.output, job
-    running = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    running = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True, timeout=30).stdout
     assert str(tmp_path) not in running, running  # the job was ended, ranks and all

@@ -17,6 +17,7 @@ import hpcreduce.torch as hpt
 from hpcreduce.collectives.transfer import transfer_kind
 from hpcreduce.ps import Server
 from hpcreduce.runtime.devices import select_device
+from mpi_checks import full_batch_descent
 
 ctx = hpcreduce.init()
 rank, size = ctx.rank, ctx.size
@@ -62,15 +63,10 @@ for (name, got), want in zip(on_gpu.named_parameters(), on_cpu.parameters()):
     check(difference < 1e-5, f"gradients: {name} differs from the CPU's by {difference:.2e}")
 
 torch.manual_seed(11)
-expected = torch.nn.Linear(FEATURES, OUTPUTS)
+start = torch.nn.Linear(FEATURES, OUTPUTS)
 model = torch.nn.Linear(FEATURES, OUTPUTS).to(device)
-model.load_state_dict(expected.state_dict())
-for _ in range(STEPS):
-    expected.zero_grad()
-    ((expected(x_all) - y_all) ** 2).mean().backward()
-    with torch.no_grad():
-        for param in expected.parameters():
-            param -= LR * param.grad
+model.load_state_dict(start.state_dict())
+expected = full_batch_descent(start, x_all, y_all, LR, STEPS)
 role = hpt.start_parameter_server(model, servers=1, optimizer="sgd", lr=LR)
 if isinstance(role, Server):
     role.serve()

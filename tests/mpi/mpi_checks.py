@@ -41,3 +41,19 @@ def run_checks(*checks) -> None:
         world.Barrier()
         if world.Get_rank() == 0:
             print(f"ok {check.__name__}", flush=True)
+
+
+def full_batch_descent(start, x, y, lr: float, steps: int):
+    """A copy of the torch module ``start`` after ``steps`` of full-batch gradient descent on
+    the mean squared error of (``x``, ``y``): what BSP servers running SGD should compute."""
+    import copy
+
+    import torch
+    expected = copy.deepcopy(start)
+    for _ in range(steps):
+        expected.zero_grad()
+        ((expected(x) - y) ** 2).mean().backward()
+        with torch.no_grad():
+            for param in expected.parameters():
+                param -= lr * param.grad
+    return expected

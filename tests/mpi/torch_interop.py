@@ -19,6 +19,7 @@ import hpcreduce
 import hpcreduce.torch as hpt
 from hpcreduce import InputMismatchError, UnsupportedInputError
 from hpcreduce.ps import Server
+from mpi_checks import full_batch_descent
 
 ctx = hpcreduce.init()
 rank, size = ctx.rank, ctx.size
@@ -92,14 +93,7 @@ except UnsupportedInputError as err:
 LR, STEPS = 0.1, 4
 torch.manual_seed(11)
 model = torch.nn.Linear(FEATURES, OUTPUTS)
-expected = torch.nn.Linear(FEATURES, OUTPUTS)
-expected.load_state_dict(model.state_dict())
-for _ in range(STEPS):  # what the servers should compute: the whole data set's mean gradient
-    expected.zero_grad()
-    ((expected(torch.from_numpy(x_all)) - torch.from_numpy(y_all)) ** 2).mean().backward()
-    with torch.no_grad():
-        for param in expected.parameters():
-            param -= LR * param.grad
+expected = full_batch_descent(model, torch.from_numpy(x_all), torch.from_numpy(y_all), LR, STEPS)
 role = hpt.start_parameter_server(model, servers=1, optimizer="sgd", lr=LR)
 if isinstance(role, Server):
     role.serve()
