@@ -120,6 +120,19 @@ def test_a_finished_job_is_not_rerun_when_mpirun_fails_after_it(tmp_path, monkey
     assert [p for p in os.listdir(tmp_path) if p.startswith(".hpcreduce-launch-")] == []  # markers cleaned
 
 
+def test_a_launcher_that_stays_up_after_the_job_marked_itself_done_is_ended(tmp_path, monkeypatch, capsys):
+    """Open MPI's mpirun has stayed up after spawned ranks on several nodes: a job marked done is
+    ended after the grace period, and counts as finished (not rerun)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("hpcreduce.runtime.launch.DONE_GRACE_S", 1.0)
+    script = ("import time; from hpcreduce.runtime.launch import mark_done; "
+              f"open({str(tmp_path / 'attempts')!r}, 'a').write('x'); mark_done(); time.sleep(600)")
+    started = time.monotonic()
+    assert run_plan(LaunchPlan([sys.executable, "-c", script]), restarts=1, echo=False) == 0
+    assert time.monotonic() - started < 60 and (tmp_path / "attempts").read_text() == "x"
+    assert "marked itself done 1 s ago but mpirun is still up; ending it" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_to_the_launcher_stops_the_job_without_a_relaunch(tmp_path, signum, code):
     launcher = subprocess.Popen([sys.executable, "-m", "hpcreduce", "train", "-n", "2", "--restarts", "2",

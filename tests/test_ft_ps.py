@@ -189,5 +189,5 @@ def test_without_ft_a_hung_worker_ends_the_job_by_the_deadline(tmp_path):
 
 
 def test_fault_flags_without_ulfm_are_refused_in_ps_mode(tmp_path):
-    result, _ = train(tmp_path, "refused", "--checkpoint-dir", str(tmp_path / "c"), ranks=3, servers=1, ft=False)
+    result, _ = train(tmp_path, "refused", "--kill", "2@5", ranks=3, servers=1, ft=False)  # no --checkpoint-dir
     assert result.returncode != 0 and "need in-job fault tolerance" in result.output, result

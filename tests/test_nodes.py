@@ -37,8 +37,14 @@ def test_layout_keeps_its_node_ring_after_a_server_is_lost():
     layout = Layout.initial(specs, 6, 4, nodes=["a", "a", "b", "b", "a", "b"])
     assert layout.ring == (0, 2, 1, 3)
     assert {layout.neighbours(k)[0] for k in (0, 1)} == {2, 3}  # node a's shards back up on node b
-    after = layout.rebuilt({0: 0, 1: 1, 3: 2}, [3, 4])
-    assert after.ring == (0, 1, 3) and after.neighbours(3) == (0, 1)
+    after = layout.rebuilt({0: 0, 1: 1, 3: 2}, [3, 4])  # the ring is recomputed over the survivors
+    assert after.ring == (0, 3, 1) and after.neighbours(3) == (1, 0)
+    six = Layout.initial(specs, 8, 6, nodes=["a", "a", "b", "b", "c", "c", "a", "b"])
+    survivors = six.rebuilt({0: 0, 1: 1, 4: 2, 5: 3}, [4])  # node b lost: a, a, c, c alternate again
+    assert all(survivors.key_nodes[k] != survivors.key_nodes[survivors.neighbours(k)[0]] for k in (0, 1, 4, 5))
+    assert Layout.initial(specs, 5, 4, nodes=["a"] * 5).ring == (0, 1, 2, 3)  # one node: the old rule
+    assert six.same_node_backups() == [] and Layout.initial(specs, 5, 4, nodes=["a"] * 5).same_node_backups() == []
+    assert Layout.initial(specs, 4, 3, nodes=["a", "a", "b", "b"]).same_node_backups() == [1]  # 2 of 3 on a
     assert Layout.initial(specs, 4, 2).ring == (0, 1)  # without nodes: sorted keys, as before
 
 

@@ -14,6 +14,7 @@ from ..benchmarks import ps as ps_bench
 from ..benchmarks import ps_memory as ps_memory_bench
 from ..benchmarks import recovery as recovery_bench
 from ..benchmarks import scaling as scaling_bench
+from ..benchmarks import soak as soak_bench
 from ..benchmarks import stragglers as stragglers_bench
 from ..runtime.files import write_json
 from .bench_flags import FLAGS, PROBLEMS
@@ -21,7 +22,8 @@ from .checks import launch_problems, output_problems, refuse, setting_problems
 from .flags import flag_names
 from .ranks import add_rank_options, outside_mpi, relaunch
 
-BENCHMARKS = (allreduce_bench, ps_bench, ps_memory_bench, scaling_bench, recovery_bench, stragglers_bench)
+BENCHMARKS = (allreduce_bench, ps_bench, ps_memory_bench, scaling_bench, recovery_bench, stragglers_bench,
+              soak_bench)
 
 
 def register(subcommands) -> None:
@@ -38,7 +40,7 @@ def register(subcommands) -> None:
 
 def run(args, argv) -> int:
     name = args.module.NAME
-    drives = hasattr(args.module, "drive")  # launches its own jobs (bench scaling, recovery, stragglers)
+    drives = hasattr(args.module, "drive")  # launches its own jobs (bench scaling, recovery, stragglers, soak)
     if drives or outside_mpi():
         problems = [*PROBLEMS[name](args), *output_problems(_outputs(args)), *launch_problems(args),
                     *setting_problems()]

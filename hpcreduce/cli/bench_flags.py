@@ -5,7 +5,7 @@ import argparse
 import os
 from typing import Callable, Dict, List, Sequence
 
-from ..benchmarks import allreduce, ps, ps_memory, recovery, scaling, stragglers
+from ..benchmarks import allreduce, ps, ps_memory, recovery, scaling, soak, soak_plan, stragglers
 from ..benchmarks.timing import sizes_argument
 from ..runtime.environment import detect_launcher
 from ..runtime.files import path_problem
@@ -148,7 +148,7 @@ def ps_problems(args: argparse.Namespace) -> List[str]:
 
 def recovery_problems(args: argparse.Namespace) -> List[str]:
     """What stops ``bench recovery`` with these flags (empty when fine)."""
-    found = at_least(args, 1, "--repeats", "--batch") + at_least(args, recovery.KILL_STEP + 1, "--steps")
+    found = at_least(args, 1, "--repeats", "--batch") + at_least(args, recovery.LATEST_STEP + 1, "--steps")
     found += at_least(args, 1e-3, "--timeout")
     try:
         counts = [int(part) for part in args.counts.split(",")]
@@ -217,6 +217,35 @@ def ps_memory_problems(args: argparse.Namespace) -> List[str]:
     return found + _outside_jobs("ps-memory")
 
 
+def soak_flags(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(ranks=6)
+    parser.add_argument("--runs", type=int, default=50, help="runs to draw (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the draws (default %(default)s; -n is the "
+                        f"most ranks a run gets, from {soak_plan.FEWEST_RANKS})")
+    parser.add_argument("--steps", type=int, default=20, help="training steps per run (default %(default)s)")
+    parser.add_argument("--batch", type=int, default=1024, help="global batch (default %(default)s)")
+    parser.add_argument("--tolerance", type=float, default=soak.DEFAULT_TOLERANCE,
+                        help="SSP and ASP: the final loss's relative band around the quiet run's (default "
+                             f"%(default)s; ring and BSP: {soak.EXACT_TOLERANCE:g})")
+    parser.add_argument("--timeout", type=float, default=120, help="seconds a run may take (default %(default)s)")
+    parser.add_argument("--out", default="hpcreduce-soak",
+                        help="folder for each run's output, JSON and kill log (default %(default)s)")
+
+
+def soak_problems(args: argparse.Namespace) -> List[str]:
+    """What stops ``bench soak`` with these flags (empty when fine)."""
+    found = at_least(args, 1, "--runs", "--batch") + at_least(args, soak_plan.FEWEST_STEPS, "--steps")
+    found += at_least(args, 1e-3, "--timeout") + at_least(args, 0, "--tolerance")
+    if args.ranks < soak_plan.FEWEST_RANKS:
+        found.append(f"-n (the most ranks a run gets) must be at least {soak_plan.FEWEST_RANKS}, got {args.ranks}")
+    if args.restarts:
+        found.append("--restarts does not apply: the runs recover in-job (--ft)")
+    why = path_problem(os.path.join(args.out, "run.json"))
+    if why:
+        found.append(f"--out {args.out}: {why}")
+    return found + _outside_jobs("soak")
+
+
 def _outside_jobs(name: str) -> List[str]:
     if detect_launcher() == "none":
         return []
@@ -226,9 +255,10 @@ def _outside_jobs(name: str) -> List[str]:
 
 FLAGS: Dict[str, Callable[[argparse.ArgumentParser], None]] = {
     allreduce.NAME: allreduce_flags, ps.NAME: ps_flags, scaling.NAME: scaling_flags, recovery.NAME: recovery_flags,
-    stragglers.NAME: stragglers_flags, ps_memory.NAME: ps_memory_flags,
+    stragglers.NAME: stragglers_flags, ps_memory.NAME: ps_memory_flags, soak.NAME: soak_flags,
 }
 PROBLEMS: Dict[str, Callable[[argparse.Namespace], List[str]]] = {
     allreduce.NAME: allreduce_problems, ps.NAME: ps_problems, scaling.NAME: scaling_problems,
     recovery.NAME: recovery_problems, stragglers.NAME: stragglers_problems, ps_memory.NAME: ps_memory_problems,
+    soak.NAME: soak_problems,
 }

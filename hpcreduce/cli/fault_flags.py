@@ -5,8 +5,8 @@ import argparse
 from typing import List, Tuple
 
 from ..ft.config import FaultConfig, parse_slow
-from ..ft.growth import parse_grow
-from ..ft.inject import parse_kill
+from ..ft.growth import parse_grow, parse_leave
+from ..ft.inject import parse_kill, parse_kill_node
 
 
 def add_fault_flags(parser: argparse.ArgumentParser) -> None:
@@ -14,15 +14,22 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("fault tolerance and growth (in-job recovery needs --ft)")
     group.add_argument("--kill", dest="kills", action="append", default=[], metavar="RANK@STEP[:PHASE]",
                        help="SIGKILL rank RANK at step STEP (phase step, recovery or checkpoint); repeatable")
+    group.add_argument("--kill-node", dest="node_kills", action="append", default=[], metavar="NODE@STEP[:PHASE]",
+                       help="SIGKILL every rank on node NODE (its hostname) at step STEP: a node lost; repeatable")
     group.add_argument("--kill-random", type=float, default=0.0, metavar="P",
                        help="each step, kill one random rank (never rank 0) with probability P")
     group.add_argument("--kill-seed", type=int, metavar="SEED",
                        help="seed of --kill-random's draws (default: --seed)")
     group.add_argument("--grow", action="append", default=[], metavar="N@STEP",
                        help="spawn N more ranks before step STEP; repeatable")
+    group.add_argument("--grow-servers", action="append", default=[], metavar="N@STEP",
+                       help="ps: spawn N more shard servers before step STEP (placement rebalanced); repeatable")
+    group.add_argument("--leave", action="append", default=[], metavar="ID@STEP",
+                       help="the rank with stable id ID leaves gracefully before step STEP (its data shards "
+                            "go to the others); repeatable")
     group.add_argument("--discover", metavar="FILE",
-                       help="a file holding the wanted number of ranks, polled between steps: "
-                            "the job grows to it")
+                       help="a file holding the wanted number of ranks, or HOST[:SLOTS] lines (Horovod's "
+                            "discovery format), polled between steps: the job grows or shrinks to it")
     group.add_argument("--discover-every", type=int, default=1, metavar="STEPS",
                        help="poll --discover every STEPS steps (default 1)")
     group.add_argument("--replace", action="store_true",
@@ -45,16 +52,21 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
 def fault_config(args: argparse.Namespace) -> Tuple[FaultConfig, List[str]]:
     """The FaultConfig the flags ask for, and the flags that do not parse."""
     problems: List[str] = []
-    kills, grow, slow = [], [], []
+    kills, grow, grow_servers, leave, slow, node_kills = [], [], [], [], [], []
     for flag, texts, parse, into in (("--kill", args.kills, parse_kill, kills), ("--grow", args.grow, parse_grow, grow),
-                                     ("--slow", args.slow, parse_slow, slow)):
+                                     ("--grow-servers", args.grow_servers, parse_grow, grow_servers),
+                                     ("--leave", args.leave, parse_leave, leave),
+                                     ("--slow", args.slow, parse_slow, slow),
+                                     ("--kill-node", args.node_kills, parse_kill_node, node_kills)):
         for text in texts:
             try:
                 into.append(parse(text))
             except ValueError as err:
                 problems.append(f"{flag} {err}")
-    config = FaultConfig(kills=kills, kill_random=args.kill_random, kill_seed=args.kill_seed, grow=grow,
-                         discover=args.discover, discover_every=args.discover_every, replace=args.replace,
+    config = FaultConfig(kills=kills, kill_random=args.kill_random, kill_seed=args.kill_seed, grow=grow, grow_servers=grow_servers,
+                         leave=leave, hostfile=getattr(args, "hostfile", None), discover=args.discover,
+                         discover_every=args.discover_every, replace=args.replace,
                          checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                         deadline_s=args.deadline_s, slow=slow, accept_server_loss=args.accept_server_loss)
+                         deadline_s=args.deadline_s, slow=slow, accept_server_loss=args.accept_server_loss,
+                         node_kills=node_kills)
     return config, problems

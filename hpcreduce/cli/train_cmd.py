@@ -150,7 +150,7 @@ def launcher_problems(args: argparse.Namespace) -> List[Problem]:
                  *setting_problems(), *_ulfm_problems(config, args.ft)]
     if config.data:
         problems += _data_dir(config).problems(0, 1)
-    grown = growth_slots_problem(args, sum(n for n, _ in config.fault.grow))
+    grown = growth_slots_problem(args, sum(n for n, _ in [*config.fault.grow, *config.fault.grow_servers]))
     return problems + ([grown] if grown else [])
 
 
@@ -188,7 +188,7 @@ def _data_dir(config: "TrainConfig"):
 
 
 def _ulfm_problems(config: "TrainConfig", ft: bool) -> List[str]:
-    if config.fault.needs_ulfm() and not ft and not (config.mode == "ps" and config.fault.hangs_only()):
+    if config.fault.needs_ulfm() and not ft and config.mode != "ps":  # ps: TrainConfig.problems says it
         return ["--kill, --kill-random, --grow, --discover and --replace need in-job fault "
                 "tolerance: launch with --ft (ULFM), or give --checkpoint-dir and "
                 "--restarts to recover kills by relaunching"]

@@ -1,11 +1,12 @@
 """Hierarchical allreduce: node-local reduction in MPI-3 shared memory, leaders across nodes.
 
-Cost (N ranks on M nodes, L ranks on a node, n bytes): every rank copies its n bytes into
-its slot of a window shared by its node (``MPI_Win_allocate_shared``) and, after a node
-barrier, combines 1/L of the buffer across the L slots into the node's result (reading
-n bytes, writing n/L); after a second barrier the M node leaders (node rank 0) allreduce
-the node results with native ``MPI_Allreduce`` (2(M-1)/M * n bytes each way, the only bytes
-that cross between nodes) and, after a third barrier (none with M = 1), every rank copies
+Cost (N ranks on M nodes, L ranks on a node, n bytes): every rank copies the (L-1)/L of
+its n bytes that the others combine into its slot of a window shared by its node
+(``MPI_Win_allocate_shared``) and, after a node barrier, combines its 1/L of the buffer
+(its own input and the other L-1 slots) into the node's result (reading n bytes, writing
+n/L); after a second barrier the M node leaders (node rank 0) allreduce the node results
+with native ``MPI_Allreduce`` (2(M-1)/M * n bytes each way, the only bytes that cross
+between nodes) and, after a third barrier (none with M = 1), every rank copies
 the n-byte result out. No message moves within a node.
 
 Every element is combined in slot order (node rank 0, 1, ...) by one rank and the same
@@ -113,15 +114,17 @@ def hierarchical_allreduce(comm: MPI.Intracomm, x, out, op: ReduceOp,
     shared = node_window(comm)
     n, size = x.size, shared.node_size
     slots, result = shared.areas(x.nbytes, x.dtype)
-    slots[shared.node_rank][...] = x
-    shared.fence()
     a, b = n * shared.node_rank // size, n * (shared.node_rank + 1) // size
+    mine = slots[shared.node_rank]
+    mine[:a], mine[b:] = x[:a], x[b:]  # only the others read this slot, never at [a, b)
+    shared.fence()
+    parts = [x[a:b] if other == shared.node_rank else slots[other][a:b] for other in range(size)]
     if size == 1:
-        result[a:b] = slots[0][a:b]
+        result[a:b] = parts[0]
     else:
-        op.combine(np, slots[0][a:b], slots[1][a:b], result[a:b])
-        for other in range(2, size):
-            op.combine(np, result[a:b], slots[other][a:b], result[a:b])
+        op.combine(np, parts[0], parts[1], result[a:b])
+        for part in parts[2:]:
+            op.combine(np, result[a:b], part, result[a:b])
     shared.fence()
     if shared.nodes > 1:
         if shared.leaders is not None:

@@ -5,8 +5,9 @@
 failure every survivor restores and then syncs, so all continue from rank 0's last commit:
 an update rank 0 committed is kept on every rank, one it had not is redone by all, and
 none is applied twice (Horovod's elastic ``State``). With ``discover`` a commit also reads
-the discovery file (rank 0, every ``discover_every`` commits) and asks ``run`` to grow the
-job to the number it holds.
+the discovery file (rank 0, every ``discover_every`` commits; a number of ranks or
+``HOST[:SLOTS]`` lines, ``ft.growth.read_discovery``) and asks ``run`` to grow the job to the
+total it asks for (a file it cannot use, or one asking for fewer ranks, changes nothing here).
 Cost of a commit: one copy of every tracked value (plus one small broadcast with ``discover``).
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import UnsupportedInputError
-from ..ft.growth import read_target
+from ..ft.growth import Wanted, read_discovery
 from ..ft.membership import Membership
 from ..runtime.context import Context, init
 from .tensors import broadcast, kind_of, put_back, snapshot
@@ -71,7 +72,8 @@ class State:
         object.__setattr__(self, "_commits", self._commits + 1)
         if check_growth and self._discover and self._commits % self._discover_every == 0:
             comm = self.context.comm
-            target = comm.bcast(read_target(self._discover) if comm.Get_rank() == 0 else None, root=0)
+            found = read_discovery(self._discover) if comm.Get_rank() == 0 else None
+            target = comm.bcast(found.total if isinstance(found, Wanted) else None, root=0)
             if target is not None and target > comm.Get_size():
                 raise GrowthRequested(target - comm.Get_size())
 

@@ -10,10 +10,11 @@ from typing import Any, Dict, List, Optional
 class RecoveryEvent:
     """One change of the job's ranks.
 
-    ``kind``: failure, growth or resume. ``step``: the step being attempted (from 1).
-    ``lost``/``joined``: stable rank ids. ``detected_at``/``next_step_at``: wall-clock
-    seconds (``time.time()``, comparable with the kill log); ``shrink_s``, ``restore_s``
-    and ``to_next_step_s`` are measured from the detection.
+    ``kind``: failure, growth, leave or resume. ``step``: the step being attempted (from 1).
+    ``lost``/``joined``/``left``: stable rank ids (``left``: ranks that left gracefully,
+    ``--leave`` or the discovery file; ``requested_at``: when that was decided, wall clock).
+    ``detected_at``/``next_step_at``: wall-clock seconds (``time.time()``, comparable with the
+    kill log); ``shrink_s``, ``restore_s`` and ``to_next_step_s`` are measured from the detection.
     """
 
     kind: str
@@ -22,6 +23,8 @@ class RecoveryEvent:
     detected_at: float
     lost: List[int] = field(default_factory=list)
     joined: List[int] = field(default_factory=list)
+    left: List[int] = field(default_factory=list)
+    requested_at: Optional[float] = None
     ranks_after: int = 0
     rounds: int = 0
     shrink_s: float = 0.0
@@ -32,6 +35,7 @@ class RecoveryEvent:
     def line(self) -> str:
         parts = [f"lost rank(s) {self.lost}" if self.lost else "",
                  f"joined rank(s) {self.joined}" if self.joined else "",
+                 f"left rank(s) {self.left}" if self.left else "",
                  f"{self.ranks_before} -> {self.ranks_after} ranks",
                  f"shrink {self.shrink_s * 1e3:.1f} ms" if self.kind == "failure" else "",
                  f"restore {self.restore_s * 1e3:.1f} ms",

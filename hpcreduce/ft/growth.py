@@ -1,42 +1,91 @@
-"""When a running job grows: one rule for both topologies.
+"""When a running job grows or shrinks: one rule for both topologies.
 
-Growth is asked for by ``--grow N@STEP`` entries (N more ranks before step STEP) and by
-a discovery file holding the wanted number of ranks, read every ``discover_every``
-steps. ``GrowthRule.count(after, step, size, target)`` is how many ranks to add before
-``step`` when growth up to step ``after`` is done: the entries due in (after, step],
-raised to reach the discovery file's target when that asks for more. The spawn and
-merge themselves are ``hpcreduce.runtime.spawn``.
+Growth is asked for by ``--grow N@STEP`` entries (N more ranks before step STEP), scale-in
+by ``--leave ID@STEP`` entries (the rank with stable id ID leaves before step STEP), and
+both by a discovery file read every ``discover_every`` steps (``read_discovery``). The
+file holds either the wanted number of ranks or Horovod's discovery format, one
+``HOST[:SLOTS]`` a line (SLOTS defaults to 1; ``#`` starts a comment).
+``GrowthRule.leavers`` names the ids that leave before a step; ``GrowthRule.count`` is how
+many ranks to add then (after the leavers are gone). The spawn and merge themselves are
+``hpcreduce.runtime.spawn``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Collection, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+from ..errors import LaunchError
+from ..runtime.launch import hostfile_hosts
+from ..runtime.nodes import this_node
+
+LOCAL_NAMES = ("localhost", "127.0.0.1")
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What a discovery file asks for: ``total`` ranks; ``hosts``: {host: slots} (short
+    names, in file order), or None for a file holding a plain number."""
+
+    total: int
+    hosts: Optional[Dict[str, int]] = None
+
+
+Discovery = Union[Wanted, str, None]
+"""``read_discovery``'s answer: what the file asks for, a problem (a sentence), or None (no file yet)."""
 
 
 @dataclass(frozen=True)
 class GrowthRule:
-    """``grow``: (count, step) entries; ``discover``: the discovery file, read at steps
-    that are multiples of ``discover_every``."""
+    """``grow``: (count, step) entries; ``leave``: (id, step) entries; ``discover``: the
+    discovery file, read at steps that are multiples of ``discover_every``."""
 
     grow: Sequence[Tuple[int, int]] = ()
     discover: Optional[str] = None
     discover_every: int = 1
+    leave: Sequence[Tuple[int, int]] = ()
 
     def reads_target(self, step: int) -> bool:
         """Whether the discovery file is read before ``step``."""
         return bool(self.discover) and step % self.discover_every == 0
 
-    def count(self, after: int, step: int, size: int, target: Optional[int] = None) -> int:
-        """Ranks to add to a job of ``size`` ranks before ``step``, growth before step
-        ``after`` being done; ``target``: the discovery file's number, if read."""
+    def wanted(self, step: int, known_hosts: Optional[Collection[str]] = None) -> Discovery:
+        """The discovery file's answer when it is read before ``step`` (None otherwise);
+        read by one rank, which broadcasts it (the answer pickles)."""
+        return read_discovery(self.discover, known_hosts) if self.reads_target(step) else None
+
+    def count(self, after: int, step: int, size: int, target: Union[Wanted, int, None] = None) -> int:
+        """Ranks to add to a job of ``size`` ranks (the leavers gone) before ``step``, growth
+        before step ``after`` being done; ``target``: what the discovery file asked for, if read."""
         count = sum(n for n, at in self.grow if after < at <= step)
-        if target is not None and target > size + count:
-            count = target - size
+        total = target.total if isinstance(target, Wanted) else target
+        if total is not None and total > size + count:
+            count = total - size
         return count
 
-    def target(self, step: int) -> Optional[int]:
-        """The discovery file's number when it is read before ``step`` (None otherwise)."""
-        return read_target(self.discover) if self.reads_target(step) else None
+    def leavers(self, after: int, step: int, ids: Sequence[int], hosts: Sequence[str],
+                wanted: Union[Wanted, int, None]) -> List[int]:
+        """The stable ids that leave before ``step`` (sorted), scale-in before step ``after``
+        being done. ``ids[r]``/``hosts[r]``: rank r's id and node; ``wanted``: what the
+        discovery file asked for (None when not read). They are the ``--leave`` entries due
+        in (after, step] of ids still present, plus those the file drops: for a number, the
+        highest ids beyond it; for hosts, every rank on a host it no longer lists and, on a
+        host listed with fewer slots than it has ranks, the highest ids there. The job never
+        loses its last rank this way: should every rank be due to leave, the lowest id stays."""
+        present = set(ids)
+        leaving = {identity for identity, at in self.leave if after < at <= step and identity in present}
+        if isinstance(wanted, int):
+            wanted = Wanted(wanted)
+        staying = sorted(present - leaving)
+        if wanted is not None and wanted.hosts is None:
+            leaving.update(staying[max(wanted.total, 0):])
+        elif wanted is not None:
+            host_of = dict(zip(ids, hosts))
+            for host in dict.fromkeys(hosts):
+                there = [identity for identity in staying if host_of[identity] == host]
+                leaving.update(there[wanted.hosts.get(host, 0):])
+        if present and leaving >= present:  # never the last rank: the lowest id stays
+            leaving.discard(min(present))
+        return sorted(leaving)
 
 
 def parse_grow(text: str) -> Tuple[int, int]:
@@ -50,12 +99,66 @@ def parse_grow(text: str) -> Tuple[int, int]:
     return count, step
 
 
-def read_target(path: str) -> Optional[int]:
-    """The number of ranks a discovery file asks for, or None if it is absent or unreadable
-    (a file being rewritten is read again at the next poll)."""
+def parse_leave(text: str) -> Tuple[int, int]:
+    """``ID@STEP``: (ID, STEP), the rank with stable id ID leaves before step STEP; whether
+    they fit the job is ``FaultConfig.problems``'s to say."""
+    try:
+        identity, step = (int(part) for part in text.split("@"))
+    except ValueError:
+        raise ValueError(f"{text!r}: expected ID@STEP, e.g. 2@50 (rank id 2 leaves before step 50)") from None
+    if identity < 0 or step < 0:
+        raise ValueError(f"{text!r}: ID and STEP must be >= 0")
+    return identity, step
+
+
+def read_discovery(path: str, known_hosts: Optional[Collection[str]] = None) -> Discovery:
+    """What the discovery file at ``path`` asks for: a ``Wanted``; None while it is absent or
+    empty (a file being rewritten is read again at the next poll); or a problem, as a
+    sentence naming the file: unreadable, a malformed line, a host twice, a host not in
+    ``known_hosts`` (short names; ``localhost`` is this node), no rank wanted."""
     try:
         with open(path, encoding="utf-8") as handle:
-            text = handle.read().strip()
-        return int(text) if text else None
-    except (OSError, ValueError):
+            text = handle.read()
+    except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as err:
+        return f"discovery file {path}: cannot read it ({err})"
+    lines = [(number, line.split("#", 1)[0].strip()) for number, line in enumerate(text.splitlines(), 1)]
+    lines = [(number, line) for number, line in lines if line]
+    if not lines:
+        return None
+    if len(lines) == 1 and lines[0][1].lstrip("+-").isdigit():
+        total = int(lines[0][1])
+        return Wanted(total) if total >= 1 else f"discovery file {path}: asks for {total} ranks; at least 1 must run"
+    hosts: Dict[str, int] = {}
+    for number, line in lines:
+        host, colon, slots = line.partition(":")
+        name = _short(host.strip())
+        if not name or " " in line or (colon and not slots.strip().isdigit()) or (colon and int(slots) < 1):
+            return (f"discovery file {path} line {number}: {line!r} is not HOST[:SLOTS] (SLOTS a number >= 1) "
+                    "nor, alone in the file, a number of ranks")
+        if name in hosts:
+            return f"discovery file {path} line {number}: host {name} is listed twice"
+        if known_hosts is not None and name not in {_short(known) for known in known_hosts}:
+            return (f"discovery file {path} line {number}: host {name} is not one the job can run on "
+                    f"(known: {', '.join(sorted({_short(known) for known in known_hosts}))})")
+        hosts[name] = int(slots) if colon else 1
+    return Wanted(sum(hosts.values()), hosts)
+
+
+def known_hosts(nodes: Sequence[str], hostfile: Optional[str] = None) -> Set[str]:
+    """The hosts a discovery file may name: the nodes the job runs on and its hostfile's hosts."""
+    hosts = set(nodes)
+    if hostfile:
+        try:
+            hosts.update(hostfile_hosts(hostfile))
+        except LaunchError:  # refused before the launch; a file gone since adds nothing
+            pass
+    return hosts
+
+
+def _short(host: str) -> str:
+    """A host's short name, as ``runtime.nodes`` names nodes (``localhost``: this node)."""
+    if host in LOCAL_NAMES:
+        return this_node()
+    return host if host.replace(".", "").isdigit() else host.split(".")[0]

@@ -12,6 +12,9 @@ running after the job, so the injected one cleans up after itself. Before
 dying, the victim appends the time to ``HPCREDUCE_KILL_LOG`` (if set) so that
 benchmarks can measure from the kill itself. Kills fire in a launch's first attempt
 only (``HPCREDUCE_ATTEMPT`` unset or 0): a relaunched job resumes, it is not killed again.
+A node is lost with ``NodeKill``: at that phase of that step every rank whose node (short
+hostname, ``runtime.nodes.this_node``) has that name dies, each one on its own, as when
+the machine goes down.
 """
 from __future__ import annotations
 
@@ -20,8 +23,11 @@ import random
 import signal
 import time
 from dataclasses import dataclass
-from typing import Iterable, List, Sequence
+from typing import Iterable, List, Optional, Sequence
 
+from ..errors import HpcreduceError
+from ..runtime.launch import hostfile_hosts
+from ..runtime.nodes import this_node
 from ..runtime.settings import Setting, non_negative_integer, text_value
 
 ATTEMPT = Setting("HPCREDUCE_ATTEMPT", non_negative_integer, 0, "a launch attempt number (0 or more)")
@@ -34,6 +40,49 @@ class Kill:
     rank: int
     step: int
     phase: str = "step"
+
+
+@dataclass(frozen=True)
+class NodeKill:
+    """Every rank of node ``node`` dies at ``phase`` of ``step``."""
+
+    node: str
+    step: int
+    phase: str = "step"
+
+
+def parse_kill_node(text: str) -> NodeKill:
+    """``NODE@STEP`` or ``NODE@STEP:PHASE`` (NODE: a short hostname)."""
+    node, _, rest = text.rpartition("@")
+    step, _, phase = rest.partition(":")
+    try:
+        kill = NodeKill(node, int(step), phase or "step")
+    except ValueError:
+        kill = None
+    if kill is None or not node or kill.step < 0 or kill.phase not in PHASES:
+        raise ValueError(f"{text!r}: expected NODE@STEP or NODE@STEP:PHASE (NODE a host name, STEP >= 0, "
+                         f"PHASE one of {', '.join(PHASES)})")
+    return kill
+
+
+def unknown_node_problem(node_kills: Sequence[NodeKill], nodes: Sequence[str]) -> Optional[str]:
+    """Why a node kill can never fire (no rank runs on its node), or None; ``nodes``: the job's."""
+    unknown = sorted({kill.node for kill in node_kills} - set(nodes))
+    if not unknown:
+        return None
+    return f"no rank runs on node(s) {', '.join(unknown)}: the job's nodes are {', '.join(sorted(set(nodes)))}"
+
+
+def hostfile_node_problem(node_kills: Sequence[NodeKill], hostfile: Optional[str]) -> Optional[str]:
+    """``unknown_node_problem`` against the hosts of ``hostfile`` (None without one, or when it
+    cannot be read: the launch checks report that)."""
+    if not (node_kills and hostfile):
+        return None
+    try:
+        hosts = hostfile_hosts(hostfile)
+    except HpcreduceError:
+        return None
+    return unknown_node_problem(node_kills, [host.split(".")[0] for host in hosts])
 
 
 def parse_kill(text: str) -> Kill:
@@ -54,8 +103,10 @@ class KillSchedule:
     """Decides, identically on every rank, whether this rank dies now."""
 
     def __init__(self, kills: Iterable[Kill] = (), random_probability: float = 0.0, seed: int = 0,
-                 protected: Sequence[int] = (0,)):
+                 protected: Sequence[int] = (0,), node_kills: Iterable[NodeKill] = ()):
         self.kills: List[Kill] = list(kills)
+        self.node_kills: List[NodeKill] = list(node_kills)
+        self.node = this_node() if self.node_kills else ""
         self.random_probability = random_probability
         self.seed = seed
         self.protected = set(protected)
@@ -78,11 +129,16 @@ class KillSchedule:
                 chosen.append(draw.choice(candidates))
         return chosen
 
+    def node_struck(self, phase: str, step: int) -> bool:
+        """Whether this rank's node goes down at this phase of this step."""
+        return self.enabled and any(k.node == self.node and k.step == step and k.phase == phase
+                                    for k in self.node_kills)
+
     def strike(self, phase: str, step: int, me: int, alive: Sequence[int]) -> None:
-        """SIGKILL this process (or hang it) if it is a victim now."""
-        if me in self.victims(phase, step, alive):
+        """SIGKILL this process (or hang it) if it is a victim now, alone or with its node."""
+        if me in self.victims(phase, step, alive) or self.node_struck(phase, step):
             die(f"{phase} of step {step}")
-        if phase == "step" and me in self.victims("hang", step, alive):
+        if phase == "step" and (me in self.victims("hang", step, alive) or self.node_struck("hang", step)):
             record(f"hang at step {step}")
             launcher = os.getppid()
             while os.getppid() == launcher:

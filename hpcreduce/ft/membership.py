@@ -7,7 +7,7 @@ and what recovery events report; ranks are what MPI uses now.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 from .rounds import Shrunk
 
@@ -37,6 +37,10 @@ class Membership:
         lost = [self.ids[rank] for rank in shrunk.lost]
         self.ids = [identity for identity, new in zip(self.ids, shrunk.new_rank) if new is not None]
         return lost
+
+    def leave(self, left: Sequence[int]) -> None:
+        """Drop the ranks with ids ``left`` (they left gracefully); the others keep their order."""
+        self.ids = [identity for identity in self.ids if identity not in set(left)]
 
     def grow(self, count: int) -> List[int]:
         """Add ``count`` newcomers after every current rank; return their ids."""

@@ -10,8 +10,11 @@ ranks, the live workers and a recomputed placement; workers re-route by it.
 Shard keys also form the replication ring: each shard's backup is the server of the
 next key in the ring (``neighbours``). When the servers span nodes the ring alternates
 nodes (``node_ring``), so a shard and its replica are on different nodes and losing a
-node never takes both (guaranteed while no node holds more than half the servers); after
-a failure the surviving keys keep their ring order.
+node never takes both (guaranteed while no node holds more than half the servers; else as
+few shards as a ring allows back up on their own node). The layout remembers each key's
+node (``key_nodes``) and recomputes the ring whenever the keys change (recovery, growth),
+the same on every rank; on one node, or with a key whose node is unknown, the ring is the
+old one (sorted keys; survivors keep their order, new keys are appended).
 """
 from __future__ import annotations
 
@@ -32,8 +35,12 @@ def servers_problem(servers: int, size: int) -> Optional[SettingProblem]:
 
 def node_ring(keys: Sequence[int], nodes: Mapping[int, str]) -> List[int]:
     """``keys`` in a ring order where neighbours lie on different ``nodes[key]`` whenever
-    no node has more than half the keys: grouped by node (largest group first), the
-    groups fill the even positions, then the odd ones. The same on every rank."""
+    no node has more than half the keys (else only the fewest pairs a ring allows, 2m - K
+    for m of K keys on one node): grouped by node (largest group first), the groups fill the
+    even positions, then the odd ones; sorted keys on one node. The same on every rank, and
+    the same under a renaming of the nodes or an order-preserving renumbering of the keys."""
+    if len({nodes[key] for key in keys}) < 2:
+        return sorted(keys)
     groups: Dict[str, List[int]] = {}
     for key in sorted(keys):
         groups.setdefault(nodes[key], []).append(key)
@@ -50,12 +57,15 @@ class Layout:
 
     ``worker_slots[i]`` is the slot of the worker on ``worker_ranks[i]`` (default: i);
     ``slot_count`` is the number of slots ever handed out (the length of per-slot arrays);
-    ``ring`` the replication ring's key order (default: sorted keys; keys gone are dropped).
+    ``ring`` the replication ring's key order (default: sorted keys; keys gone are dropped);
+    ``key_nodes`` the node of each shard key's server: when it names every key, the ring is
+    ``node_ring`` of them instead.
     """
 
     def __init__(self, specs: Sequence[ParamSpec], shard_ranks: Mapping[int, int],
                  worker_ranks: Sequence[int], worker_slots: Optional[Sequence[int]] = None,
-                 slot_count: Optional[int] = None, ring: Optional[Sequence[int]] = None):
+                 slot_count: Optional[int] = None, ring: Optional[Sequence[int]] = None,
+                 key_nodes: Optional[Mapping[int, str]] = None):
         self.specs: Tuple[ParamSpec, ...] = tuple(specs)
         self.shard_ranks: Dict[int, int] = dict(shard_ranks)
         self.worker_ranks: Tuple[int, ...] = tuple(worker_ranks)
@@ -69,6 +79,9 @@ class Layout:
         self._shard_of_rank = {rank: key for key, rank in self.shard_ranks.items()}
         self._slot_of_rank = dict(zip(self.worker_ranks, self.worker_slots))
         self._index_of_rank = {rank: i for i, rank in enumerate(self.worker_ranks)}
+        self.key_nodes: Dict[int, str] = {k: n for k, n in (key_nodes or {}).items() if k in self.shard_ranks}
+        if len(self.key_nodes) == len(self.shard_ranks):
+            ring = node_ring(list(self.shard_ranks), self.key_nodes)
         ordered = [k for k in (ring or ()) if k in self.shard_ranks]
         self.ring: Tuple[int, ...] = tuple(ordered + sorted(set(self.shard_ranks) - set(ordered)))
 
@@ -80,14 +93,16 @@ class Layout:
         problem = servers_problem(servers, size)
         if problem:
             raise PSConfigError(problem)
-        ring = node_ring(range(servers), dict(enumerate(nodes))) if nodes else None
-        return cls(specs, {k: k for k in range(servers)}, range(servers, size), ring=ring)
+        key_nodes = {k: nodes[k] for k in range(servers)} if nodes else None
+        return cls(specs, {k: k for k in range(servers)}, range(servers, size), key_nodes=key_nodes)
 
     def rebuilt(self, shard_ranks: Mapping[int, int], worker_ranks: Sequence[int],
                 worker_slots: Optional[Sequence[int]] = None,
-                slot_count: Optional[int] = None) -> "Layout":
-        """The layout over other shards and ranks (after a failure); placement recomputed."""
-        return Layout(self.specs, shard_ranks, worker_ranks, worker_slots, slot_count, self.ring)
+                slot_count: Optional[int] = None, nodes: Optional[Mapping[int, str]] = None) -> "Layout":
+        """The layout over other shards and ranks (after a failure); placement and ring
+        recomputed (``nodes``: the node of new keys, {key: node}; surviving keys keep theirs)."""
+        return Layout(self.specs, shard_ranks, worker_ranks, worker_slots, slot_count, self.ring,
+                      {**self.key_nodes, **(nodes or {})})
 
     @property
     def worker_count(self) -> int:
@@ -114,6 +129,14 @@ class Layout:
         keys = self.ring
         position = keys.index(key)
         return keys[(position + 1) % len(keys)], keys[position - 1]
+
+    def same_node_backups(self) -> List[int]:
+        """Shard keys whose backup is on their own node although the servers span several
+        (a node holds more than half of them): a loss of that node takes shard and replica."""
+        if len(self.ring) < 2 or len(set(self.key_nodes.values())) < 2:
+            return []
+        return sorted(key for key in self.ring
+                      if self.key_nodes.get(key) == self.key_nodes.get(self.neighbours(key)[0]))
 
     def homes(self, nodes: Sequence[str], replicated: bool) -> List[Dict[str, Any]]:
         """Where each shard lives: its primary's rank and node (``nodes``: by rank) and, when

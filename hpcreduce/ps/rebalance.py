@@ -9,7 +9,7 @@ plan and each rank took over what the plan gives it (``ShardHoldings``):
   shards of the placement it was sent under (``repush_items`` cuts it), which drop what
   they already have (exactly once by (slot, step));
 - ``rebalance``: the placement is recomputed over the live shard keys and the fragments
-  that change owner move (``fragments``);
+  that change owner move (``move_shards``, with ``fragments``; also when servers join or leave);
 - ``rebuild_replica``: each server sends its shard to its backup and receives its
   predecessor's.
 
@@ -116,32 +116,51 @@ def rebalance(comm: MPI.Intracomm, holdings: ShardHoldings, plan: Plan, before: 
     """Move shard data from ``before``'s placement to ``after``'s; returns this rank's new
     shard (None on a worker) and the bytes it sent to others, or -1 when nothing changes
     owner (then nothing moves at all: the same on every rank)."""
-    rank = comm.Get_rank()
     unchanged = (not plan.restored and set(plan.holders) == set(after.shard_ranks)
                  and all(plan.holders[key] == owner for key, owner in after.shard_ranks.items()))
     if unchanged:
         return holdings.own, -1
-    sends: List[list] = [[] for _ in range(comm.Get_size())]
-    kept, moved = [], 0
-    rows_stay = set(after.shard_ranks) <= set(before.shard_ranks)
+    applied = max([s.applied_steps for s in holdings.states.values()], default=0)
+    return move_shards(comm, holdings, after, optimizers, plan.restart if plan.restart is not None else applied,
+                       rows_stay=set(after.shard_ranks) <= set(before.shard_ranks))
+
+
+def move_shards(comm: MPI.Intracomm, holdings: ShardHoldings, after: Layout, optimizers: Optimizers,
+                applied_steps: int, *, rows_stay: bool) -> Tuple[Optional[ShardState], int]:
+    """Collective, at a quiescent point: cut every state held along ``after``'s placement,
+    move the fragments to their owners (ranks of ``comm``), assemble this rank's shard (None
+    on a worker; counters kept by the server that counted them); returns it and the bytes sent.
+    ``rows_stay``: no shard key was added, so live shards keep their sparse rows unhashed."""
+    rank = comm.Get_rank()
+    sends: List[Tuple[list, list]] = [([], []) for _ in range(comm.Get_size())]
+    moved = 0
     for state in holdings.states.values():
         for key, fragments in cut(state, after.placement, rows_stay=rows_stay).items():
             destination = after.shard_ranks[key]
-            if destination == rank:
-                kept += fragments
-            else:
-                sends[destination] += fragments
-                moved += sum(f.nbytes for f in fragments)
-    received = kept + [f for part in comm.alltoall(sends) for f in part]
+            sends[destination][0].extend(fragments)
+            moved += sum(f.nbytes for f in fragments) if destination != rank else 0
+    if holdings.states and not after.is_server(rank):  # a server leaving: its counters go to the first server
+        sends[min(after.shard_ranks.values())][1].extend(_counters_of(holdings.states.values()))
+    kept, sends[rank] = sends[rank], ([], [])  # never pickled
+    parts = [kept] + comm.alltoall(sends)
     if not after.is_server(rank):
         return None, moved
     key = after.shard_of(rank)
-    applied = max([s.applied_steps for s in holdings.states.values()], default=0)
-    state = ShardState.empty(key, assemble(key, after.specs, after.placement, received, optimizers,
-                                           after.slot_count),
-                             after.slot_count, plan.restart if plan.restart is not None else applied)
-    state.merge_counters(list(holdings.states.values()))
+    state = ShardState.empty(key, assemble(key, after.specs, after.placement,
+                                           [f for fragments, _ in parts for f in fragments], optimizers,
+                                           after.slot_count), after.slot_count, applied_steps)
+    state.merge_counters(list(holdings.states.values()) + [c for _, counters in parts for c in counters])
     return state, moved
+
+
+def _counters_of(states) -> List[ShardState]:
+    """Counter-only copies of ``states`` (no tables), to hand to another server."""
+    copies = []
+    for state in states:
+        copy = ShardState.empty(state.shard, {}, state.slot_count)
+        copy.merge_counters([state])
+        copies.append(copy)
+    return copies
 
 
 def rebuild_replica(comm: MPI.Intracomm, layout: Layout, state: Optional[ShardState],

@@ -6,7 +6,9 @@ flight); the reports are gathered to everyone, and ``make_plan`` turns them, wit
 last committed layout, into the same ``Plan`` on every rank: which live server takes
 over each shard (its own, the replica it holds of a dead neighbour, or a checkpoint
 when shard and replica both died), who is promoted to server when none is left, the
-step BSP restarts from, the workers' clocks, and the next layout. It is a pure
+step BSP restarts from, the workers' clocks, and the next layout. Ranks that leave
+(``Report.leaving``, named by rank 0) are planned out like dead ones, but alive: the
+shards they hold move from them, and their unacknowledged pushes are re-pushed. It is a pure
 function, so a recovery interrupted by another failure is simply planned again.
 Cost: O(ranks + shards), no communication (the reports come from one allgather).
 """
@@ -33,6 +35,8 @@ class Report:
     detected_at: Optional[float] = None
     growth: Tuple[int, int] = (0, 0)                         # (newcomers wanted, before step)
     checkpoint: Optional[int] = None
+    server_growth: Tuple[int, int] = (0, 0)                  # (servers wanted, before step)
+    leaving: Tuple[Tuple[int, ...], int] = ((), 0)           # (ids that leave, before step)
 
 
 @dataclass
@@ -62,6 +66,9 @@ class Plan:
     growth: Tuple[int, int]
     next_key: int
     fatal: Optional[SettingProblem] = None
+    server_growth: Tuple[int, int] = (0, 0)
+    leaving: List[int] = field(default_factory=list)    # ranks that leave (alive: they hand over first)
+    left: Tuple[Tuple[int, ...], int] = ((), 0)          # (their ids, before step)
 
     @property
     def resume_step(self) -> int:
@@ -82,8 +89,11 @@ class Plan:
 
 def make_plan(reports: List[Report], committed: Committed, bsp: bool, now: float) -> Plan:
     """The plan for these reports (``reports[r]`` from the rank that is now ``r``)."""
-    servers = [rank for rank, report in enumerate(reports) if report.own_key is not None]
-    live_workers = [(rank, report.slot) for rank, report in enumerate(reports) if report.slot is not None]
+    left = next((report.leaving for report in reports if report.leaving[0]), ((), 0))
+    leaving = [rank for rank, report in enumerate(reports) if report.member in left[0]]
+    servers = [rank for rank, report in enumerate(reports) if report.own_key is not None and rank not in leaving]
+    live_workers = [(rank, report.slot) for rank, report in enumerate(reports)
+                    if report.slot is not None and rank not in leaving]
     holders = {key: rank for rank, report in enumerate(reports) for key in report.active}
     lost = [key for key in sorted(committed.layout.shard_ranks) if key not in holders]
     adopted = []
@@ -101,7 +111,8 @@ def make_plan(reports: List[Report], committed: Committed, bsp: bool, now: float
         own_keys, servers, next_key = {promoted: next_key}, [promoted], next_key + 1
     for key in restored:
         holders[key] = servers[0] if servers else 0
-    clocks = {report.slot: report.clock for report in reports if report.slot is not None}
+    clocks = {report.slot: report.clock for rank, report in enumerate(reports)
+              if report.slot is not None and rank not in leaving}
     restart = None
     if bsp:
         applied = [steps for report in reports for steps in report.active.values()]
@@ -112,6 +123,8 @@ def make_plan(reports: List[Report], committed: Committed, bsp: bool, now: float
     plan = Plan(servers, own_keys, holders, adopted, restored, checkpoint, promoted, live_workers, clocks,
                 restart, max(report.clock for report in reports) + 1 if live_workers else 1,
                 min(detected, default=now), max(report.growth for report in reports), next_key)
+    plan.server_growth = max(report.server_growth for report in reports)
+    plan.leaving, plan.left = leaving, left
     plan.fatal = _fatal(plan)
     return plan
 

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence
 
@@ -20,6 +21,9 @@ from .environment import usable_cores
 from .settings import Setting, text_value
 
 DONE_FILE = Setting("HPCREDUCE_DONE_FILE", text_value, "", "a file path (set by the launcher)")
+DONE_GRACE_S = 30.0
+"""How long mpirun may go on after the ranks marked the job done before the launcher ends it
+(Open MPI 5.0.11's mpirun has stayed up for good after spawned ranks, on several nodes)."""
 
 # ULFM, and the tcp transport (shared memory never reports a dead peer). Open MPI 5.0.11's
 # MPI_Finalize starts with a PMIx fence that has hung about one run in ten after a rank
@@ -184,7 +188,7 @@ def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0) -> int:
     try:
         for attempt in range(restarts + 1):
             done = os.path.join(marker_folder, f"done-{attempt}")
-            code = stop.run(plan, {"HPCREDUCE_ATTEMPT": str(attempt), DONE_FILE.name: done})
+            code = stop.run(plan, {"HPCREDUCE_ATTEMPT": str(attempt), DONE_FILE.name: done}, done)
             if stop.signum is not None:
                 print(f"hpcreduce: stopped by {signal.Signals(stop.signum).name}; not relaunched",
                       file=sys.stderr, flush=True)
@@ -216,14 +220,31 @@ class _Stop:
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
-    def run(self, plan: LaunchPlan, added: Mapping[str, str]) -> int:
-        """One attempt to its end (none once a stop signal came)."""
+    def run(self, plan: LaunchPlan, added: Mapping[str, str], done: str) -> int:
+        """One attempt to its end (none once a stop signal came); an mpirun still up
+        ``DONE_GRACE_S`` after the ranks wrote ``done`` is ended (SIGTERM, then SIGKILL)."""
         if self.signum is not None:
             return 128 + self.signum
-        self.child = subprocess.Popen(plan.argv, env={**plan.environment(os.environ), **added})
+        self.child = child = subprocess.Popen(plan.argv, env={**plan.environment(os.environ), **added})
         if self.signum is not None:  # it came while mpirun started
-            self.child.send_signal(self.signum)
-        return self.child.wait()
+            child.send_signal(self.signum)
+        done_seen = None
+        while True:
+            try:
+                return child.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+            if done_seen is None:
+                done_seen = time.monotonic() if os.path.exists(done) else None
+            elif time.monotonic() - done_seen > DONE_GRACE_S and self.signum is None:
+                print(f"hpcreduce: the job marked itself done {DONE_GRACE_S:.0f} s ago but mpirun is still up; "
+                      "ending it", file=sys.stderr, flush=True)
+                child.terminate()
+                try:
+                    return child.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    return child.wait()
 
 
 def _marker_folder() -> str:

@@ -67,9 +67,20 @@ _READ: Dict[str, Tuple[Any, Optional[str]]] = {}
 """What each variable of this process's environment was read as: name -> (value, problem)."""
 
 
+_GENERATION = [0]
+"""How many times ``reload`` ran: what a cache of settings' values compares (``generation``)."""
+
+
 def reload() -> None:
     """Forget what was read: the next ``value()`` reads ``os.environ`` again."""
     _READ.clear()
+    _GENERATION[0] += 1
+
+
+def generation() -> int:
+    """Changes whenever ``reload`` forgets what was read: a cache built from settings' values
+    (the planned path of ``allreduce``) is still right while this stays the same."""
+    return _GENERATION[0]
 
 
 def problems(settings: Iterable[Setting], env: Optional[Mapping[str, str]] = None) -> List[str]:

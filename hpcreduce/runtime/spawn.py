@@ -1,4 +1,4 @@
-"""Spawn new ranks into a running job and merge them in after the current ones.
+"""Spawn new ranks into a running job and merge them in after the current ones; let ranks leave it.
 
 Parents call ``spawn_and_merge`` collectively; each child's ``hpcreduce.init()`` sees
 its parent and calls ``merge_with_parent``. The intercommunicator is disconnected on
@@ -6,10 +6,14 @@ both sides at once (one left connected crashes Open MPI 5.0's MPI_Finalize), and
 ``Dup`` is taken. Newcomers rank after every current rank, so the ranks a job gave roles
 (PS servers first) keep their numbers.
 Cost: one MPI_Comm_spawn (process start-up, ~0.2 s here) and one merge.
+``split_off`` is the way out: ranks that leave get no new communicator and end their
+process (``leave_job``) while the others go on over the split.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import os
+import sys
+from typing import NoReturn, Optional, Sequence
 
 from mpi4py import MPI
 
@@ -68,3 +72,31 @@ def merge_with_parent() -> Optional[MPI.Intracomm]:
     parent.Disconnect()
     merged.Set_errhandler(MPI.ERRORS_RETURN)
     return merged
+
+
+def split_off(comm: MPI.Intracomm, leaving: bool) -> Optional[MPI.Intracomm]:
+    """Collective over ``comm``: the communicator of the ranks that stay (in their order,
+    errors returned), or None on a rank that is ``leaving``."""
+    staying = comm.Split(MPI.UNDEFINED if leaving else 0, comm.Get_rank())
+    if staying == MPI.COMM_NULL:
+        return None
+    staying.Set_errhandler(MPI.ERRORS_RETURN)
+    return staying
+
+
+def leave_job(comm: MPI.Intracomm, finalize: bool = False) -> NoReturn:
+    """End this process with exit status 0 once it has left the job (``split_off``): output
+    flushed, ``comm`` freed. Without ``finalize`` it is gone at once: no communicator of the
+    survivors holds it, so none of them sees its end (Open MPI 5.0.11's MPI_Finalize would
+    wait for the whole job to end). ``finalize``: call MPI_Finalize first, for a spawned
+    process (PRRTE ends a whole spawned job when one of its processes ends without it, and
+    mpirun then fails); it then stays, idle, until the job ends."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        comm.Free()
+    except MPI.Exception:
+        pass
+    if finalize:
+        MPI.Finalize()
+    os._exit(0)

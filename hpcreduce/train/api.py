@@ -14,7 +14,8 @@ from typing import List, Optional
 import numpy as np
 
 from ..arrays import Device
-from ..errors import ConfigurationError, SettingProblem
+from ..errors import ConfigurationError, SettingProblem, setting_problem
+from ..ft.inject import unknown_node_problem
 from ..ps.stats import staleness_summary
 from ..runtime.context import Comm, Context, resolve
 from ..runtime.devices import open_device
@@ -40,6 +41,9 @@ def config_problems(config: TrainConfig, ctx: Context) -> List[SettingProblem]:
     writes = any(getattr(config, name) for name in OUTPUTS) or bool(config.fault.checkpoint_dir)
     if writes and not ctx.joined:  # a newcomer's first collective belongs to the job
         problems += ctx.comm.bcast(config.output_problems() if ctx.rank == 0 else None)
+    if config.fault.node_kills and not ctx.joined:  # --kill-node: a node no rank runs on never goes down
+        unknown = unknown_node_problem(config.fault.node_kills, rank_nodes(ctx.comm))
+        problems += [setting_problem("{node_kills}: %s" % unknown)] if unknown else []
     return problems
 
 

@@ -20,6 +20,7 @@ MODES = ("ring", "ps", "sandblaster")
 PROGRESS = ("auto", "bar", "lines", "none")
 OUTPUTS = ("json_path", "metrics_path", "timeline_path")
 WIRE_DTYPES = ("float32", "float16")  # ps: how pushed and pulled values travel (--wire-dtype)
+IN_JOB_ONLY = ("grow", "grow_servers", "leave", "discover", "replace")  # ps: no checkpoint-and-relaunch form
 
 
 @dataclass
@@ -101,7 +102,9 @@ class TrainConfig:
             found.append(setting_problem("{servers}, {consistency}, {staleness}, {fetch_every} and "
                                          "{push_every} belong to {mode} ps; ring mode is synchronous"))
         if self.mode == "ps":
-            found += self._ps_problems(size, ft)
+            found += self._ps_problems(size, ft) + self._ps_membership_problems()
+        elif self.fault.grow_servers:
+            found.append(setting_problem("{grow_servers} adds parameter servers: it applies to {mode} ps"))
         elif self.wire_dtype != "float32":
             found.append(setting_problem("{wire_dtype} applies to {mode} ps"))
         if self.mode == "sandblaster":
@@ -155,12 +158,18 @@ class TrainConfig:
         if self.fetch_every < 1 or self.push_every < 1:
             found.append(setting_problem("{fetch_every} and {push_every} must be at least 1"))
         fault = self.fault
-        if not ft and ((fault.kills and not fault.hangs_only()) or fault.kill_random or fault.grow
-                       or fault.discover or fault.replace or fault.checkpoint_dir):
+        in_job = [name for name in IN_JOB_ONLY if getattr(fault, name)]
+        if not ft and in_job:
+            named = ["{%s}" % name for name in in_job]
+            found.append(setting_problem("in {mode} ps, " + " and ".join([", ".join(named[:-1]), named[-1]] if
+                                                                        len(named) > 1 else named)
+                                         + " need%s in-job fault tolerance: launch with ULFM (--ft)"
+                                         % ("" if len(named) > 1 else "s")))
+        elif not ft and fault.needs_ulfm() and not fault.hangs_only():
             found.append(setting_problem(
-                "in {mode} ps, {kills}, {kill_random}, {grow}, {discover}, {replace} and {checkpoint_dir} "
-                "need in-job fault tolerance: launch with ULFM (hpcreduce launch --ft); the parameter "
-                "server has no checkpoint-and-relaunch fallback"))
+                "in {mode} ps, {kills} and {kill_random} need in-job fault tolerance (--ft, ULFM) or "
+                "{checkpoint_dir} with {checkpoint_every} and --restarts R: the job is then relaunched and "
+                "resumes from the latest checkpoint"))
         if ft and self.servers == 1 and not fault.checkpoint_dir and not fault.accept_server_loss:
             found.append(setting_problem(
                 "{mode} ps with in-job fault tolerance and {servers} 1 has no copy of the model but the "
@@ -168,6 +177,15 @@ class TrainConfig:
                 "another server), or {checkpoint_dir} (a worker takes over from the latest checkpoint), or "
                 "{accept_server_loss} to run anyway"))
         return [problem for problem in found if problem is not None]
+
+    def _ps_membership_problems(self) -> List[SettingProblem]:
+        """``--leave`` of every server (ids 0..K-1 while none is added): the shards need one."""
+        leaving = {identity for identity, _ in self.fault.leave}
+        if self.fault.leave and not self.fault.grow_servers and set(range(self.servers)) <= leaving:
+            return [setting_problem("{leave}: every parameter server (ids 0..%d) would leave; the last server "
+                                    "cannot leave (its shards need a home): keep one, or add servers with "
+                                    "{grow_servers}" % (self.servers - 1))]
+        return []
 
     def _optimizer_problems(self) -> List[SettingProblem]:
         if self.mode == "sandblaster" and self.optimizer not in METHODS:
@@ -202,9 +220,9 @@ class TrainConfig:
         """Sandblaster recovers in-job only (ULFM): no growth, no checkpoints; with one server
         (no replica) a server's death cannot be recovered from, so killing it is refused."""
         fault, found = self.fault, []
-        if fault.grow or fault.discover or fault.replace or fault.checkpoint_dir:
+        if fault.grow or fault.leave or fault.discover or fault.replace or fault.checkpoint_dir:
             found.append(setting_problem("{mode} sandblaster recovers from failures in-job only (--ft): leave out "
-                                         "{grow}, {discover}, {replace} and {checkpoint_dir}"))
+                                         "{grow}, {leave}, {discover}, {replace} and {checkpoint_dir}"))
         if not ft and (fault.kills or fault.kill_random):
             found.append(setting_problem("in {mode} sandblaster, {kills} and {kill_random} need in-job fault "
                                          "tolerance: launch with ULFM (--ft)"))

@@ -2,8 +2,9 @@
 
 ``collective_hardening.py`` (any N >= 2): overlapping out=, read-only buffers on one rank,
 settings that differ or are unusable on one rank, per-rank messages, unusable comm= on
-every rank, one rank leaving the planned path (a call signature seen before) while the others
-take it, and what a failed in-place fusion says it applied. Every rank asserts.
+every rank, one rank leaving the planned path (a call signature seen before) or a repeated
+allreduce_many call while the others take it, and what a failed in-place fusion says it
+applied. Every rank asserts.
 ``collective_hardening.py one-bad-comm``: only rank 1 passes an unusable comm=; the job
 must end at once with the error, not hang.
 """
@@ -17,6 +18,7 @@ import hpcreduce
 import hpcreduce.runtime.context
 from hpcreduce.runtime import settings
 from hpcreduce import ConfigurationError, InputMismatchError, UnsupportedInputError
+from hpcreduce.collectives.buckets import GradientBuckets
 from hpcreduce.collectives.fusion import _reduce_buckets
 from hpcreduce.collectives.ops import OPS
 from mpi_checks import expect_raised
@@ -154,6 +156,42 @@ def check_planned_path_meets_full_path():
         assert np.array_equal(hpcreduce.allreduce(grid), want), f"after the {label} mismatch"
 
 
+def check_repeated_fusion_meets_full_path():
+    """A repeated allreduce_many call (the same arrays, unchanged: the kept ``ManyPlan``) meets a
+    rank whose call changed (an array reshaped or made read-only in place, another list) in the
+    same check: the same error everywhere, never a hang; the kept call still works after."""
+    inputs = [np.zeros(3), np.zeros((2, 2))]
+    views = GradientBuckets(inputs).load(inputs)
+
+    def reduce_views():
+        for view in views:
+            view[...] = rank + 1.0
+        assert hpcreduce.allreduce_many(views, inplace=True)[1] is views[1]
+        assert all(np.all(view == size * (size + 1) / 2) for view in views), views
+
+    def reshape(flat):
+        views[1].shape = (4,) if flat else (2, 2)
+
+    def read_only(locked):
+        views[0].flags.writeable = not locked
+
+    for _ in range(2):
+        reduce_views()
+    for change, error, fragments, call in (
+            (reshape, InputMismatchError, ["dtypes and shapes", f"rank {LAST} passed array 1: float64 (4,)"], None),
+            (read_only, UnsupportedInputError, [f"rank {LAST} passed a read-only array", "array 0"], None),
+            (None, InputMismatchError, ["dtypes and shapes", f"rank {LAST} passed array 0: float64 (2, 2)"],
+             lambda: hpcreduce.allreduce_many(views[::-1] if rank == LAST else views, inplace=True))):
+        if change is not None and rank == LAST:
+            change(True)
+        try:
+            expect_everywhere(error, fragments, call or (lambda: hpcreduce.allreduce_many(views, inplace=True)))
+        finally:
+            if change is not None and rank == LAST:
+                change(False)
+        reduce_views()
+
+
 def check_failed_fusion_says_what_was_applied():
     alone = hpcreduce.runtime.context.resolve(MPI.COMM_SELF)
     arrays = [np.ones(3), np.ones(4), np.ones(5)]
@@ -171,7 +209,7 @@ if sys.argv[1:] == ["one-bad-comm"]:
     raise AssertionError(f"rank {rank}: an unusable comm= on rank 1 did not end the job")
 
 ACROSS_RANKS = (check_settings_that_differ, check_messages_name_values,  # need two ranks to differ
-                check_planned_path_meets_full_path)
+                check_planned_path_meets_full_path, check_repeated_fusion_meets_full_path)
 for check in (check_overlapping_out, check_read_only_on_one_rank, check_unusable_setting_on_one_rank,
               *(ACROSS_RANKS if size > 1 else ()), check_failed_fusion_says_what_was_applied):
     check()

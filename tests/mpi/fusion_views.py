@@ -3,7 +3,8 @@
 1. GradientBuckets over mixed dtypes and shapes, cut into several buckets: allreduce_many
    in place over the views gives, for every op and algorithm, exactly the bits of
    allreduce_many over copies; the results are the views, and no fusion buffer was used.
-2. Views passed out of order, or only some of them, fall back to copying and stay right.
+2. Views passed out of order, or only some of them, fall back to copying and stay right; a
+   call that repeats the last one reuses its plan with the same bits, a changed one is replanned.
 3. hpcreduce.torch.bucket_gradients (when torch is installed): gradients become views of
    bucket storage, allreduce_gradients gives the same bits as without buckets, and a
    gradient replaced by zero_grad(set_to_none=True) and backward is put back in its view.
@@ -16,6 +17,7 @@ from mpi4py import MPI
 
 import hpcreduce
 from hpcreduce.collectives.buckets import GradientBuckets, bucket_region
+from hpcreduce.collectives.fusion import REPEATED
 from hpcreduce.collectives.ops import OPS
 from hpcreduce.collectives.workspace import workspace
 from hpcreduce.runtime.context import resolve
@@ -80,6 +82,30 @@ def check_out_of_order_views_fall_back():
           "a view that was not passed changed")
 
 
+def check_repeated_calls():
+    """A call that repeats the last one (the same arrays) reuses its plan and gives the same bits;
+    a kept array reshaped in place, or a new list, is planned again and stays right."""
+    inputs = arrays_for("sum", seed=3 * rank, whole=True)
+    want = hpcreduce.allreduce_many(inputs, "sum", threshold_bytes=THRESHOLD)
+    buckets = GradientBuckets(inputs, threshold_bytes=THRESHOLD)
+    views = buckets.views
+    kept = []
+    for attempt in range(3):
+        buckets.load(inputs)
+        hpcreduce.allreduce_many(views, "sum", inplace=True, threshold_bytes=THRESHOLD)
+        kept.append(context.cache[REPEATED])
+        check(all(w.tobytes() == v.tobytes() for w, v in zip(want, views)), f"repeated call {attempt}: wrong")
+    check(kept[1] is kept[0] and kept[2] is kept[0], "a repeated call did not reuse its plan")
+    copies = [hpcreduce.allreduce_many(inputs, "sum", threshold_bytes=THRESHOLD) for _ in range(2)]
+    check(all(a is not b and a.tobytes() == b.tobytes() == w.tobytes() for a, b, w in zip(*copies, want)),
+          "repeated copying calls: results shared or wrong")
+    buckets.load(inputs)
+    views[0].shape = (views[0].size,)
+    hpcreduce.allreduce_many(views, "sum", inplace=True, threshold_bytes=THRESHOLD)
+    check(views[0].tobytes() == want[0].tobytes() and context.cache[REPEATED] is not kept[0],
+          "a kept view reshaped in place: not planned again, or wrong")
+
+
 def check_torch_bucket_views():
     try:
         import torch
@@ -112,6 +138,7 @@ def check_torch_bucket_views():
 
 check_views_match_copies()
 check_out_of_order_views_fall_back()
+check_repeated_calls()
 torch_verdict = check_torch_bucket_views()
 everyone = world.allgather(failures)
 if rank == 0:

@@ -15,9 +15,14 @@ over (with a warning) for the previous complete one. Checkpoints carry the ident
 their run (``train.identity``): ``refuse_foreign`` refuses, before training, a folder
 holding another run's. Cost: the shard's bytes to disk every checkpoint; a restore
 reads every file of one checkpoint (so does finding the latest complete one).
+Without ULFM a relaunched job resumes from them (``fallback``): each server builds its shard
+with ``restore_shard`` (one saved shard in memory at a time), and checkpoints newer than the
+one resumed from (never complete, or unreadable) are removed first (``remove_newer``), so the
+files of one step are always written by one launch, under one placement.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections import Counter
@@ -28,7 +33,7 @@ import numpy as np
 from ...errors import CheckpointMismatchError, SettingProblem, setting_problem
 from ...ft import checkpoint
 from ...runtime.files import remove_stale_temporaries
-from ...ps.fragments import assemble, cut
+from ...ps.fragments import Fragment, assemble, cut
 from ...ps.optimizers import Optimizer
 from ...ps.placement import Placement
 from ...ps.state import COUNTERS, ShardState, TableShard
@@ -123,6 +128,51 @@ def foreign_problem(directory: Optional[str], identity: Mapping[str, object]) ->
         if FOLDER.match(name):
             remove_stale_temporaries(os.path.join(directory, name))
     return None
+
+
+def step_metadata(directory: str, step: int) -> Dict[str, object]:
+    """The metadata of checkpoint ``step`` (one of its files): ``keys``, ``slot_count``..."""
+    return checkpoint.read(_path(directory, None, step), arrays=False)[0]
+
+
+def remove_newer(directory: str, step: int) -> List[str]:
+    """Remove every shard checkpoint of a step above ``step``; returns their paths."""
+    removed = [path for later, files in _shard_files(directory).items() if later > step for path in files.values()]
+    for path in removed:
+        os.unlink(path)
+    return removed
+
+
+def restore_shard(directory: str, step: int, key: int, specs: Sequence[ParamSpec], placement: Placement,
+                  optimizers: Mapping[int, Optimizer], slot_count: int) -> ShardState:
+    """Shard ``key`` of ``placement`` as checkpoint ``step`` holds it (no counters), reading
+    the saved shards one at a time and keeping only their fragments of ``key``. With no shard
+    key added since, sparse rows stay with their key (rendezvous hashing): no rows are hashed."""
+    fragments, applied = [], 0
+    keys = step_metadata(directory, step)["keys"]
+    stay = set(placement.shards) <= set(keys)
+    for saved_key in keys:
+        saved = _load(_path(directory, saved_key, step), specs, optimizers)
+        fragments += [_copied(f) for f in cut(saved, placement, rows_stay=stay).get(key, [])]
+        applied = max(applied, saved.applied_steps)
+    return ShardState.empty(key, assemble(key, specs, placement, fragments, optimizers, slot_count), slot_count,
+                            applied)
+
+
+def _copied(fragment: Fragment) -> Fragment:
+    """``fragment`` with its own arrays (not views keeping a whole saved shard alive)."""
+    return dataclasses.replace(fragment, values=fragment.values.copy(),
+                               optimizer_state={n: a.copy() for n, a in fragment.optimizer_state.items()})
+
+
+def saved_last_pushes(directory: str, step: int) -> Dict[int, Dict[int, np.ndarray]]:
+    """``last_pushes`` of checkpoint ``step``, reading only those arrays."""
+    record: Dict[int, Dict[int, np.ndarray]] = {}
+    for key in step_metadata(directory, step)["keys"]:
+        with np.load(_path(directory, key, step)) as stored:
+            tables = checkpoint.metadata_of(stored)["tables"]
+            record[key] = {int(t): stored[f"t{t}.last_push"] for t in tables}
+    return record
 
 
 def load_states(directory: str, step: int, specs: Sequence[ParamSpec],

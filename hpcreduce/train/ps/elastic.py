@@ -15,7 +15,7 @@ Cost while nothing fails: the replication of every push, a checkpoint of each sh
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from mpi4py import MPI
 
@@ -40,12 +40,12 @@ from ..data import Dataset
 from ..model import Model
 from ..observe import Observer
 from ..identity import run_identity
-from . import checkpoint, growth
+from . import checkpoint, growth, scale_in
 from .final import part_init
 from .loop import WorkerLoop
 from .progress import StepHooks
 from .recovery import PSRecoveryEvent, Settled, recover
-from .worker_side import WorkerSide
+from .worker_side import WorkerSide, dead_seats
 
 
 class ElasticPS:
@@ -64,6 +64,7 @@ class ElasticPS:
         self.server: Optional[Server] = None
         self.detected: Optional[float] = None
         self.placement: List[Dict[str, Any]] = []  # the shards' homes at the start (founding ranks)
+        self.departed: List[Tuple[int, int, int]] = []  # (slot, pieces made, updates lost) of workers that left
         watchdog.deadline_s = self.fault.deadline_s
         control = ctx.comm.bcast(None, root=0) if ctx.joined else None
         self.members = Membership.from_control(control, ctx.rank) if control else \
@@ -125,8 +126,13 @@ class ElasticPS:
     def _start(self) -> None:
         ctx, config = self.ctx, self.config
         nodes = rank_nodes(ctx.comm)
+        self.hooks.nodes = dict(zip(self.members.ids, nodes))
         layout = Layout.initial(self.specs, ctx.size, config.servers, nodes)
         self.placement = layout.homes(nodes, replicated=True)
+        if layout.same_node_backups():
+            self.observer.echo(f"ps: shard(s) {layout.same_node_backups()} keep their replica on their own node "
+                               "(it holds more than half the servers): losing that node loses them, unless "
+                               "--checkpoint-dir has them")
         refuse_unfit(ctx.comm, layout, self.optimizers, True, nodes)
         self.committed = Committed(layout, config.servers)
 
@@ -175,24 +181,31 @@ class ElasticPS:
         return Report(self.members.me, self.holdings.own_key, self.holdings.applied_steps(),
                       self.holdings.replica_applied(), slot, clock, outgoing, self.detected,
                       self.hooks.growth_wanted,
-                      checkpoint.latest_complete(self.fault.checkpoint_dir) if self.ctx.rank == 0 else None)
+                      checkpoint.latest_complete(self.fault.checkpoint_dir) if self.ctx.rank == 0 else None,
+                      server_growth=self.hooks.servers_wanted, leaving=self.hooks.leave_wanted)
 
     def install(self, event: PSRecoveryEvent, settled: Settled) -> None:
         """Everything a committed recovery decided: layout, shards, loops, roles, growth."""
         plan, layout = settled.plan, settled.layout
+        seats = dead_seats(self.committed.layout, plan) if self.fault.replace else []
+        requested, self.detected = self.detected or event.detected_at, None  # rank 0's: when it asked
+        if plan.leaving:
+            layout = scale_in.leave(self, event, settled, requested)
         self.committed = Committed(layout, plan.next_key)
         self.worker_side.settle(self.ctx, plan, layout, settled.repushed)
         if layout.is_server(self.ctx.rank):
             self.holdings.settle(self.holdings.own_key, settled.state, settled.replica)
             for slot, clock in plan.clocks.items():
                 settled.state.clocks[slot] = clock
-        self.detected = None
         self.hooks.resume_mark = min(plan.clocks.values())
         self.build_roles(layout)
-        if event.lost:
+        if event.lost or event.left:
             self.events.add(event)
         count, step = plan.growth
         if count:
             growth.grow(self, count, "growth", plan, step)
+        servers, step = plan.server_growth
+        if servers:
+            growth.grow_servers(self, servers, step, requested)
         if self.fault.replace and event.lost:
-            growth.grow(self, len(event.lost), "replacement", plan, 0)
+            growth.grow(self, len(event.lost), "replacement", plan, 0, seats)

@@ -41,7 +41,7 @@ import numpy as np
 
 from ...arrays import Device, to_host
 from ...ps.handles import Handle, issue_all, wait_all
-from ...ps.protocol import Rep
+from ...ps.protocol import Rep, Status
 from ...ps.updates import sum_rows
 from ...ps.worker import Worker
 from ...runtime.context import Context
@@ -99,6 +99,7 @@ class WorkerLoop:
         self.outgoing: Optional[Outgoing] = None
         self.pushed: List[Tuple[int, int, int]] = []
         self.refetch = False
+        self.taking_over = False  # a replacement's first push: what the dead worker's push left is not counted again
         self.fused = not ctx.ft  # push-pull: replicating servers refuse it
         self.prefetched: Optional[int] = None  # dense tables already pulled by a push-pull: its staleness
         self.before_step: Callable[[int], None] = lambda step: None
@@ -219,8 +220,9 @@ class WorkerLoop:
         if fused:
             self.prefetched = max(reported_staleness(h, self.worker.clock_value) for h in handles[len(out.rows):])
         layout = self.worker.layout
-        self.acknowledged([(handle.table, layout.shard_of(part.rank))
-                           for handle in handles for part in handle.parts])
+        self.acknowledged([(handle.table, layout.shard_of(part.rank)) for handle in handles for part in handle.parts
+                           if not (self.taking_over and int(part.reply[Rep.STATUS]) == Status.DUPLICATE)])
+        self.taking_over = False
 
     def acknowledged(self, pieces: List[Tuple[int, int]]) -> None:
         """Every piece of ``outgoing`` is acknowledged: (table, shard key) of each, logged."""

@@ -12,11 +12,12 @@ The first steps after a recovery close its event (its time to the next step).
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from ...errors import OutputFileError
 from ...ft.config import FaultConfig
 from ...ft.events import EventLog
+from ...ft.growth import known_hosts
 from ...ft.inject import KillSchedule
 from ...ft.membership import Membership
 from ...ps.server import NOBODY_LIVE, Server
@@ -29,7 +30,8 @@ Echo = Callable[[str], None]
 class StepHooks:
     """The step hooks of one rank (see the module docstring).
 
-    ``growth_wanted``: (newcomers, before step) rank 0 asked for; ``ask``: called when it
+    ``growth_wanted``/``servers_wanted``: (newcomer workers/servers, before step) rank 0 asked for;
+    ``leave_wanted``: (ids leaving, before step), from ``--leave`` and the discovery file; ``ask``: called when it
     does (revokes the communicator); ``resume_mark``: the slowest clock right after the
     last recovery; ``grown_before``: growth is done for steps up to it; ``identity``: the
     run's, written into its checkpoints; ``output_failed``: told of a checkpoint that could
@@ -44,6 +46,10 @@ class StepHooks:
         self.output_failed, self.saving = output_failed, True
         self.struck = self.struck_recovery = self.checkpointed = self.resume_mark = 0
         self.growth_wanted: Tuple[int, int] = (0, 0)
+        self.servers_wanted: Tuple[int, int] = (0, 0)
+        self.leave_wanted: Tuple[Tuple[int, ...], int] = ((), 0)
+        self.nodes: Dict[int, str] = {}  # stable id -> node, for a discovery file of hosts
+        self.warned: Optional[str] = None  # the last warning printed
         self.grown_before = 0
 
     def strike(self, phase: str, step: int) -> None:
@@ -73,7 +79,7 @@ class StepHooks:
             self.strike("step", step)
         self._checkpoint(server, slowest)
         if self.ctx.rank == 0:
-            self._ask_growth(slowest + 1)
+            self._ask_growth(slowest + 1, server)
 
     def _checkpoint(self, server: Server, slowest: int) -> None:
         every, directory = self.fault.checkpoint_every, self.fault.checkpoint_dir
@@ -89,12 +95,41 @@ class StepHooks:
                 self.saving = False
                 self.output_failed(err)
 
-    def _ask_growth(self, step: int) -> None:
+    def _ask_growth(self, step: int, server: Server) -> None:
         """Rank 0: growth due before ``step``? Then revoke, so that everyone recovers and grows."""
-        if self.growth_wanted[0] or step <= self.grown_before:
+        if self.growth_wanted[0] or self.servers_wanted[0] or self.leave_wanted[0] or step <= self.grown_before:
             return
-        rule = self.fault.growth
-        count = rule.count(self.grown_before, step, self.ctx.size, rule.target(step))
-        if count:
-            self.growth_wanted = (count, step)
+        if step < 2:  # not before every rank is done starting: a revoke then has broken their start-up collectives
+            return
+        rule, ids = self.fault.growth, self.members.ids
+        hosts = [self.nodes.get(identity, "") for identity in ids]
+        wanted = rule.wanted(step, known_hosts(hosts, self.fault.hostfile)) if rule.discover else None
+        if isinstance(wanted, str):
+            self._warn(f"{wanted}; the job goes on unchanged (fix the file: it is read again)")
+            wanted = None
+        servers = [ids[rank] for rank in sorted(server.layout.shard_ranks.values())]
+        leaving, kept = kept_going(rule.leavers(self.grown_before, step, ids, hosts, wanted),
+                                   [servers, [ids[rank] for rank in server.layout.worker_ranks]])
+        for identity in kept:
+            self._warn(f"the last {'server' if identity in servers else 'worker'} (id {identity}) cannot leave; "
+                       "it stays")
+        count = rule.count(self.grown_before, step, self.ctx.size - len(leaving), wanted)
+        added = sum(n for n, at in self.fault.grow_servers if self.grown_before < at <= step)
+        if count or added or leaving:
+            self.growth_wanted, self.servers_wanted = (count, step), (added, step)
+            self.leave_wanted = (tuple(leaving), step)
             self.ask()
+
+    def _warn(self, text: str) -> None:
+        """Print a warning, once until it changes (the discovery file is read every few steps)."""
+        if text != self.warned:
+            self.echo(f"warning: {text}")
+        self.warned = text
+
+
+def kept_going(leaving: List[int], roles: List[List[int]]) -> Tuple[List[int], List[int]]:
+    """``leaving`` (ids) without the first id of each role (``roles``: the ids of each, the
+    servers', the workers') that would lose every member, and the ids so kept: the run needs a
+    server and a worker (``--leave`` of every server is refused before launch)."""
+    kept = [members[0] for members in roles if members and set(members) <= set(leaving)]
+    return [identity for identity in leaving if identity not in kept], kept

@@ -51,6 +51,9 @@ class PSRecoveryEvent(RecoveryEvent):
     made server; ``repushed``: pieces re-pushed; ``rebalance_s``/``moved_bytes``: the move of
     shard data to the new placement; ``data_shards``: ``[worker id, [shards]]`` of the training
     shards each live worker reads after the recovery (a lost worker's shards reassigned).
+    Membership changes (kinds ``server-growth`` and ``leave``) also carry ``requested_at``
+    (``time.time()`` when rank 0 asked for them; with ``next_step_at``: their whole cost) and
+    ``moved_bytes``; ``left``: the ids that left.
     """
 
     lost_servers: List[int] = field(default_factory=list)
@@ -90,6 +93,7 @@ class Settled:
     state: Optional[ShardState] = None
     replica: Optional[ShardState] = None
     repushed: List[Tuple[int, int]] = field(default_factory=list)   # (table, key) of my pieces
+    departed: List[Tuple[int, int, int]] = field(default_factory=list)  # leaving workers' (slot, made, lost)
 
 
 def recover(run: "ElasticPS") -> Tuple[PSRecoveryEvent, Settled]:
@@ -141,7 +145,19 @@ def _round(run: "ElasticPS", event: PSRecoveryEvent) -> Settled:
     event.updates_lost = comm.allreduce(run.worker_side.count_lost(plan))
     event.data_shards = assignment([run.members.ids[rank] for rank in settled.layout.worker_ranks],
                                    run.dataset.shard_sizes("train"))
+    if plan.leaving:
+        settled.departed = list(filter(None, comm.allgather(_departing(run, plan, len(settled.repushed)))))
     return settled
+
+
+def _departing(run: "ElasticPS", plan: Plan, repushed: int) -> Optional[Tuple[int, int, int]]:
+    """A leaving worker's (slot, pieces acknowledged, updates lost), its re-pushed ones
+    counted; None on other ranks."""
+    loop = run.worker_side.loop
+    if run.ctx.rank not in plan.leaving or loop is None:
+        return None
+    made = sum(1 for entry in loop.pushed if plan.restart is None or entry[0] < plan.restart)
+    return loop.worker.slot, made + repushed, run.worker_side.lost_updates + run.worker_side.count_lost(plan)
 
 
 def _take_over(run: "ElasticPS", plan: Plan) -> None:

@@ -7,14 +7,28 @@ BSP restarts it at the plan's step; otherwise its unacknowledged push counts as
 delivered once re-pushed, and its next read fetches every dense table again. When a
 shard was rebuilt from a checkpoint, the acknowledged pushes that checkpoint lacks are
 the *lost updates*: counted, and dropped from the loop's log of pushes.
+
+``--replace`` under ASP/SSP (``Takeover``): the replacement of a dead worker takes its
+*seat*: its slot, its index among the workers (so every worker's share of a batch is what it
+was before the failure, and the newcomer reads the dead worker's data shards) and its
+unfinished work: it starts at the first step of the push window holding the last push any
+server got from that slot (``resume_step``), recomputes it from the same examples and pushes
+it under the same slot, so a piece some server already applied answers DUPLICATE and every
+piece counts once; no global batch loses the dead worker's share. Its count of pushes made
+starts from the pieces the servers had applied for the slot at the takeover (``applied``);
+pieces answered DUPLICATE are not counted again. BSP needs none of this (every worker
+restarts at the restart step over the new split): newcomers get new slots there, as do
+the replacements of lost servers (extra workers: the batches are re-split from then on).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+from mpi4py import MPI
 
+from ...ps.holdings import ShardHoldings
 from ...ps.layout import Layout
 from ...ps.rebalance import Repush, repush_items
 from ...ps.recovery_plan import Plan
@@ -118,3 +132,71 @@ def lost_pieces(pushed: List[Tuple[int, int, int]], slot: int, restored: PushRec
         if record is not None and step > (record[slot] if slot < len(record) else -1):
             lost.append((step, table, key))
     return lost
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """A dead worker's seat for its replacement: ``index`` among the workers, ``slot``, the
+    ``step`` (from 0) the newcomer starts at, and the pieces the servers had ``applied`` for the slot."""
+
+    index: int
+    slot: int
+    step: int = 0
+    applied: int = 0
+
+
+def dead_seats(before: Layout, plan: Plan) -> List[Takeover]:
+    """The seats (index, slot) of ``before``'s workers that died (not promoted), by index;
+    none under BSP (``plan.restart``), when a worker was promoted or ranks leave in the same
+    round (the seats moved: newcomers get new slots)."""
+    if plan.restart is not None or plan.promoted is not None or plan.leaving:
+        return []
+    live = {slot for _, slot in plan.live_workers}
+    return [Takeover(index, slot) for index, slot in enumerate(before.worker_slots) if slot not in live]
+
+
+def resume_step(last_push: int, push_every: int) -> int:
+    """The first step of the push window that holds step ``last_push`` (0 when it is -1)."""
+    return max(0, last_push // push_every * push_every)
+
+
+def takeover_points(comm: MPI.Intracomm, holdings: ShardHoldings, seats: Sequence[Takeover],
+                    push_every: int) -> List[Takeover]:
+    """``seats`` with their start step and applied pieces, from every server's own shard
+    (collective over the job before the newcomers are spawned; the same on every rank)."""
+    state = holdings.own
+    last = np.full(len(seats), -1, np.int64)
+    applied = np.zeros(len(seats), np.int64)
+    for i, seat in enumerate(seats):
+        if state is not None:
+            last[i] = max([table.last_push[seat.slot] for table in state.tables.values()], default=-1)
+            applied[i] = state.applied[seat.slot]
+    comm.Allreduce(MPI.IN_PLACE, last, op=MPI.MAX)
+    comm.Allreduce(MPI.IN_PLACE, applied, op=MPI.SUM)
+    return [Takeover(seat.index, seat.slot, resume_step(int(last[i]), push_every), int(applied[i]))
+            for i, seat in enumerate(seats)]
+
+
+def seat_newcomers(old: Layout, newcomers: Sequence[int], seats: Sequence[Takeover]) -> Tuple[Layout, List[int]]:
+    """The layout with ``newcomers`` (ranks) in: the first ones in the dead workers' ``seats``
+    (taken in index order, so every other worker keeps its index), the rest appended with new
+    slots; returns it and those new slots."""
+    ranks, slots = list(old.worker_ranks), list(old.worker_slots)
+    taken = list(zip(sorted(seats, key=lambda seat: seat.index), newcomers))
+    for seat, rank in taken:
+        ranks.insert(seat.index, rank)
+        slots.insert(seat.index, seat.slot)
+    fresh = list(range(old.slot_count, old.slot_count + len(newcomers) - len(taken)))
+    layout = old.rebuilt(old.shard_ranks, ranks + list(newcomers[len(taken):]), slots + fresh,
+                         old.slot_count + len(fresh))
+    return layout, fresh
+
+
+TAKEN_OVER = (-1, -1, -1)  # a logged piece the dead worker's servers had applied before the takeover
+
+
+def take_seat(loop: WorkerLoop, seat: Takeover) -> None:
+    """A replacement's loop in ``seat``: the pieces applied for the slot count as made, and
+    its first push does not count again what the servers already have (DUPLICATE)."""
+    loop.pushed = [TAKEN_OVER] * seat.applied
+    loop.taking_over = True

@@ -8,7 +8,10 @@ survivors shrink (``ft.rounds.shrink_until_restored``), are re-ranked in their o
 order, and rank 0 broadcasts the state (as Horovod's ``State.sync``); the next attempt
 re-splits the global batch over the survivors (``train.partition``), so the run
 computes the same steps as one without failures, up to summation order. Growth spawns
-ranks between steps (``ft.growth`` says when) and broadcasts them the state. Without
+ranks between steps (``ft.growth`` says when) and broadcasts them the state; scale-in
+(``--leave``, a discovery file asking for fewer ranks or hosts) splits the communicator
+without the leavers, which exit at once: every rank holds the committed state, so nothing
+moves but the leavers' share of the batch. Without
 ULFM, checkpoints (``ft.checkpoint``) and a relaunch take over. State on the GPU is
 broadcast from device memory where MPI is CUDA-aware and through host copies otherwise
 (``collectives.broadcast``); checkpoints store host copies and restore onto the device.
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, TypeVar
+from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
 from ...arrays import copy_into
 from ...collectives.broadcast import broadcast_arrays
@@ -25,13 +28,15 @@ from ...errors import CheckpointMismatchError, OutputFileError, setting_problem
 from ...ft import checkpoint
 from ...ft.config import FaultConfig
 from ...ft.events import EventLog, RecoveryEvent
+from ...ft.growth import Wanted, known_hosts
 from ...ft.membership import Membership
 from ...ft.rounds import Shrunk, attempt, shrink_until_restored
 from ...ft.watchdog import watchdog
 from ...runtime.context import Context
 from ...runtime.files import remove_stale_temporaries
 from ...runtime.launch import this_program
-from ...runtime.spawn import spawn_and_merge
+from ...runtime.nodes import rank_nodes
+from ...runtime.spawn import leave_job, spawn_and_merge, split_off
 from ..identity import run_identity
 from ..partition import assignment
 from .state import TrainState
@@ -44,20 +49,21 @@ T = TypeVar("T")
 @dataclass
 class RingRecoveryEvent(RecoveryEvent):
     """``RecoveryEvent`` plus ``data_shards``: ``[rank id, [shards]]``: the training shards
-    each rank reads after a failure or growth (``partition.assignment``)."""
+    each rank reads after a failure, growth or leave (``partition.assignment``)."""
 
     data_shards: List[List[Any]] = field(default_factory=list)
 
 
 class ElasticRing:
-    """Drives ``trainer`` (compute/reduce/apply on a ``TrainState``) through failures and growth."""
+    """Drives ``trainer`` (compute/reduce/apply on a ``TrainState``) through failures, growth and leaves."""
 
     def __init__(self, ctx: Context, trainer: RingTrainer, fault: FaultConfig, seed: int, echo: Echo):
         self.ctx, self.trainer, self.fault, self.echo = ctx, trainer, fault, echo
         self.kills = fault.schedule(seed)
         self.events = EventLog()
         self.detected: Optional[float] = None
-        self.grown_before = 0  # growth for steps up to this one has been done
+        self.grown_before = 0  # growth and leaves for steps up to this one have been done
+        self.warned: Optional[str] = None  # the discovery file's problem at the last poll (printed once)
         watchdog.deadline_s = fault.deadline_s
         self.state: TrainState = trainer.initial_state()
         self.identity = run_identity(trainer.config, trainer.model, trainer.optimizer)
@@ -74,7 +80,8 @@ class ElasticRing:
         """Train until ``steps`` steps are committed; ``on_step(metrics)`` after each."""
         state = self.state
         while state.step < steps:
-            self._grow_if_asked()
+            if not self._resize_if_asked():
+                continue
             self.kills.strike("step", state.step + 1, self.members.me, self.members.ids)
             total = self._attempt()
             if total is None:
@@ -122,19 +129,68 @@ class ElasticRing:
         if self.fault.replace and event.lost:
             self._grow(len(event.lost), "replacement")
 
-    def _grow_if_asked(self) -> None:
-        """Growth due before this step (``FaultConfig.growth``); the discovery file is read
-        by rank 0 and its number broadcast."""
+    def _resize_if_asked(self) -> bool:
+        """Leaves, then growth, due before this step (``FaultConfig.growth``); the discovery
+        file is read by rank 0 and its answer broadcast. False when a rank failed meanwhile
+        (then recovered: the change is asked for again before the step)."""
         step, rule = self.state.step + 1, self.fault.growth
         if step <= self.grown_before:
-            return
-        target = None
+            return True
+        requested = time.time()
+        polled: Optional[Tuple[Any, List[str]]] = (None, [])
         if rule.reads_target(step):
-            target = self.ctx.comm.bcast(rule.target(step) if self.ctx.rank == 0 else None, root=0)
-        count = rule.count(self.grown_before, step, self.ctx.size, target)
+            polled = self._together(lambda: self._poll(step), f"discovery file before step {step}")
+        if polled is None:
+            self._recover()
+            return False
+        wanted, nodes = polled
+        leaving = rule.leavers(self.grown_before, step, self.members.ids, nodes, wanted)
+        if leaving and not self._leave(leaving, requested):
+            return False
+        count = rule.count(self.grown_before, step, self.ctx.size, wanted)
         self.grown_before = step
         if count:
             self._grow(count, "growth")
+        return True
+
+    def _poll(self, step: int) -> Tuple[Optional[Wanted], List[str]]:
+        """What the discovery file asks for (rank 0 reads it; everyone gets the answer) and the
+        node of every rank. A problem with the file is printed once and changes nothing."""
+        nodes = rank_nodes(self.ctx.comm)
+        found = None
+        if self.ctx.rank == 0:
+            found = self.fault.growth.wanted(step, known_hosts(nodes, self.fault.hostfile))
+        found = self.ctx.comm.bcast(found, root=0)
+        problem = found if isinstance(found, str) else None
+        if problem and problem != self.warned:
+            self.echo(f"warning: {problem}; the job goes on unchanged (fix the file: it is read again)")
+        self.warned = problem
+        return (None if problem else found), nodes
+
+    def _leave(self, leaving: List[int], requested: float) -> bool:
+        """The ranks with ids ``leaving`` leave: the communicator is split without them (one
+        attempt: a failure meanwhile is recovered and False returned) and they exit. Needs
+        ULFM (``FaultConfig.needs_ulfm``)."""
+        step, going = self.state.step + 1, self.members.me in leaving
+        outcome = attempt(self.ctx.comm, lambda: [split_off(self.ctx.comm, going)], f"leave at step {step} (split)")
+        if not outcome.committed:
+            if outcome.result and outcome.result[0] is not None:
+                outcome.result[0].Free()
+            self.detected = self.detected or outcome.failed_at or time.time()
+            self._recover()
+            return False
+        staying = outcome.result[0]
+        if staying is None:  # a spawned rank finalizes: its exit would end its spawned job (``leave_job``)
+            leave_job(self.ctx.comm, finalize=self.ctx.joined)
+        event = self.events.add(RingRecoveryEvent("leave", step, self.ctx.size, requested))
+        event.requested_at = requested
+        self.ctx.replace_comm(staying)
+        self.members.leave(leaving)
+        event.left = list(leaving)
+        event.ranks_after = self.ctx.size
+        event.restore_s = time.time() - requested
+        event.data_shards = self._data_shards()
+        return True
 
     def _grow(self, count: int, kind: str) -> None:
         step = self.state.step + 1

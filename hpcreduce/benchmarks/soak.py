@@ -1,0 +1,297 @@
+"""``hpcreduce bench soak``: many runs with real SIGKILLs of random victims; each must recover by itself.
+
+Run it outside any MPI job. ``--runs`` runs are drawn from ``--seed`` (``soak_plan``): ring
+or parameter server in turn; PS consistency BSP, SSP or ASP; 4 to ``-n`` ranks; 2 or 3
+servers; victims one worker, one server, two at once, one during the recovery from another,
+or ``--kill-random``. Each is ``hpcreduce train --ft ...`` with a timeout (a hang is a failure,
+its processes are killed), then checked:
+
+- it ended by itself with exit status 0, and left no process behind;
+- it trained every step once (the JSON's ``steps``), and in PS mode exactly once held: for
+  every live worker slot the pushes the servers applied equal the pushes it made;
+- the kills really happened: the ids lost in the recovery events are the victims (at least one
+  for ``--kill-random``), as many as the kill log (``HPCREDUCE_KILL_LOG``) lines;
+- the final loss is within the tolerance of the same configuration's run without failures
+  (run once, cached): 1e-4 relative for ring and BSP (summation order only), ``--tolerance``
+  for SSP and ASP, whose quiet runs themselves differ with timing (docs/fault-tolerance.md).
+
+One line per run (configuration, victims, status, recoveries, slowest kill -> next step), then
+the runs passed and failed (each failure with the command line that reproduces it) and the
+slowest recovery. Every run's output and JSON stay in ``--out``. Exit status 1 if any run failed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..runtime.files import write_json
+from ..runtime.jobs import run_job
+from .soak_plan import SoakRun, command_line, draw_runs
+
+NAME = "soak"
+HELP = "many runs with random SIGKILLs: each must end by itself, exactly once, with its quiet run's loss"
+EXACT_TOLERANCE = 1e-4
+DEFAULT_TOLERANCE = 0.10
+
+
+@dataclass
+class Outcome:
+    """A soak run's verdict: ``problems`` empty when it passed."""
+
+    run: SoakRun
+    command: str
+    problems: List[str] = field(default_factory=list)
+    recoveries_s: List[float] = field(default_factory=list)  # kill -> next completed step, per recovery
+    loss: Optional[float] = None
+    quiet_loss: Optional[float] = None
+    wall_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+class Soak:
+    """Runs and checks soak runs in ``folder``; the quiet run of each configuration is run once."""
+
+    def __init__(self, folder: Path, args):
+        self.folder, self.args = folder, args
+        self.quiet: Dict[Tuple[Any, ...], Tuple[Optional[float], Optional[str]]] = {}
+
+    def train_args(self, run: SoakRun, quiet: bool) -> List[str]:
+        stem = self.folder / (f"quiet-{'-'.join(map(str, run.configuration))}" if quiet else f"run-{run.index:04d}")
+        args = run.train_args(self.args.steps, self.args.batch, quiet=quiet, checkpoint_dir=f"{stem}.ckpt")
+        return [*args, *(["--hostfile", self.args.hostfile] if self.args.hostfile else []),
+                "--quiet", "--json", f"{stem}.json"]
+
+    def soak(self, run: SoakRun) -> Outcome:
+        """Run ``run`` (and its quiet run, the first time) and check it."""
+        quiet_loss, quiet_problem = self.quiet_loss(run)
+        args = self.train_args(run, quiet=False)
+        kill_log = self.folder / f"run-{run.index:04d}.kills"
+        outcome = Outcome(run, command_line(args, str(kill_log)), quiet_loss=quiet_loss)
+        started = time.monotonic()
+        returncode, data, left = self.execute(args, {"HPCREDUCE_KILL_LOG": str(kill_log)})
+        outcome.wall_s = time.monotonic() - started
+        kill_times = sorted(float(line.split()[0]) for line in _lines(kill_log))
+        outcome.problems = ([quiet_problem] if quiet_problem else []) + left
+        outcome.problems += check(run, self.args.steps, returncode, data, kill_times, quiet_loss,
+                                  self.args.tolerance, self.args.timeout)
+        if data is not None:
+            outcome.loss = data["final"]["loss"]
+            outcome.recoveries_s = [s for s in recovery_times(data, kill_times) if s is not None]
+        return outcome
+
+    def quiet_loss(self, run: SoakRun) -> Tuple[Optional[float], Optional[str]]:
+        """The final loss of ``run``'s configuration without failures, or why there is none."""
+        if run.configuration not in self.quiet:
+            returncode, data, left = self.execute(self.train_args(run, quiet=True), {})
+            if returncode == 0 and data is not None and not left:
+                self.quiet[run.configuration] = (data["final"]["loss"], None)
+            else:
+                what = "timed out" if returncode is None else f"exit {returncode}"
+                self.quiet[run.configuration] = (None, f"its run without failures failed ({'; '.join([what, *left])})")
+        return self.quiet[run.configuration]
+
+    def execute(self, args: Sequence[str], env: Dict[str, str]) -> Tuple[Optional[int], Optional[dict], List[str]]:
+        """Run ``hpcreduce train ARGS``: its exit status (None: timed out), its JSON, and a problem
+        if processes of it outlived it (they are killed)."""
+        out = args[list(args).index("--json") + 1]
+        stem = out[:-len(".json")]
+        for stale in (out, f"{stem}.kills"):  # a previous soak's, in the same --out
+            if os.path.exists(stale):
+                os.unlink(stale)
+        shutil.rmtree(f"{stem}.ckpt", ignore_errors=True)
+        with open(f"{stem}.log", "w", encoding="utf-8") as log:
+            job = run_job([sys.executable, "-m", "hpcreduce", "train", *args], timeout=self.args.timeout,
+                          env=env, cwd=str(self.folder), output=log)
+        left = _end_leftovers(out)
+        data = json.loads(Path(out).read_text()) if job.returncode == 0 and os.path.exists(out) else None
+        return job.returncode, data, ([f"{left} process(es) of it outlived the job (killed)"] if left else [])
+
+
+def check(run: SoakRun, steps: int, returncode: Optional[int], data: Optional[dict], kill_times: Sequence[float],
+          quiet_loss: Optional[float], tolerance: float, timeout: float) -> List[str]:
+    """What is wrong with a finished soak run (empty: it passed)."""
+    if returncode is None:
+        return [f"did not end by itself within {timeout:g} s (a hang; killed)"]
+    if returncode != 0:
+        return [f"exit status {returncode}"]
+    if data is None:
+        return ["exit status 0 but no JSON written"]
+    found = []
+    trained = [row["step"] for row in data["steps"]]
+    if trained != list(range(1, steps + 1)):
+        found.append(f"trained steps {trained[:3]}...{trained[-3:]} ({len(trained)}), not 1..{steps} once each")
+    found += _kill_problems(run, data, kill_times)
+    if run.topology == "ps":
+        found += _exactly_once_problems(data["ps"])
+    found += _loss_problems(run, data["final"]["loss"], quiet_loss, tolerance)
+    if any(s is None for s in recovery_times(data, kill_times)):
+        found.append("a recovery was never followed by a completed step")
+    return found
+
+
+def _kill_problems(run: SoakRun, data: dict, kill_times: Sequence[float]) -> List[str]:
+    lost = [rank for event in failures(data) for rank in event["lost"]]
+    expected = run.expected_lost()
+    found = []
+    if expected is not None and sorted(lost) != sorted(expected):
+        found.append(f"ranks lost {sorted(lost)}, the victims were {sorted(expected)}")
+    if expected is None and not lost:
+        found.append("no rank was lost: the random kill never happened")
+    if len(kill_times) != len(lost):
+        found.append(f"{len(kill_times)} kill(s) in the kill log, {len(lost)} rank(s) lost in the recovery events")
+    if data["ranks"] != run.ranks - len(lost):
+        found.append(f"{data['ranks']} ranks at the end, {run.ranks} - {len(lost)} lost expected")
+    return found
+
+
+def _exactly_once_problems(ps: dict) -> List[str]:
+    """Every live worker slot: applied pushes == made (acknowledged) pushes, and it made some."""
+    pushes = ps["pushes"]
+    if "made_per_worker" not in pushes:
+        return ["no exactly-once counters in the JSON (ps.pushes.made_per_worker)"]
+    live = [slot for slot, made in enumerate(pushes["made_per_worker"]) if made >= 0]
+    found = [f"worker slot {slot}: servers applied {pushes['applied_per_worker'][slot]} pushes, it made "
+             f"{pushes['made_per_worker'][slot]}" for slot in live
+             if pushes["applied_per_worker"][slot] != pushes["made_per_worker"][slot]
+             or pushes["made_per_worker"][slot] == 0]
+    if not set(ps["worker_slots"]) <= set(live):
+        found.append(f"worker slots {ps['worker_slots']} at the end, but only {live} have counters")
+    return found
+
+
+def _loss_problems(run: SoakRun, loss: float, quiet_loss: Optional[float], tolerance: float) -> List[str]:
+    if not math.isfinite(loss):
+        return [f"final loss {loss}"]
+    if quiet_loss is None:
+        return []
+    allowed = tolerance_of(run, tolerance)
+    off = abs(loss - quiet_loss) / abs(quiet_loss)
+    if off > allowed:
+        return [f"final loss {loss:.6g} is {off:.2%} off the quiet run's {quiet_loss:.6g} (tolerance {allowed:.2%})"]
+    return []
+
+
+def tolerance_of(run: SoakRun, tolerance: float) -> float:
+    """Relative final-loss tolerance: summation order only for ring and BSP, ``tolerance`` else."""
+    return EXACT_TOLERANCE if run.consistency == "bsp" else tolerance
+
+
+def failures(data: dict) -> List[dict]:
+    return [event for event in data.get("recovery", []) if event["kind"] == "failure"]  # none without --ft
+
+
+def recovery_times(data: dict, kill_times: Sequence[float]) -> List[Optional[float]]:
+    """Per failure event: the earliest kill since the previous event's next step to this one's
+    next completed step (the event's own ``to_next_step_s`` when the log has none); None: no next step."""
+    times: List[Optional[float]] = []
+    since = -math.inf
+    for event in failures(data):
+        after = event.get("next_step_at")
+        if after is None:
+            times.append(None)
+            continue
+        kills = [t for t in kill_times if since < t <= after]
+        times.append(after - min(kills) if kills else event["to_next_step_s"])
+        since = after
+    return times
+
+
+def _lines(path: Path) -> List[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _end_leftovers(marker: str) -> int:
+    """SIGKILL the processes whose command line names ``marker`` (this run's JSON path): none
+    should outlive their job. How many there were."""
+    left = _processes_naming(marker)
+    if left:
+        time.sleep(2)  # a finished job's ranks may still be exiting
+        left = _processes_naming(marker)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(left)
+
+
+def _processes_naming(marker: str) -> List[int]:
+    found = []
+    needle = marker.encode()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if needle in cmdline.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def drive(args) -> int:
+    """Every run, from the driver process: one line each, the summary, --json; 1 if any failed."""
+    folder = Path(args.out).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    soak = Soak(folder, args)
+    runs = draw_runs(args.runs, args.seed, args.ranks, args.steps)
+    started = time.monotonic()
+    outcomes = []
+    for run in runs:
+        outcomes.append(soak.soak(run))
+        print(render_outcome(outcomes[-1], len(runs)), flush=True)
+    result = summarise(outcomes, args, time.monotonic() - started)
+    print(render(result), flush=True)
+    if args.json_path:
+        write_json(args.json_path, result)
+    return 0 if not result["failed"] else 1
+
+
+def summarise(outcomes: Sequence[Outcome], args, wall_s: float) -> Dict[str, Any]:
+    slowest = max(((s, o) for o in outcomes for s in o.recoveries_s), key=lambda pair: pair[0], default=None)
+    return {"benchmark": NAME, "seed": args.seed, "steps": args.steps, "wall_s": wall_s,
+            "tolerance": {"ring_and_bsp": EXACT_TOLERANCE, "ssp_and_asp": args.tolerance},
+            "runs": [{**asdict(o), "run": {**asdict(o.run), "describe": o.run.describe()}, "passed": o.passed}
+                     for o in outcomes],
+            "passed": sum(o.passed for o in outcomes),
+            "failed": [{"index": o.run.index, "problems": o.problems, "command": o.command}
+                       for o in outcomes if not o.passed],
+            "recoveries": sum(len(o.recoveries_s) for o in outcomes),
+            "slowest_recovery_s": slowest[0] if slowest else None,
+            "slowest_recovery_run": slowest[1].run.describe() if slowest else None}
+
+
+def render_outcome(outcome: Outcome, count: int) -> str:
+    run = outcome.run
+    status = "ok" if outcome.passed else "FAILED: " + "; ".join(outcome.problems)
+    slowest = f", slowest kill->next step {max(outcome.recoveries_s) * 1e3:.0f} ms" if outcome.recoveries_s else ""
+    loss = "" if outcome.loss is None or outcome.quiet_loss is None else \
+        f", loss {outcome.loss:.4f} vs quiet {outcome.quiet_loss:.4f}"
+    recoveries = len(outcome.recoveries_s)
+    return (f"[{run.index + 1:>3}/{count}] {run.describe():<52} {recoveries} recover{'y' if recoveries == 1 else 'ies'}"
+            f"{slowest}{loss}, {outcome.wall_s:.1f} s: {status}")
+
+
+def render(result: Dict[str, Any]) -> str:
+    runs = len(result["runs"])
+    lines = [f"soak: {runs} runs (seed {result['seed']}), {result['passed']} passed, {len(result['failed'])} failed, "
+             f"{result['recoveries']} recoveries in {result['wall_s']:.0f} s"]
+    if result["slowest_recovery_s"] is not None:
+        lines.append(f"slowest recovery (kill -> next completed step): {result['slowest_recovery_s'] * 1e3:.0f} ms "
+                     f"({result['slowest_recovery_run']})")
+    for failed in result["failed"]:
+        lines.append(f"failed run {failed['index'] + 1}: {'; '.join(failed['problems'])}\n  reproduce: "
+                     f"{failed['command']}")
+    return "\n".join(lines)

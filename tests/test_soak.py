@@ -1,0 +1,105 @@
+"""``hpcreduce bench soak``: the draws cover what the soak promises, two real runs (one PS, one ring)
+pass every check end to end, and the checker fails runs that break each promise."""
+import json
+from argparse import Namespace
+from dataclasses import replace
+
+from hpcreduce.benchmarks import soak
+from hpcreduce.benchmarks.soak_plan import CONSISTENCIES, VICTIMS, SoakRun, draw_runs
+from hpcreduce.ft.config import FaultConfig
+from hpcreduce.ft.inject import parse_kill
+from mpi_run import hpcreduce_cli
+
+STEPS = 12
+
+
+def test_the_draws_cover_every_topology_consistency_and_victim_and_every_run_is_a_valid_one():
+    for seed in range(8):
+        runs = draw_runs(50, seed, 6, 20)
+        assert {(r.topology, r.victims) for r in runs} == {(t, v) for t, kinds in VICTIMS.items() for v in kinds}
+        assert {r.consistency for r in runs if r.topology == "ps"} == set(CONSISTENCIES)
+        for run in runs:
+            kills = [parse_kill(text) for text in run.kills]
+            config = FaultConfig(kills=kills, kill_random=0.1 if run.kill_seed is not None else 0.0,
+                                 kill_seed=run.kill_seed, checkpoint_dir="d" if run.checkpoint else None,
+                                 checkpoint_every=5 if run.checkpoint else 0)
+            assert not config.problems(20, run.ranks, True, run.topology == "ps"), run
+            first_recovery = [k for k in kills if k.phase == "recovery" and run.topology == "ps"]
+            assert all(k.step == 1 for k in first_recovery), run  # PS: the first recovery, whatever its step
+            assert 4 <= run.ranks <= 6 and all(4 <= k.step <= 15 for k in kills if k not in first_recovery), run
+            lost = run.expected_lost() or set()
+            servers_lost = {i for i in lost if i < run.servers}
+            assert run.checkpoint == (len(servers_lost) >= 2), run  # two copies of a shard lost: checkpoints
+            workers_left = run.ranks - run.servers - (len(lost) - len(servers_lost))
+            promoted = run.topology == "ps" and len(servers_lost) == run.servers
+            assert run.ranks - len(lost) >= 2 and workers_left - promoted >= (1 if run.topology == "ps" else 0)
+
+
+def test_two_runs_one_ps_one_ring_pass_every_check_end_to_end(tmp_path):
+    out, folder = tmp_path / "soak.json", tmp_path / "runs"
+    done = hpcreduce_cli("bench", "soak", "--runs", "2", "--seed", "3", "--steps", str(STEPS), "--batch", "512",
+                         "--out", str(folder), "--json", str(out), timeout=300)
+    assert done.returncode == 0, done
+    result = json.loads(out.read_text())
+    assert [r["run"]["topology"] for r in result["runs"]] == ["ps", "ring"]
+    assert result["passed"] == 2 and not result["failed"], result["failed"]
+    for run in result["runs"]:
+        kill_log = (folder / f"run-{run['run']['index']:04d}.kills").read_text().splitlines()
+        assert len(kill_log) >= 1 and len(run["recoveries_s"]) >= 1
+        assert all(0 < seconds < 60 for seconds in run["recoveries_s"])
+        assert run["loss"] is not None and run["quiet_loss"] is not None
+    assert result["slowest_recovery_s"] == max(s for run in result["runs"] for s in run["recoveries_s"])
+    assert "soak: 2 runs (seed 3), 2 passed, 0 failed" in done.output
+    assert done.output.count(": ok") == 2, done.output
+
+
+def test_the_checker_fails_a_run_that_breaks_each_promise(tmp_path):
+    """A real ASP run with --ft and no kill, checked as if it were soak runs that promised otherwise."""
+    args = Namespace(steps=STEPS, batch=512, hostfile=None, timeout=180, tolerance=soak.DEFAULT_TOLERANCE)
+    runner = soak.Soak(tmp_path, args)
+    claimed = SoakRun(0, "ps", "asp", 4, 2, "worker", kills=("3@6",))
+    returncode, data, left = runner.execute(runner.train_args(replace(claimed, kills=()), quiet=False), {})
+    assert returncode == 0 and data is not None and not left, (returncode, left)
+    loss = data["final"]["loss"]
+
+    def problems(run=claimed, data=data, kill_times=(), quiet_loss=loss, returncode=0):
+        return soak.check(run, STEPS, returncode, data, list(kill_times), quiet_loss, args.tolerance, args.timeout)
+
+    assert problems(replace(claimed, kills=())) == [], "the run as it was passes"
+    assert problems(returncode=None) == ["did not end by itself within 180 s (a hang; killed)"]
+    assert problems(returncode=137) == ["exit status 137"]
+    assert problems() == ["ranks lost [], the victims were [3]"]  # its kill never happened
+    random_run = replace(claimed, victims="random", kills=(), kill_seed=5)
+    assert problems(random_run) == ["no rank was lost: the random kill never happened"]
+    assert problems(random_run, kill_times=[1.0]) == [
+        "no rank was lost: the random kill never happened",
+        "1 kill(s) in the kill log, 0 rank(s) lost in the recovery events"]
+    quiet = replace(claimed, victims="random", kill_seed=5)
+    band = problems(quiet, quiet_loss=loss / (1 + 2 * args.tolerance))
+    assert any("off the quiet run's" in p and f"tolerance {args.tolerance:.2%}" in p for p in band), band
+    exact = problems(replace(quiet, consistency="bsp"), quiet_loss=loss * (1 + 1e-3))
+    assert any("tolerance 0.01%" in p for p in exact), exact
+    pushes = data["ps"]["pushes"]
+    pushes["applied_per_worker"][0] += 1
+    assert any(p.startswith("worker slot 0: servers applied") for p in problems(quiet)), "a push applied twice"
+    pushes["applied_per_worker"][0] -= 1
+    data["steps"] = data["steps"][:-1]
+    assert any("not 1..12 once each" in p for p in problems(quiet))
+
+
+def test_bad_soak_flags_are_refused_by_name_and_node_loss_without_nodes_is_skipped_saying_why(tmp_path):
+    done = hpcreduce_cli("bench", "soak", "--runs", "0", "-n", "3", "--steps", "5", "--tolerance", "-1",
+                         "--restarts", "1", "--out", str(tmp_path), timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.output, done
+    for message in ("--runs must be at least 1, got 0", "--steps must be at least 12, got 5",
+                    "--tolerance must be at least 0, got -1", "-n (the most ranks a run gets) must be at least 4",
+                    "--restarts does not apply"):
+        assert done.output.count(message) == 1, (message, done.output)
+    out = tmp_path / "recovery.json"
+    done = hpcreduce_cli("bench", "recovery", "--cases", "node-loss-ring,node-loss-ps", "--counts", "4",
+                         "--json", str(out), timeout=60)
+    assert done.returncode == 0, done
+    skipped = json.loads(out.read_text())["skipped"]
+    assert sorted(skipped) == ["node-loss-ps", "node-loss-ring"] and not json.loads(out.read_text())["rows"]
+    assert "--hostfile with 2 nodes or more" in skipped["node-loss-ring"]
+    assert "--hostfile with 3 nodes or more" in skipped["node-loss-ps"]
