@@ -97,7 +97,7 @@ def test_growth_past_the_slots_is_refused_up_front_and_a_failed_spawn_is_clear_o
     env = {"HPCREDUCE_SPAWN_INFO": "map_by=slot"}  # no oversubscribe: spawned ranks need free slots
     grow = ["train", "--ft", "--grow", "1@3", "--steps", "6", "--quiet"]
     assert_refused(hpcreduce_cli(*grow, "-n", "2", "--hostfile", str(hostfile), timeout=60, env=env),
-                   "--grow takes the job to 3 ranks, past the 2 slots of --hostfile")
+                   "--grow/--grow-servers take the job to 3 ranks, past the 2 slots of --hostfile")
     plan = build_mpirun(2, [sys.executable, "-m", "hpcreduce", *grow], ft=True, hostfile=str(hostfile))
     job = run_job(plan.argv, timeout=90, env={**plan.env, **env})
     assert job.returncode != 0 and "Traceback" not in job.output, job

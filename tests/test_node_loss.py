@@ -4,10 +4,11 @@ replication ring of the parameter server (``ps.layout.node_ring``) that makes a 
 never take a shard together with its replica.
 
 Ring: 3 nodes x 2 ranks, node2 dies at step 5; the survivors train the same global batches,
-so the result equals a quiet run up to summation order (loss 1e-5, checksum 1e-4 relative). PS (BSP, 3 servers:
-node1 holds servers 0 and 1, node2 server 2 and worker 3, node3 workers 4 and 5): node2 dies;
-shard 2 is adopted from its replica on node1 (none is restored), every live worker's pushes
-were applied exactly once, and the result equals a quiet run up to summation order.
+so the result equals a quiet run up to summation order (loss 1e-5, checksum 1e-4 relative). PS (BSP, 3 servers;
+``hpcreduce train`` deals a PS job's ranks over the nodes round-robin, so node k holds server k-1 and
+worker k+2): node2 dies with server 1 and worker 4; no shard has its replica on its own node, shard 1
+is adopted from its replica elsewhere (none is restored), every live worker's pushes were applied
+exactly once, and the result equals a quiet run up to summation order.
 """
 import json
 
@@ -99,16 +100,16 @@ def test_ps_survives_the_loss_of_a_node_holding_a_server_and_a_worker(tmp_path):
     data, done = train(tmp_path, "lost", *ps, "--servers", "3", "--ft", "--kill-node", "node2@5", ranks=6,
                        hostfile=three.hostfile, env=three.env)
     homes = {home["shard"]: home for home in data["ps"]["placement"]}
-    assert homes[2]["node"] == "node2" and homes[2]["replica_node"] != "node2", homes
-    assert [k for k, home in homes.items() if home["node"] == home["replica_node"]] == [1], homes  # 2 of 3 on node1
-    assert done.output.count("ps: shard(s) [1] keep their replica on their own node") == 1, done
+    assert homes[1]["node"] == "node2" and homes[1]["replica_node"] != "node2", homes
+    assert [k for k, home in homes.items() if home["node"] == home["replica_node"]] == [], homes
+    assert "keep their replica on their own node" not in done.output, done
     events = [e for e in data["recovery"] if e["kind"] == "failure"]
-    assert sorted(i for e in events for i in e["lost"]) == [2, 3], events
-    assert [k for e in events for k in e["shards_adopted"]] == [2], events
+    assert sorted(i for e in events for i in e["lost"]) == [1, 4], events
+    assert [k for e in events for k in e["shards_adopted"]] == [1], events
     assert not [k for e in events for k in e["shards_restored"]], events  # no shard lost
     pushes = data["ps"]["pushes"]
     live = data["ps"]["worker_slots"]
-    assert sorted(live) == [1, 2], data["ps"]  # slot 0 (rank 3) died with node2
+    assert sorted(live) == [0, 2], data["ps"]  # slot 1 (rank 4) died with node2
     for slot in live:
         assert pushes["applied_per_worker"][slot] == pushes["made_per_worker"][slot] > 0, pushes
     quiet, _ = train(tmp_path, "quiet", *ps, "--servers", "1", ranks=4)

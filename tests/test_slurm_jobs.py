@@ -64,6 +64,8 @@ def finished(submitted, case: str):
     result = json.loads(out.read_text())
     if launcher == "one":  # either node, all four ranks on it
         assert len(result["nodes"]) == 4 and len(set(result["nodes"])) == 1, (result["nodes"], output)
+    elif case.startswith("ps"):  # the servers first, one per node: ranks round-robin over the nodes
+        assert result["nodes"] == ["node1", "node2", "node1", "node2"], (result["nodes"], output)
     else:  # block placement, 2 per node
         assert result["nodes"] == ["node1", "node1", "node2", "node2"], (result["nodes"], output)
     return result, ranks, output

@@ -61,9 +61,10 @@ def output_problems(paths: Mapping[str, Optional[str]]) -> List[str]:
 
 
 def growth_slots_problem(args: argparse.Namespace, grown: int) -> Optional[str]:
-    """Growth by ``grown`` ranks past --hostfile's slots, where spawned ranks may not
-    oversubscribe (``HPCREDUCE_SPAWN_INFO`` without ``oversubscribe``): Spawn would fail."""
-    if not (grown and args.hostfile) or "oversubscribe" in SPAWN_INFO.value():
+    """Growth by ``grown`` ranks past --hostfile's slots: a hostfile says how many ranks its
+    hosts take, so spawning past them is refused unless ``HPCREDUCE_SPAWN_INFO`` is set to
+    allow ``oversubscribe`` (its default allows it only for runs without a hostfile)."""
+    if not (grown and args.hostfile) or (SPAWN_INFO.is_set() and "oversubscribe" in SPAWN_INFO.value()):
         return None
     try:
         slots = hostfile_slots(args.hostfile)
@@ -71,8 +72,9 @@ def growth_slots_problem(args: argparse.Namespace, grown: int) -> Optional[str]:
         return None
     if slots is None or args.ranks + grown <= slots:
         return None
-    return (f"--grow takes the job to {args.ranks + grown} ranks, past the {slots} slots of --hostfile "
-            f"{args.hostfile} (spawned ranks need free slots; {SPAWN_INFO.name} does not allow oversubscribe)")
+    return (f"--grow/--grow-servers take the job to {args.ranks + grown} ranks, past the {slots} slots of "
+            f"--hostfile {args.hostfile} (spawned ranks need free slots; set {SPAWN_INFO.name} to "
+            "map_by=slot:oversubscribe to oversubscribe them)")
 
 
 def refuse(command: str, problems: Sequence[Problem], rank: int = 0, flags: Mapping[str, str] = {}) -> int:  # noqa: B006

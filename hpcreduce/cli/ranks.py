@@ -26,7 +26,15 @@ def outside_mpi() -> bool:
     return detect_launcher() == "none"
 
 
+SPREAD_SERVERS = ("--map-by", "node")
+"""mpirun's mapping for modes whose first ranks are servers: rank r on node r mod nodes, so the
+servers (and a shard's replica, on the next server) sit on different nodes."""
+
+
 def relaunch(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Rerun this command under mpirun on ``args.ranks`` ranks; its exit code."""
-    plan = build_mpirun(args.ranks, self_command(argv), ft=args.ft, hostfile=args.hostfile)
+    """Rerun this command under mpirun on ``args.ranks`` ranks; its exit code. With a hostfile,
+    the parameter-server modes spread their ranks over the nodes (``SPREAD_SERVERS``)."""
+    spread = bool(args.hostfile) and getattr(args, "mode", None) in ("ps", "sandblaster")
+    plan = build_mpirun(args.ranks, self_command(argv), ft=args.ft, hostfile=args.hostfile,
+                        extra_args=SPREAD_SERVERS if spread else ())
     return run_plan(plan, restarts=args.restarts)

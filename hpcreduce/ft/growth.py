@@ -88,12 +88,18 @@ class GrowthRule:
         return sorted(leaving)
 
 
+def _number_at_step(text: str, form: str, example: str) -> Tuple[int, int]:
+    """``A@B`` as two integers; ValueError naming ``form`` (e.g. ``N@STEP``) otherwise."""
+    try:
+        number, step = (int(part) for part in text.split("@"))
+    except ValueError:
+        raise ValueError(f"{text!r}: expected {form}, e.g. {example}") from None
+    return number, step
+
+
 def parse_grow(text: str) -> Tuple[int, int]:
     """``N@STEP``: (N, STEP), add N ranks before step STEP."""
-    try:
-        count, step = (int(part) for part in text.split("@"))
-    except ValueError:
-        raise ValueError(f"{text!r}: expected N@STEP, e.g. 2@50") from None
+    count, step = _number_at_step(text, "N@STEP", "2@50")
     if count < 1 or step < 0:
         raise ValueError(f"{text!r}: N must be >= 1 and STEP >= 0")
     return count, step
@@ -102,10 +108,7 @@ def parse_grow(text: str) -> Tuple[int, int]:
 def parse_leave(text: str) -> Tuple[int, int]:
     """``ID@STEP``: (ID, STEP), the rank with stable id ID leaves before step STEP; whether
     they fit the job is ``FaultConfig.problems``'s to say."""
-    try:
-        identity, step = (int(part) for part in text.split("@"))
-    except ValueError:
-        raise ValueError(f"{text!r}: expected ID@STEP, e.g. 2@50 (rank id 2 leaves before step 50)") from None
+    identity, step = _number_at_step(text, "ID@STEP", "2@50 (rank id 2 leaves before step 50)")
     if identity < 0 or step < 0:
         raise ValueError(f"{text!r}: ID and STEP must be >= 0")
     return identity, step

@@ -54,6 +54,10 @@ class Setting(Generic[T]):
             reason = f" ({err})" if str(err) else ""
             return None, f"{self.name}={text!r} is not {self.meaning}{reason}"
 
+    def is_set(self) -> bool:
+        """Whether this process's environment gives the variable a value (not the default)."""
+        return bool(os.environ.get(self.name, "").strip())
+
     def problem(self, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
         """Why the variable's value cannot be used, or None."""
         try:
