@@ -18,7 +18,8 @@ setup(
         "plot": ["matplotlib"],  # hpcreduce report, bench scaling's figures
         "torch": ["torch>=2.0"],  # hpcreduce.torch (the tests pin 2.13.0, the CPU build on these machines)
         "test": ["pytest>=7", "pytest-timeout>=2", "import-linter>=2", "hypothesis>=6", "matplotlib", "torch==2.13.0",
-                 "scipy"],  # scipy: the L-BFGS reference (hpcreduce.train.reference)
+                 "scipy",  # scipy: the L-BFGS reference (hpcreduce.train.reference)
+                 "psutil"],  # psutil: the scale-in tests watch a leaving rank's process end
     },
     entry_points={"console_scripts": ["hpcreduce = hpcreduce.cli.main:main"]},
 )
