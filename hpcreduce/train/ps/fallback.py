@@ -202,14 +202,14 @@ def _resume_point(directory: str) -> Optional[ResumePoint]:
     """Rank 0: the latest complete checkpoint and the pushes it lacks; removes the newer
     checkpoints and the push ledgers."""
     step = checkpoint.latest_complete(directory) or 0
-    lost = count_lost(directory, step, lambda: checkpoint.saved_last_pushes(directory, step), print_warning)
+    record = checkpoint.saved_last_pushes(directory, step) if step else {}
+    lost = count_lost(directory, step, record, print_warning)
     checkpoint.remove_newer(directory, step)
     remove_ledgers(directory)
     if not step:
         return None
     metadata = checkpoint.step_metadata(directory, step)
-    pushed = [int(last.max()) for tables in checkpoint.saved_last_pushes(directory, step).values()
-              for last in tables.values() if last.size]
+    pushed = [int(last.max()) for tables in record.values() for last in tables.values() if last.size]
     return ResumePoint(step, len(metadata["keys"]), int(metadata["slot_count"]), lost, max(pushed, default=-1) + 1)
 
 

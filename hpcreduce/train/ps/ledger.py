@@ -14,7 +14,7 @@ Cost: one ``write`` of 24 bytes a piece per push, no fsync.
 from __future__ import annotations
 
 import os
-from typing import Callable, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
@@ -68,17 +68,15 @@ def read_ledgers(directory: str, warn: Warn) -> List[Tuple[int, int, List[Piece]
     return found
 
 
-def count_lost(directory: str, step: int, saved_pushes: Callable[[], PushRecord], warn: Warn) -> int:
+def count_lost(directory: str, step: int, record: PushRecord, warn: Warn) -> int:
     """Acknowledged pieces of the previous launches that checkpoint ``step`` (0: none) lacks;
-    ``saved_pushes()`` reads that checkpoint's record of pushes."""
+    ``record``: that checkpoint's record of pushes."""
     lost = 0
-    record = None
     for resumed_from, slot, pieces in read_ledgers(directory, warn):
         if step <= resumed_from:  # written before that launch started: it has none of its pushes
             lost += len(pieces)
-            continue
-        record = saved_pushes() if record is None else record
-        lost += len(lost_pieces(pieces, slot, record))
+        else:
+            lost += len(lost_pieces(pieces, slot, record))
     return lost
 
 
