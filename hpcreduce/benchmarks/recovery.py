@@ -38,6 +38,7 @@ from statistics import median
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import LaunchError
+from ..ft.inject import kill_times
 from ..runtime.files import write_json
 from ..runtime.jobs import run_job
 from ..runtime.launch import hostfile_hosts
@@ -152,8 +153,7 @@ def measure(launcher: Launcher, scratch: Path, name: str, ranks: int, repeat: in
     if event is None:
         raise LaunchError(f"bench recovery {name} on {ranks} ranks: the run has no {case.event!r} event (its events: "
                           f"{[e['kind'] for e in result['recovery']]}; its ranks' nodes: {result.get('nodes')})")
-    kills = [float(line.split()[0]) for line in kill_log.read_text().splitlines() if line.strip()] \
-        if case.killed and kill_log.exists() else []
+    kills = kill_times(str(kill_log)) if case.killed else []
     start = min(kills, default=None) if case.killed else event.get("requested_at")
     if start is None or event.get("next_step_at") is None:
         origin = "kill in the kill log" if case.killed else "requested_at"

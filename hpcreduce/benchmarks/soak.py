@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..ft import inject
 from ..runtime.files import write_json
 from ..runtime.jobs import run_job
 from .soak_plan import SoakRun, command_line, draw_runs
@@ -81,13 +82,13 @@ class Soak:
         started = time.monotonic()
         returncode, data, left = self.execute(args, {"HPCREDUCE_KILL_LOG": str(kill_log)})
         outcome.wall_s = time.monotonic() - started
-        kill_times = sorted(float(line.split()[0]) for line in _lines(kill_log))
+        killed_at = inject.kill_times(str(kill_log))
         outcome.problems = ([quiet_problem] if quiet_problem else []) + left
-        outcome.problems += check(run, self.args.steps, returncode, data, kill_times, quiet_loss,
+        outcome.problems += check(run, self.args.steps, returncode, data, killed_at, quiet_loss,
                                   self.args.tolerance, self.args.timeout)
         if data is not None:
             outcome.loss = data["final"]["loss"]
-            outcome.recoveries_s = [s for s in recovery_times(data, kill_times) if s is not None]
+            outcome.recoveries_s = [s for s in recovery_times(data, killed_at) if s is not None]
         return outcome
 
     def quiet_loss(self, run: SoakRun) -> Tuple[Optional[float], Optional[str]]:
@@ -205,10 +206,6 @@ def recovery_times(data: dict, kill_times: Sequence[float]) -> List[Optional[flo
         times.append(after - min(kills) if kills else event["to_next_step_s"])
         since = after
     return times
-
-
-def _lines(path: Path) -> List[str]:
-    return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def _end_leftovers(marker: str) -> int:

@@ -156,6 +156,14 @@ def record(reason: str) -> None:
             os.fsync(handle.fileno())
 
 
+def kill_times(path: str) -> List[float]:
+    """The moments (``time.time()``) the kill log at ``path`` holds, in order; none if it is absent."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        return sorted(float(line.split()[0]) for line in handle if line.strip())
+
+
 def die(reason: str) -> None:
     """Record the moment, then SIGKILL this very process."""
     record(reason)
