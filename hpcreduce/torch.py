@@ -184,7 +184,7 @@ def broadcast_parameters(module: Union[torch.nn.Module, Dict[str, torch.Tensor]]
     ``InputMismatchError`` on every rank before anything is overwritten."""
     context = resolve(comm)
     valid = isinstance(root, (int, np.integer)) and 0 <= root < context.size
-    agree(context.comm, "broadcast_parameters", [("root", int(root) if valid else -1, root)],
+    agree(context, "broadcast_parameters", [("root", int(root) if valid else -1, root)],
           None if valid else problem(10, f"root={root!r}, but the communicator has {context.size} ranks "
                                          f"(0..{context.size - 1})"))
     tensors = state_tensors(module)
@@ -256,7 +256,7 @@ def start_parameter_server(module: torch.nn.Module, *, servers: int = 1, consist
     unusable = [f"{name} has dtype {param.dtype}" for name, param in params
                 if param.dtype not in DTYPES or not param.is_floating_point()]
     layout = [(name, tuple(param.shape), str(param.dtype)) for name, param in params]
-    agree(context.comm, "start_parameter_server", [("parameters", stable_hash(layout), lambda: layout)],
+    agree(context, "start_parameter_server", [("parameters", stable_hash(layout), lambda: layout)],
           problem(9, "; ".join(unusable) + " (parameter-server tables are float16, float32 or float64)")
           if unusable else None)
     specs = [ParamSpec(name, tuple(param.shape), DTYPES[param.dtype]) for name, param in params]

@@ -10,7 +10,14 @@ from mpi_run import mpirun
 def test_overlap_one_rank_problems_settings_and_messages(ranks):
     result = mpirun(ranks, "collective_hardening.py", timeout=120)
     assert result.returncode == 0, result
-    assert result.output.count("ok check_") == (8 if ranks > 1 else 4), result
+    assert result.output.count("ok check_") == (9 if ranks > 1 else 4), result
+
+
+def test_the_same_errors_where_checks_travel_as_messages():
+    """Under fault tolerance no shared memory is used: every check is an MPI_Allreduce."""
+    result = mpirun(3, "collective_hardening.py", ft=True, timeout=120)
+    assert result.returncode == 0, result
+    assert result.output.count("ok check_") == 9, result
 
 
 def test_unusable_comm_on_one_rank_ends_the_job_with_the_error():

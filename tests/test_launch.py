@@ -119,7 +119,7 @@ def test_bench_allreduce_writes_every_row(tmp_path):
     data = json.loads(path.read_text())
     assert data["ranks"] == 2
     assert sorted({(r["bytes"], r["algorithm"]) for r in data["rows"]}) == sorted(
-        (b, a) for b in (4096, 262144) for a in ("native", "ring", "rdoubling", "hierarchical", "auto", "auto_nocheck"))
+        (b, a) for b in (4096, 262144) for a in ("native", "ring", "rdoubling", "hierarchical", "one_shot", "auto", "auto_nocheck"))
     assert all(r["median_s"] > 0 and r["busbw_GBps"] > 0 for r in data["rows"])
     assert data["fusion"]["speedup"] > 0
     assert "256 KiB" in result.output and "fusion: 10 x 10000 float32" in result.output

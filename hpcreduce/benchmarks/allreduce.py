@@ -6,8 +6,8 @@ definition), and busbw relative to the peer.
 
 - ``--device cpu`` (numpy, 4 KiB to 64 MiB by default): ``native`` (MPI_Allreduce, the
   peer), ``ring``, ``rdoubling`` (recursive doubling), ``hierarchical`` (node-local shared
-  memory, leaders across nodes), ``auto`` (what users get: input
-  checks on) and ``auto_nocheck`` (the algorithm alone); ``memcpy``, a one-core copy of the same
+  memory, leaders across nodes), ``one_shot`` (every rank reads every input from the node's
+  shared memory; native across nodes), ``auto`` (what users get: input checks on) and ``auto_nocheck`` (the algorithm alone); ``memcpy``, a one-core copy of the same
   bytes timed in the same rounds, is the memory-bandwidth reference: each row's
   ``busbw_vs_memcpy`` (and the table's ``best/memcpy``) is its distance to that limit. The crossovers of ``auto``
   (``collectives/selection.py``) are read from these rows. The fusion case reduces 100 arrays of 10,000 float32 with one
@@ -38,7 +38,7 @@ from .timing import format_size, interleaved_medians, iterations_for, launch_fac
 NAME = "allreduce"
 HELP = "ring and auto allreduce against native MPI_Allreduce (and NCCL on GPUs), by message size"
 DEFAULT_SIZES = {"cpu": "4K,16K,64K,256K,1M,4M,16M,64M", "gpu": "4K,64K,1M,16M,64M,256M"}
-CANDIDATES = ("native", "ring", "rdoubling", "hierarchical", "auto", "auto_nocheck")
+CANDIDATES = ("native", "ring", "rdoubling", "hierarchical", "one_shot", "auto", "auto_nocheck")
 
 
 def run(context: Context, args) -> Dict[str, object]:
@@ -90,6 +90,7 @@ def cpu_candidates(context: Context, x: np.ndarray) -> Dict[str, Callable[[], ob
         "ring": lambda: allreduce(x, algorithm="ring", comm=context, out=out, check=False),
         "rdoubling": lambda: allreduce(x, algorithm="recursive_doubling", comm=context, out=out, check=False),
         "hierarchical": lambda: allreduce(x, algorithm="hierarchical", comm=context, out=out, check=False),
+        "one_shot": lambda: allreduce(x, algorithm="one_shot", comm=context, out=out, check=False),
         "auto": lambda: allreduce(x, comm=context, out=out, check=True),
         "auto_nocheck": lambda: allreduce(x, comm=context, out=out, check=False),
         "memcpy": lambda: np.copyto(copied, x),

@@ -21,6 +21,7 @@ from ..arrays import array_module, is_device_array
 from .hierarchical import hierarchical_allreduce, stepped_aside
 from .memory import start_address
 from .native import native_allreduce, native_moved
+from .one_shot import checked_one_shot, one_shot_allreduce, shot_plan
 from .ops import OP_NAMES, OPS, ReduceOp, dtype_code
 from .recursive_doubling import recursive_doubling_allreduce
 from .ring import ring_allreduce
@@ -34,6 +35,7 @@ ALGORITHM_FUNCTIONS = {
     "recursive_doubling": recursive_doubling_allreduce,
     "native": native_allreduce,
     "hierarchical": hierarchical_allreduce,
+    "one_shot": one_shot_allreduce,
 }
 
 CHECK = Setting("HPCREDUCE_CHECK", switch, True, "on or off")
@@ -44,8 +46,10 @@ def allreduce(x, op: str = "sum", *, algorithm: str = "auto", comm: Comm = None,
     """Reduce ``x`` elementwise over all ranks; return the result, of x's shape and dtype.
 
     ``op``: sum, mean, min, max or prod. ``algorithm``: auto (by message size, see
-    ``selection``), ring, recursive_doubling, native (``MPI_Allreduce``) or hierarchical
-    (node-local shared memory, leaders across nodes; native under fault tolerance). ``x`` is a
+    ``selection``), ring, recursive_doubling, native (``MPI_Allreduce``), hierarchical
+    (node-local shared memory, leaders across nodes; native under fault tolerance) or one_shot
+    (small messages on one node: every rank reads every input from shared memory; native
+    across nodes and under fault tolerance). ``x`` is a
     contiguous numpy or cupy array of float16/32/64 or int32/64. ``out`` receives the
     result (``out=x`` reduces in place; an ``out`` that partly overlaps ``x`` gets the
     right result through a temporary). ``comm``: a Context, an MPI intracommunicator
@@ -64,8 +68,14 @@ def allreduce(x, op: str = "sum", *, algorithm: str = "auto", comm: Comm = None,
     chosen, local = resolved_algorithm(x, algorithm, local)
     if local is None and out is None:
         out, local = allocated_like(x)
+    fields = signature(x, op, algorithm, chosen)
+    shot = shot_plan(context, x, OPS[op]) if checking and local is None and chosen == "one_shot" else None
+    if shot is not None:
+        checked_one_shot(shot, context, x, out, PlannedCheck("allreduce", fields))
+        OPS[op].finish(out, context.size)
+        return out
     if checking:
-        agree(context.comm, "allreduce", signature(x, op, algorithm, chosen), local)
+        agree(context, "allreduce", fields, local)
     else:
         raise_local("allreduce", local, context.rank)
     reduce_flat(context, x.reshape(-1), out.reshape(-1), OPS[op], chosen)
@@ -76,20 +86,23 @@ class CallPlan:
     """What every call of one signature (dtype, shape, op, algorithm) needs, worked out once
     per context (so per communicator: ``Context.replace_comm`` drops them) and settings
     ``generation``: whether to check by default, the algorithm ``auto`` picks by the table,
-    the check (``PlannedCheck``), the bytes counted as moved (native's) and whether to divide."""
+    the check (``PlannedCheck``), a one-shot call's views of the exchange (``shot``),
+    the bytes counted as moved (native's) and whether to divide."""
 
     __slots__ = ("generation", "checking", "algorithm", "function", "op", "check", "native", "flatten",
-                 "hierarchical", "moved", "divide", "size")
+                 "steps_aside", "shot", "moved", "divide", "size")
 
-    def __init__(self, x: np.ndarray, op: str, algorithm: str, checking: bool, table, generation: int,
-                 size: int) -> None:
+    def __init__(self, context: Context, x: np.ndarray, op: str, algorithm: str, checking: bool, table,
+                 generation: int) -> None:
+        size = context.size
         self.generation, self.checking = generation, checking
         self.algorithm = choose(x.nbytes, table) if algorithm == "auto" else algorithm
         self.function = ALGORITHM_FUNCTIONS[self.algorithm]
         self.op = OPS[op]
         self.check = PlannedCheck("allreduce", signature(x, op, algorithm, self.algorithm))
         self.native = self.algorithm == "native"
-        self.hierarchical = self.algorithm == "hierarchical"
+        self.steps_aside = self.algorithm in ("hierarchical", "one_shot")
+        self.shot = shot_plan(context, x, self.op) if self.algorithm == "one_shot" else None
         self.flatten = x.ndim != 1
         self.moved = native_moved(x.nbytes, size)
         self.divide, self.size = self.op.divide_by_size, size
@@ -123,9 +136,21 @@ def planned(context: Context, x, op: str, algorithm: str, out, check: Optional[b
     elif out is not x and (type(out) is not np.ndarray or out.shape != x.shape or out.dtype != x.dtype
                            or not _usable_out(x, out.flags, out)):
         return None
+    checking = plan.checking if check is None else check
+    if plan.shot is not None:
+        plan.shot.run(context, x, out, plan.check if checking else None)
+    else:
+        _planned_reduce(context, plan, x, out, checking)
+    if plan.divide:
+        plan.op.finish(out, plan.size)
+    return out
+
+
+def _planned_reduce(context: Context, plan: CallPlan, x: np.ndarray, out: np.ndarray, checking: bool) -> None:
+    """The planned path's check (when ``checking``) and reduction, apart from a one-shot call."""
     comm = context.comm
-    if plan.checking if check is None else check:
-        plan.check.run(comm)
+    if checking:
+        plan.check.run(context)
     if plan.native:
         comm.Allreduce(MPI.IN_PLACE if out is x else x, out, plan.op.mpi_op)
         sent = received = plan.moved
@@ -133,14 +158,11 @@ def planned(context: Context, x, op: str, algorithm: str, out, check: Optional[b
         flat_x, flat_out = (x.reshape(-1), out.reshape(-1)) if plan.flatten else (x, out)
         transfer = context.cache.get("transfer.host") or transfer_for(context, x)
         function = ALGORITHM_FUNCTIONS[stepped_aside(plan.algorithm, context.ft, x.nbytes)] \
-            if plan.hierarchical else plan.function
+            if plan.steps_aside else plan.function
         sent, received = function(comm, flat_x, flat_out, plan.op, transfer)
     traffic = context.traffic
     traffic.sent += sent
     traffic.received += received
-    if plan.divide:
-        plan.op.finish(out, plan.size)
-    return out
 
 
 def _new_plan(context: Context, x: np.ndarray, op: str, algorithm: str) -> Optional[CallPlan]:
@@ -156,7 +178,7 @@ def _new_plan(context: Context, x: np.ndarray, op: str, algorithm: str) -> Optio
     plans = context.cache.setdefault("allreduce.plans", {})
     if len(plans) >= PLAN_LIMIT:
         plans.clear()
-    plan = plans[(x.dtype, x.shape, op, algorithm)] = CallPlan(x, op, algorithm, checking, table, made, context.size)
+    plan = plans[(x.dtype, x.shape, op, algorithm)] = CallPlan(context, x, op, algorithm, checking, table, made)
     return plan
 
 
@@ -178,10 +200,13 @@ def resolved_algorithm(x, algorithm: str, local: Optional[Problem]) -> Tuple[str
 
 
 def auto_choice(x, table=None) -> str:
-    """``auto``'s algorithm for ``x`` by ``table`` (else the active one); the ring for a device
-    array where the table says hierarchical (its shared memory is host memory)."""
+    """``auto``'s algorithm for ``x`` by ``table`` (else the active one); for a device array the
+    ring where the table says hierarchical and native where it says one_shot (their shared
+    memory is host memory)."""
     chosen = choose(x.nbytes, table)
-    return "ring" if chosen == "hierarchical" and is_device_array(x) else chosen
+    if is_device_array(x):
+        return {"hierarchical": "ring", "one_shot": "native"}.get(chosen, chosen)
+    return chosen
 
 
 def allocated_like(x) -> Tuple[object, Optional[Problem]]:

@@ -58,7 +58,7 @@ def allreduce_many(arrays: Sequence, op: str = "sum", *, algorithm: str = "auto"
         results, local = _prepare(context, arrays, last.buckets, last.regions, inplace)
         if local is None:
             if last.checking if check is None else check:
-                last.check.run(context.comm)
+                last.check.run(context)
             _reduce_buckets(context, arrays, last.buckets, last.regions, results, OPS[op], algorithm, inplace)
             return results
     made = generation()
@@ -86,7 +86,7 @@ def allreduce_many(arrays: Sequence, op: str = "sum", *, algorithm: str = "auto"
         ("dtypes and shapes", stable_hash(_layout(arrays)), lambda: _described(arrays, labels)),
     ]
     if checking:
-        agree(context.comm, "allreduce_many", fields, local)
+        agree(context, "allreduce_many", fields, local)
     else:
         raise_local("allreduce_many", local, context.rank)
     default_check, unusable_check = (checking, None) if check is None else setting_value(CHECK, True)

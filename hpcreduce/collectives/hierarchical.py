@@ -20,81 +20,18 @@ are staged through host memory (``auto`` gives them the ring).
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from ..arrays import copy_into, is_device_array, to_host
 from .native import native_moved
+from .node_window import node_window
 from .ops import ReduceOp
 from .transfer import DirectTransfer
 
-_keyval: Optional[int] = None
 FAULT_TOLERANT_RING_FROM = 4 << 20
-
-
-class NodeWindow:
-    """The node communicator, the leaders' communicator (node rank 0 of each node; None
-    elsewhere) and a shared window of ``capacity`` bytes: L slots and a result area."""
-
-    def __init__(self, comm: MPI.Intracomm):
-        self.node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-        self.node_rank, self.node_size = self.node.Get_rank(), self.node.Get_size()
-        leaders = comm.Split(0 if self.node_rank == 0 else MPI.UNDEFINED, comm.Get_rank())
-        self.leaders = None if leaders == MPI.COMM_NULL else leaders
-        self.nodes = self.node.bcast(self.leaders.Get_size() if self.leaders is not None else 0, root=0)
-        self.window: Optional[MPI.Win] = None
-        self.capacity = 0
-
-    def areas(self, nbytes: int, dtype: np.dtype) -> Tuple[List[np.ndarray], np.ndarray]:
-        """L slots and the result area, ``nbytes`` each as ``dtype`` (collective over the node
-        when the window grows). The areas sit a fixed stride apart (the capacity over L + 1),
-        whatever the message size, so a rank that already writes its slot for the next call
-        never touches the result area a slower rank is still copying out."""
-        slot = -(-max(nbytes, 1) // 8) * 8
-        if (self.node_size + 1) * slot > self.capacity:
-            capacity = max((self.node_size + 1) * slot, 2 * self.capacity)
-            self._release_window()  # collective: every rank has copied out the last result
-            self.window = MPI.Win.Allocate_shared(capacity if self.node_rank == 0 else 0, 1, comm=self.node)
-            self.window.Lock_all(MPI.MODE_NOCHECK)
-            self.capacity = capacity
-        memory, _ = self.window.Shared_query(0)
-        shared = np.frombuffer(memory, dtype=np.uint8)
-        stride = self.capacity // (self.node_size + 1) // 8 * 8
-        area = [shared[j * stride:j * stride + nbytes].view(dtype) for j in range(self.node_size + 1)]
-        return area[:-1], area[-1]
-
-    def fence(self) -> None:
-        """Every rank of the node has finished its writes to the window (and sees the others')."""
-        self.window.Sync()
-        self.node.Barrier()
-        self.window.Sync()
-
-    def free(self) -> None:
-        self._release_window()
-        for comm in (self.node, self.leaders):
-            if comm is not None:
-                comm.Free()
-
-    def _release_window(self) -> None:
-        if self.window is not None:
-            self.window.Unlock_all()
-            self.window.Free()
-            self.window = None
-            self.capacity = 0
-
-
-def node_window(comm: MPI.Intracomm) -> NodeWindow:
-    """``comm``'s NodeWindow, made on first use (collectively) and freed with ``comm``."""
-    global _keyval
-    if _keyval is None:
-        _keyval = MPI.Comm.Create_keyval(delete_fn=lambda _comm, _key, found: found.free())
-    found = comm.Get_attr(_keyval)
-    if found is None:
-        found = NodeWindow(comm)
-        comm.Set_attr(_keyval, found)
-    return found
 
 
 def hierarchical_allreduce(comm: MPI.Intracomm, x, out, op: ReduceOp,
@@ -138,7 +75,8 @@ def hierarchical_allreduce(comm: MPI.Intracomm, x, out, op: ReduceOp,
 def stepped_aside(algorithm: str, fault_tolerant: bool, nbytes: int) -> str:
     """The algorithm to run for ``algorithm``: under fault tolerance, where shared windows are
     not used, messages instead of hierarchical (native up to 4 MiB, the ring above, as measured
-    on tcp); the same choice on every rank (fault tolerance is on for the whole job or not)."""
+    on tcp) and of one_shot (native); the same choice on every rank (fault tolerance is on for
+    the whole job or not)."""
     if fault_tolerant and algorithm == "hierarchical":
         return "native" if nbytes <= FAULT_TOLERANT_RING_FROM else "ring"
-    return algorithm
+    return "native" if fault_tolerant and algorithm == "one_shot" else algorithm

@@ -2,16 +2,18 @@
 
 Each row is (largest message in bytes, algorithm); the first row that covers the
 message wins. The crossovers come from ``hpcreduce bench allreduce`` (native
-``MPI_Allreduce``, the ring, recursive doubling and the hierarchical allreduce interleaved
-call by call) on the 2-core reference machine, 2 and 4 ranks, shared-memory and tcp
-transports (docs/algorithms.md, "Auto"). There the hierarchical allreduce (node-local
-shared memory, leaders across nodes) beat native from 256 KiB up (1.2-5.7x, one node;
-0.4-1.0x at 64 KiB), the ring only from 4-16 MiB, and recursive doubling never beat native
-at small sizes (Python's per-step cost is larger than the library's whole small-message
-allreduce), so it has no row. Device arrays run the ring where the table says hierarchical
-(``auto_choice``), fault-tolerant jobs native or the ring (``hierarchical.stepped_aside``).
-Re-measure on your cluster and set ``HPCREDUCE_AUTO_TABLE`` (e.g.
-``"65536:recursive_doubling,4194304:native,inf:ring"``).
+``MPI_Allreduce``, the ring, recursive doubling, the hierarchical and the one-shot allreduce
+interleaved call by call) on the 2-core reference machine, 2 and 4 ranks, shared-memory and tcp
+transports, one node and two (docs/algorithms.md, "Auto"). There the one-shot allreduce (every
+rank reads every input from the node's shared memory, the input check in the same exchange) beat
+native up to 128 KiB on one node, the hierarchical allreduce (node-local shared memory, leaders
+across nodes) from 256 KiB up (1.2-5.7x), the ring only from 4-16 MiB, and recursive doubling
+never beat native at small sizes (Python's per-step cost is larger than the library's whole
+small-message allreduce), so it has no row. One-shot runs native where the ranks span nodes or
+the message exceeds its shared area; device arrays run native where the table says one_shot and
+the ring where it says hierarchical (``auto_choice``), fault-tolerant jobs native or the ring
+(``hierarchical.stepped_aside``). Re-measure on your cluster and set ``HPCREDUCE_AUTO_TABLE``
+(e.g. ``"65536:recursive_doubling,4194304:native,inf:ring"``).
 """
 from __future__ import annotations
 
@@ -22,12 +24,12 @@ from ..runtime.settings import Setting
 Table = Sequence[Tuple[float, str]]
 
 AUTO_TABLE: Table = (
-    (128 * 1024, "native"),
+    (128 * 1024, "one_shot"),
     (float("inf"), "hierarchical"),
 )
 
 
-CHOOSABLE = ("ring", "recursive_doubling", "native", "hierarchical")
+CHOOSABLE = ("ring", "recursive_doubling", "native", "hierarchical", "one_shot")
 
 
 def parse_table(text: str) -> Table:

@@ -3,15 +3,16 @@
 A rank whose input is bad must not raise alone: its peers would wait in the
 collective forever. So every local check (arrays, out=, settings) runs before any
 communication, and each rank folds its verdict and a signature of its input (dtype,
-op, shape, the algorithm it would run, ...) into one small integer vector; a single
-``MPI_Allreduce(MAX)`` over ``[v, -v]`` gives every rank the maximum and minimum of
-each field. Any local problem, or any field whose minimum and maximum differ, raises
-the same error on every rank before data moves. Only then (the error path) do the
-ranks gather what each one passed, so the message names the real values per rank.
-Cost: one allreduce of 2 x (fields + 1) int64 values, 112 bytes for ``allreduce``'s six fields
-(``PlannedCheck``: the same allreduce with its buffers made once per signature, for the hot
-path of ``allreduce``; ~1 us of MPI at 2 ranks on shared memory, about one small message's
-latency elsewhere).
+op, shape, the algorithm it would run, ...) into one small integer vector that every rank
+then sees: through the node's ``SharedExchange`` where all ranks share one node and fault
+tolerance is off (each rank reads every rank's vector; no message), else as a single
+``MPI_Allreduce(MAX)`` over ``[v, -v]`` (the maximum and minimum of each field). Any local
+problem, or any field that differs between ranks, raises the same error on every rank before
+data moves. Only then (the error path) do the ranks gather what each one passed, so the
+message names the real values per rank.
+Cost: one exchange of a 120-byte row (about 1 us at 2 ranks), or one allreduce of 2 x (fields
++ 1) int64 values, 112 bytes for ``allreduce``'s six fields (about one small message's
+latency); ``PlannedCheck`` prepares either once per call signature, for the hot paths.
 """
 from __future__ import annotations
 
@@ -24,10 +25,13 @@ from mpi4py import MPI
 
 from ..errors import ConfigurationError, InputMismatchError, UnsupportedInputError
 from ..arrays import is_device_array
+from ..runtime.context import Context
 from ..runtime.settings import Setting
+from .exchange import header_row
+from .node_window import shared_exchange
 from .ops import DTYPES, OP_NAMES, dtype_code
 
-ALGORITHMS = ("auto", "ring", "recursive_doubling", "native", "hierarchical")
+ALGORITHMS = ("auto", "ring", "recursive_doubling", "native", "hierarchical", "one_shot")
 
 
 @dataclass(frozen=True)
@@ -138,11 +142,18 @@ Field = Tuple[str, int, object]
 called on the error path only, a list is compared item by item)."""
 
 
-def agree(comm: MPI.Intracomm, what: str, fields: Sequence[Field], local: Optional[Problem]) -> None:
+def agree(context: Context, what: str, fields: Sequence[Field], local: Optional[Problem]) -> None:
     """Raise the same error on every rank if any rank has a problem or the fields differ."""
-    size, rank = comm.Get_size(), comm.Get_rank()
-    key = local.kind.code * size + rank + 1 if local is not None else 0
-    both = check_vector(fields, key)
+    comm = context.comm
+    key = local.kind.code * comm.Get_size() + comm.Get_rank() + 1 if local is not None else 0
+    values = [key] + [code for _, code, _ in fields]
+    exchange = shared_exchange(context)
+    if exchange is not None:
+        rows = exchange.rows(exchange.publish(header_row(values)))
+        if rows[:, 1].max() > 0 or (rows != rows[0]).any():
+            raise_for_rows(comm, what, fields, local, rows)
+        return
+    both = check_vector(values)
     comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
     # A problem anywhere makes the highest key positive; each field's max - min is >= 0, so
     # the fields all agree iff their sum is zero (the key's own max - min aside).
@@ -150,32 +161,47 @@ def agree(comm: MPI.Intracomm, what: str, fields: Sequence[Field], local: Option
         _raise_disagreement(comm, what, fields, local, int(both[0]))
 
 
-def check_vector(fields: Sequence[Field], key: int = 0) -> np.ndarray:
+def check_vector(values: Sequence[int]) -> np.ndarray:
     """``[key, codes..., -key, -codes...]``: what each rank contributes to the check's MAX."""
-    values = np.array([key] + [code for _, code, _ in fields], dtype=np.int64)
-    return np.concatenate([values, -values])
+    vector = np.array(values, dtype=np.int64)
+    return np.concatenate([vector, -vector])
+
+
+def raise_for_rows(comm: MPI.Intracomm, what: str, fields: Sequence[Field], local: Optional[Problem],
+                   rows: np.ndarray) -> None:
+    """The error path after an exchange whose ``rows`` (every rank's ``header_row``) differ or
+    carry a problem: the same error on every rank."""
+    _raise_disagreement(comm, what, fields, local, int(rows[:, 1].max()))
 
 
 class PlannedCheck:
     """``agree`` for one call signature, made once, for a rank with no local problem (the hot
-    path of ``allreduce``): the same single allreduce of ``check_vector(fields)``, so it meets
-    ``agree`` on other ranks; its buffers are prepared as ``[array, MPI.INT64_T]`` (mpi4py
-    reads no buffer format per call). With no problem anywhere and every field alike, the MAX
-    is the vector itself: one bytes comparison."""
+    paths of ``allreduce`` and ``allreduce_many``): the same exchange or allreduce, so it meets
+    ``agree`` on other ranks, with everything it sends made here. With no problem anywhere and
+    every field alike, what comes back is known in advance: one bytes comparison."""
 
-    __slots__ = ("what", "fields", "send", "receive", "received", "expected")
+    __slots__ = ("what", "fields", "row", "send", "receive", "received", "expected")
 
     def __init__(self, what: str, fields: Sequence[Field]) -> None:
-        vector = check_vector(fields)
-        self.what, self.fields, self.received = what, fields, np.empty_like(vector)
+        values = [0] + [code for _, code, _ in fields]
+        self.what, self.fields = what, fields
+        self.row = header_row(values)
+        vector = check_vector(values)
+        self.received = np.empty_like(vector)
         self.send, self.receive = [vector, MPI.INT64_T], [self.received, MPI.INT64_T]
         self.expected = vector.tobytes()
 
-    def run(self, comm: MPI.Intracomm) -> None:
+    def run(self, context: Context) -> None:
         """Raise the same error on every rank if any rank has a problem or the fields differ."""
-        comm.Allreduce(self.send, self.receive, MPI.MAX)
+        exchange = shared_exchange(context)
+        if exchange is not None:
+            parity = exchange.publish(self.row)
+            if not exchange.same(parity, self.row):
+                raise_for_rows(context.comm, self.what, self.fields, None, exchange.rows(parity))
+            return
+        context.comm.Allreduce(self.send, self.receive, MPI.MAX)
         if self.received.tobytes() != self.expected:
-            _raise_disagreement(comm, self.what, self.fields, None, int(self.received[0]))
+            _raise_disagreement(context.comm, self.what, self.fields, None, int(self.received[0]))
 
 
 def _raise_disagreement(comm: MPI.Intracomm, what: str, fields: Sequence[Field],
@@ -191,6 +217,9 @@ def _raise_disagreement(comm: MPI.Intracomm, what: str, fields: Sequence[Field],
                 culprits.setdefault(found, []).append(r)
         raise kind.error(f"{what}: " + "; ".join(f"{_ranks(ranks)} {PROBLEMS[code].summary}: {detail}"
                                                  for (code, detail), ranks in culprits.items()))
+    if len({len(values) for _, values in reports}) > 1:
+        raise InputMismatchError(f"{what}: ranks disagree on whether the input check is on (check=, "
+                                 "HPCREDUCE_CHECK)")
     for index, (name, _, _) in enumerate(fields):
         shown = [values[index] for _, values in reports]
         if len(set(map(repr, shown))) > 1:

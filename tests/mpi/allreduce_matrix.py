@@ -16,7 +16,7 @@ from mpi_checks import sample
 context = hpcreduce.init()
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
-ALGORITHMS = ("ring", "recursive_doubling", "native", "hierarchical", "auto")
+ALGORITHMS = ("ring", "recursive_doubling", "native", "hierarchical", "one_shot", "auto")
 SIZES = sorted({0, 1, max(size - 1, 0), size + 1, 1_000_003})
 TOLERANCE = {"float16": 2e-2, "float32": 1e-5, "float64": 1e-12}
 
@@ -60,17 +60,20 @@ for n in SIZES:
                 if len(set(digests)) != 1:
                     failures.append(f"{algorithm} {op} {dtype} n={n}: ranks hold different bits {digests}")
 
-# Back-to-back calls of changing sizes, nothing in between (no check, as between fusion buckets): a rank that finished a call writes
-# its input for the next one while a slower rank may still read the last result.
-wrong = []
-for call in range(400):  # every rank makes every call, whatever it finds
-    n = (150, 100, 1000, 37)[call % 4] * (1 + call % 3)
-    got = hpcreduce.allreduce(np.full(n, rank + call, np.int64), "sum", algorithm="hierarchical", check=False)
-    if not (got == size * call + size * (size - 1) // 2).all():
-        wrong.append(call)
-if wrong:
-    failures.append(f"back-to-back hierarchical calls: {len(wrong)} of 400 wrong, the first call {wrong[0]}")
-checked += 400
+# Back-to-back calls of changing sizes, nothing in between (no check, as between fusion buckets,
+# or for one_shot the check carried in the same exchange): a rank that finished a call writes
+# its input for the next one while a slower rank may still read the last one.
+for algorithm in ("hierarchical", "one_shot"):
+    wrong = []
+    for call in range(400):  # every rank makes every call, whatever it finds
+        n = (150, 100, 1000, 37)[call % 4] * (1 + call % 3)
+        checking = algorithm == "one_shot" and call % 2 == 0
+        got = hpcreduce.allreduce(np.full(n, rank + call, np.int64), "sum", algorithm=algorithm, check=checking)
+        if not (got == size * call + size * (size - 1) // 2).all():
+            wrong.append(call)
+    if wrong:
+        failures.append(f"back-to-back {algorithm} calls: {len(wrong)} of 400 wrong, the first call {wrong[0]}")
+    checked += 400
 
 all_failures = world.allgather(failures)
 nodes = len(set(world.allgather(socket.gethostname())))

@@ -3,8 +3,10 @@
 ``collective_hardening.py`` (any N >= 2): overlapping out=, read-only buffers on one rank,
 settings that differ or are unusable on one rank, per-rank messages, unusable comm= on
 every rank, one rank leaving the planned path (a call signature seen before) or a repeated
-allreduce_many call while the others take it, and what a failed in-place fusion says it
-applied. Every rank asserts.
+allreduce_many call while the others take it, the check off on one rank, and what a failed
+in-place fusion says it applied. Every rank asserts. On one node without fault tolerance the
+checks travel through the node's shared memory; with ``ft=True`` (or across nodes) as an
+``MPI_Allreduce``: tests/test_collective_hardening.py runs both.
 ``collective_hardening.py one-bad-comm``: only rank 1 passes an unusable comm=; the job
 must end at once with the error, not hang.
 """
@@ -20,6 +22,7 @@ from hpcreduce.runtime import settings
 from hpcreduce import ConfigurationError, InputMismatchError, UnsupportedInputError
 from hpcreduce.collectives.buckets import GradientBuckets
 from hpcreduce.collectives.fusion import _reduce_buckets
+from hpcreduce.collectives.node_window import shared_exchange
 from hpcreduce.collectives.ops import OPS
 from mpi_checks import expect_raised
 
@@ -86,18 +89,18 @@ def check_read_only_on_one_rank():
 
 
 def check_settings_that_differ():
-    small = np.ones(256, np.float32)  # 1 KiB: native by the default table
+    small = np.ones(256, np.float32)  # 1 KiB: one_shot by the default table
     ring_on_1 = "inf:ring" if rank == 1 else None
-    expect_everywhere(InputMismatchError, ["algorithm", "passed native (auto)", "rank 1 passed ring (auto)"],
+    expect_everywhere(InputMismatchError, ["algorithm", "passed one_shot (auto)", "rank 1 passed ring (auto)"],
                       lambda: with_env("HPCREDUCE_AUTO_TABLE", ring_on_1, lambda: hpcreduce.allreduce(small)))
-    expect_everywhere(InputMismatchError, ["auto table", "rank 1 passed inf:ring", "131072:native,inf:hierarchical"],
+    expect_everywhere(InputMismatchError, ["auto table", "rank 1 passed inf:ring", "131072:one_shot,inf:hierarchical"],
                       lambda: with_env("HPCREDUCE_AUTO_TABLE", ring_on_1,
                                        lambda: hpcreduce.allreduce_many([small, small])))
     expect_everywhere(InputMismatchError, ["fusion threshold", "rank 1 passed 64"],
                       lambda: with_env("HPCREDUCE_FUSION_BYTES", "64" if rank == 1 else None,
                                        lambda: hpcreduce.allreduce_many([small, small])))
     # The same tables everywhere: auto and an explicit choice of the same algorithm agree.
-    got = hpcreduce.allreduce(small, algorithm="native" if rank == 0 else "auto")
+    got = hpcreduce.allreduce(small, algorithm="one_shot" if rank == 0 else "auto")
     assert got[0] == size
 
 
@@ -132,7 +135,7 @@ def check_planned_path_meets_full_path():
     meets the others in the same check: the same error everywhere, never a hang."""
     grid = np.arange(12.0).reshape(3, 4) + rank
     want = sum(np.arange(12.0).reshape(3, 4) + r for r in range(size))
-    for algorithm in ("auto", "ring", "recursive_doubling", "native"):
+    for algorithm in ("auto", "ring", "recursive_doubling", "native", "one_shot", "hierarchical"):
         for _ in range(2):  # the first call makes the plan, the second uses it
             assert np.array_equal(hpcreduce.allreduce(grid, algorithm=algorithm), want), algorithm
             into = np.empty_like(grid)
@@ -154,6 +157,20 @@ def check_planned_path_meets_full_path():
         expect_everywhere(error, fragments, call or (lambda label=label: hpcreduce.allreduce(
             odd[label] if rank == LAST else grid)))
         assert np.array_equal(hpcreduce.allreduce(grid), want), f"after the {label} mismatch"
+
+
+def check_input_check_off_on_one_rank():
+    """Where the check travels in the node's shared memory, a one-shot call with the check off on
+    one rank meets the checked calls of the others in the same exchange: the same error
+    everywhere, never a hang (across nodes and under fault tolerance a check is a collective of
+    its own, which a rank without it never joins: keep the check on, or off, everywhere)."""
+    if shared_exchange(context) is None:
+        return
+    small = np.ones(16)
+    expect_everywhere(InputMismatchError, "whether the input check is on",
+                      lambda: hpcreduce.allreduce(small, algorithm="one_shot", check=rank != LAST))
+    expect_everywhere(InputMismatchError, "whether the input check is on",
+                      lambda: hpcreduce.allreduce(small, check=rank != LAST))
 
 
 def check_repeated_fusion_meets_full_path():
@@ -209,7 +226,8 @@ if sys.argv[1:] == ["one-bad-comm"]:
     raise AssertionError(f"rank {rank}: an unusable comm= on rank 1 did not end the job")
 
 ACROSS_RANKS = (check_settings_that_differ, check_messages_name_values,  # need two ranks to differ
-                check_planned_path_meets_full_path, check_repeated_fusion_meets_full_path)
+                check_planned_path_meets_full_path, check_repeated_fusion_meets_full_path,
+                check_input_check_off_on_one_rank)
 for check in (check_overlapping_out, check_read_only_on_one_rank, check_unusable_setting_on_one_rank,
               *(ACROSS_RANKS if size > 1 else ()), check_failed_fusion_says_what_was_applied):
     check()

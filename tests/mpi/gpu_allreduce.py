@@ -30,7 +30,7 @@ if wanted == "direct" and path != "device":
     if rank == 0:
         print("skip: this MPI is not CUDA-aware (its MPIX query says no), so there is no direct path")
     sys.exit(0)
-ALGORITHMS = ("ring", "recursive_doubling", "native", "auto")
+ALGORITHMS = ("ring", "recursive_doubling", "native", "one_shot", "auto")
 TOLERANCE = {"float16": 2e-2, "float32": 1e-5, "float64": 1e-12}
 
 LATE_FILL = cupy.RawKernel(r"""

@@ -258,7 +258,8 @@ def check_fusion_and_allreduce_staged():
         results = hpcreduce.allreduce_many(arrays, "sum", comm=user, threshold_bytes=threshold)
         for got, want, a in zip(results, expected, arrays):
             assert got.shape == a.shape and got.dtype == a.dtype, (threshold, got.shape, a.shape)
-            assert np.allclose(got, want, rtol=1e-2 if a.dtype == np.float16 else 1e-5), (threshold, a.dtype)
+            # another summation order than native's (one_shot, ring): rounding, also near 0
+            assert np.allclose(got, want, rtol=1e-2 if a.dtype == np.float16 else 1e-5, atol=1e-5), (threshold, a.dtype)
     copies = [a.copy() for a in arrays]
     hpcreduce.allreduce_many(copies, "sum", comm=user, inplace=True, threshold_bytes=4096)
     for got, want in zip(copies, expected):

@@ -1,0 +1,121 @@
+"""One-shot allreduce: every rank reads every rank's input from the node's shared memory.
+
+Steps (N ranks on one node, n bytes): each rank copies its n bytes beside its header row in
+the node's ``SharedExchange``; once every row carries the call's number, each rank combines
+the N inputs in rank order into its result. One synchronisation and no message: per rank n
+bytes written, N x n read and N - 1 combines of n bytes (every rank does them all, in the
+same order, so every rank ends with the same bits). It beats a message-based allreduce for
+small messages, where that pays log2(N) or 2(N - 1) latencies; its reads grow with N x n,
+so ``auto`` gives it small messages only (``selection``).
+With the input check on, the check's row travels in the same exchange (``checked_one_shot``):
+the whole checked call is one synchronisation. Only where every rank shares one node and
+fault tolerance is off, and for at most the exchange's ``capacity`` (256 KiB, less from 5
+ranks on: at most 1 MiB read per rank); elsewhere native
+``MPI_Allreduce`` runs in its place (``stepped_aside`` and ``one_shot_allreduce``).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ..arrays import copy_into, is_device_array, to_host
+from ..runtime.context import Context
+from .exchange import SharedExchange, header_row
+from .native import native_allreduce, native_moved
+from .node_window import node_window, shared_exchange
+from .ops import ReduceOp
+from .transfer import DirectTransfer
+from .validate import PlannedCheck, raise_for_rows
+
+UNCHECKED_ROW = header_row([])
+"""The row of a call without the check (a checked call's row differs: it counts its fields)."""
+
+
+def one_shot_allreduce(comm: MPI.Intracomm, x, out, op: ReduceOp, transfer: DirectTransfer) -> Tuple[int, int]:
+    """Reduce the flat array ``x`` into ``out`` (may alias ``x``) without the check; native
+    ``MPI_Allreduce`` where the ranks span nodes or ``x`` exceeds the exchange's payload."""
+    if comm.Get_size() == 1:
+        if out is not x:
+            out[...] = x
+        return 0, 0
+    shared = node_window(comm)
+    if shared.nodes > 1 or x.nbytes > shared.exchange().capacity:
+        return native_allreduce(comm, x, out, op, transfer)
+    exchange = shared.exchange()
+    host_x, host_out = staged(x, out)
+    inputs = exchange.payloads(host_x.dtype, host_x.size)
+    parity = exchange.publish(UNCHECKED_ROW, host_x, [views[exchange.rank] for views in inputs])
+    if not exchange.same(parity, UNCHECKED_ROW):
+        raise_for_rows(comm, "allreduce", [], None, exchange.rows(parity))
+    combine(getattr(np, op.ufunc_name), inputs[parity], host_out)
+    if host_out is not out:
+        copy_into(out, host_out)
+    moved = native_moved(x.nbytes, comm.Get_size())
+    return moved, moved
+
+
+class ShotPlan:
+    """One-shot calls of one signature (dtype, shape, op) through ``exchange``, with the views
+    made once: a checked call's row travels with its payload in one exchange."""
+
+    __slots__ = ("exchange", "areas", "inputs", "ufunc", "moved")
+
+    def __init__(self, exchange: SharedExchange, dtype: np.dtype, shape: Tuple[int, ...], op: ReduceOp) -> None:
+        count = int(np.prod(shape))
+        self.exchange = exchange
+        self.inputs = [[view.reshape(shape) for view in views] for views in exchange.payloads(dtype, count)]
+        self.areas = [views[exchange.rank] for views in self.inputs]
+        self.ufunc = getattr(np, op.ufunc_name)
+        self.moved = native_moved(count * dtype.itemsize, exchange.size)
+
+    def run(self, context: Context, x: np.ndarray, out: np.ndarray, check: Optional[PlannedCheck]) -> None:
+        """Raise ``check``'s error on every rank (or, without one, the error of a check that is on
+        somewhere else), or reduce the host array ``x`` into ``out``."""
+        exchange = self.exchange
+        row = UNCHECKED_ROW if check is None else check.row
+        parity = exchange.publish(row, x, self.areas)
+        if not exchange.same(parity, row):
+            what, fields = ("allreduce", []) if check is None else (check.what, check.fields)
+            raise_for_rows(context.comm, what, fields, None, exchange.rows(parity))
+        combine(self.ufunc, self.inputs[parity], out)
+        traffic = context.traffic
+        traffic.sent += self.moved
+        traffic.received += self.moved
+
+
+def shot_plan(context: Context, x, op: ReduceOp) -> Optional[ShotPlan]:
+    """The ``ShotPlan`` of a one-shot call of ``x``, or None where it steps aside (ranks on several
+    nodes, fault tolerance, more than the exchange's payload): a check then runs on its own and
+    native ``MPI_Allreduce`` in its place."""
+    exchange = None if context.ft else shared_exchange(context)
+    if exchange is None or x.nbytes > exchange.capacity:
+        return None
+    return ShotPlan(exchange, x.dtype, tuple(x.shape), op)
+
+
+def checked_one_shot(plan: ShotPlan, context: Context, x, out, check: PlannedCheck) -> None:
+    """``plan.run`` for any array: a device array's values are staged through host memory."""
+    host_x, host_out = staged(x, out)
+    plan.run(context, host_x, host_out, check)
+    if host_out is not out:
+        copy_into(out, host_out)
+
+
+def combine(ufunc, inputs: List[np.ndarray], out: np.ndarray) -> None:
+    """``out = inputs[0] (op) inputs[1] (op) ...`` with the op's ``ufunc``, in rank order."""
+    if len(inputs) == 1:
+        out[...] = inputs[0]
+        return
+    ufunc(inputs[0], inputs[1], out)
+    for more in inputs[2:]:
+        ufunc(out, more, out)
+
+
+def staged(x, out) -> Tuple[np.ndarray, np.ndarray]:
+    """Host arrays for ``x`` and ``out``: themselves, or host copies of device arrays."""
+    if not is_device_array(x):
+        return x, out
+    host_x = to_host(x)
+    return host_x, np.empty_like(host_x)
