@@ -16,3 +16,9 @@ def test_fusion_bad_input_staging_and_private_communicator(ranks):
     result = mpirun(ranks, "collective_contracts.py", timeout=120)
     assert result.returncode == 0, result
     assert result.output.count("ok check_") == 5, result
+
+
+def test_one_shot_and_shared_checks_past_the_few_ranks_compared_one_by_one():
+    result = mpirun(10, "one_shot_many.py", timeout=240)
+    assert result.returncode == 0, result
+    assert "one-shot at 10 ranks: ok" in result.output, result

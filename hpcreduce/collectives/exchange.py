@@ -34,6 +34,10 @@ allreduce's largest message, so that no rank reads more than 1 MiB of its peers'
 SPINS = 64
 """Looks at a peer's row before each wait yields the core (``sched_yield``) to another process."""
 
+FEW = 8
+"""Up to this many ranks, rows are waited for and compared one by one (a few Python calls);
+above it, all at once by numpy (one call, whatever the number)."""
+
 STORES_IN_ORDER = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 """x86 makes a core's stores visible in program order and keeps loads in order (TSO), so the
 row needs no memory barrier before its sequence number there; elsewhere (Arm, POWER) each
@@ -64,9 +68,11 @@ class SharedExchange:
         self.peer_flags = [[w for r, w in enumerate(words) if r != self.rank] for words in self.flag_words]
         self.row_spans = [[(start + 8, start + ROW_BYTES) for start in row] for row in starts]
         self.peer_rows = [[span for r, span in enumerate(spans) if r != self.rank] for spans in self.row_spans]
-        self.bodies = [self.parts[p, :, :ROW_BYTES].view(np.int64)[:, 1:] for p in (0, 1)]
+        headers = [self.parts[p, :, :ROW_BYTES].view(np.int64) for p in (0, 1)]
+        self.flags = [rows[:, 0] for rows in headers]
+        self.bodies = [rows[:, 1:] for rows in headers]
         self.sequence = 0
-        self._views: Dict[Tuple[np.dtype, int], List[List[np.ndarray]]] = {}
+        self._views: Dict[Tuple[np.dtype, int], List[np.ndarray]] = {}
 
     def publish(self, row: bytes, payload: Optional[np.ndarray] = None,
                 areas: Optional[List[np.ndarray]] = None) -> int:
@@ -85,6 +91,12 @@ class SharedExchange:
             self.window.Sync()
         words = self.words
         words[self.flag_words[parity][self.rank]] = sequence
+        if self.size > FEW:
+            flags, spins = self.flags[parity], 0
+            while not (flags == sequence).all():
+                spins += 1
+                if spins > SPINS:
+                    os.sched_yield()
         for flag in self.peer_flags[parity]:
             spins = 0
             while words[flag] != sequence:
@@ -97,6 +109,8 @@ class SharedExchange:
 
     def same(self, parity: int, row: bytes) -> bool:
         """Whether every rank published ``row`` in the exchange of ``parity``."""
+        if self.size > FEW:
+            return bool((self.bodies[parity] == np.frombuffer(row, np.int64)).all())
         memory = self.bytes
         for start, end in self.peer_rows[parity]:
             if memory[start:end] != row:
@@ -107,21 +121,21 @@ class SharedExchange:
         """Every rank's row of the exchange of ``parity`` (HEADER_WORDS - 1 int64 each), by rank."""
         return self.bodies[parity]
 
-    def payloads(self, dtype: np.dtype, count: int) -> List[List[np.ndarray]]:
-        """Per parity, every rank's payload area as ``count`` items of ``dtype`` (views made once)."""
+    def payloads(self, dtype: np.dtype, count: int) -> List[np.ndarray]:
+        """Per parity, the payload areas as an (N, ``count``) array of ``dtype``: row r is rank
+        r's (views made once)."""
         views = self._views.get((dtype, count))
         if views is None:
             nbytes = count * dtype.itemsize
             if nbytes > self.capacity:
                 raise ValueError(f"a payload of {nbytes} bytes exceeds the exchange's {self.capacity}")
             views = self._views[(dtype, count)] = [
-                [self.parts[p, r, ROW_BYTES:ROW_BYTES + nbytes].view(dtype) for r in range(self.size)]
-                for p in (0, 1)]
+                self.parts[p, :, ROW_BYTES:ROW_BYTES + nbytes].view(dtype) for p in (0, 1)]
         return views
 
     def free(self) -> None:
         self._views.clear()
-        self.bodies = self.parts = self.words = self.bytes = None
+        self.bodies = self.flags = self.parts = self.words = self.bytes = None
         self.window.Unlock_all()
         self.window.Free()
 
