@@ -34,3 +34,11 @@ def test_torch_problems_on_one_rank_raise_everywhere():
     result = mpirun(2, "torch_hardening.py", timeout=120)
     assert result.returncode == 0, result
     assert result.output.count("ok check_") == 3, result
+
+
+def test_a_rank_waiting_in_shared_memory_keeps_mpi_messages_moving():
+    """Over tcp a large message moves only while its sender calls MPI; the sender waits in the
+    check's shared-memory exchange for the receiver, which waits for that message."""
+    result = mpirun(2, "exchange_progress.py", timeout=60, env={"OMPI_MCA_btl": "tcp,self"})
+    assert result.returncode == 0, result
+    assert "exchange waits kept MPI progressing" in result.output, result
