@@ -88,8 +88,8 @@ def node_window(comm: MPI.Intracomm) -> NodeWindow:
     return found
 
 
-NO_EXCHANGE = "exchange.none"
 EXCHANGE = "exchange.shared"
+"""The context-cache slot of the context's exchange (False where it has none)."""
 
 
 def shared_exchange(context: Context) -> Optional[SharedExchange]:
@@ -97,13 +97,11 @@ def shared_exchange(context: Context) -> Optional[SharedExchange]:
     fault tolerance is off (collective on the first call per communicator), else None (checks
     then travel as an ``MPI_Allreduce``). Kept in the context's cache."""
     found = context.cache.get(EXCHANGE)
-    if found is not None or NO_EXCHANGE in context.cache:
-        return found
-    if not context.ft and context.size > 1:
-        shared = node_window(context.comm)
-        if shared.nodes == 1:
-            found = context.cache[EXCHANGE] = shared.exchange()
-            return found
-    context.cache[NO_EXCHANGE] = True
-    return None
-
+    if found is None:
+        found = False
+        if not context.ft and context.size > 1:
+            shared = node_window(context.comm)
+            if shared.nodes == 1:
+                found = shared.exchange()
+        context.cache[EXCHANGE] = found
+    return found or None

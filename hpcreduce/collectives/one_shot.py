@@ -30,6 +30,7 @@ from .transfer import DirectTransfer
 from .validate import PlannedCheck, raise_for_rows
 
 FEW_INPUTS = 8
+"""Up to this many ranks the inputs are combined one ufunc call each, above by one ``ufunc.reduce``."""
 UNCHECKED_ROW = header_row([])
 """The row of a call without the check (a checked call's row differs: it counts its fields)."""
 
