@@ -8,6 +8,8 @@ module a training run computes with (``Device("cpu")`` or ``Device("gpu")``).
 """
 from __future__ import annotations
 
+from typing import Tuple
+
 import numpy as np
 
 from ..errors import GpuUnavailableError
@@ -43,6 +45,15 @@ def copy_into(destination, source) -> None:
     """``destination[...] = source`` where either may be on the host or the device: the
     values cross through ``to_device`` or ``to_host``, never an implicit conversion."""
     destination[...] = to_device(source) if is_device_array(destination) else to_host(source)
+
+
+def host_pair(x, out) -> Tuple[np.ndarray, np.ndarray]:
+    """Host arrays to reduce ``x`` into ``out`` with: themselves, or for a device ``x`` a host copy
+    of it and a new host array (the caller copies that into ``out`` afterwards)."""
+    if not is_device_array(x):
+        return x, out
+    host_x = to_host(x)
+    return host_x, np.empty_like(host_x)
 
 
 def synchronize(x) -> None:

@@ -25,7 +25,7 @@ from typing import Tuple
 import numpy as np
 from mpi4py import MPI
 
-from ..arrays import copy_into, is_device_array, to_host
+from ..arrays import copy_into, host_pair, is_device_array
 from .native import native_moved
 from .node_window import node_window
 from .ops import ReduceOp
@@ -39,8 +39,7 @@ def hierarchical_allreduce(comm: MPI.Intracomm, x, out, op: ReduceOp,
     """Reduce the flat array ``x`` over ``comm`` into ``out`` (may alias ``x``); returns the
     bytes counted as sent and received, as for native: a bandwidth-optimal allreduce's."""
     if is_device_array(x):
-        host_x = to_host(x)
-        host_out = np.empty_like(host_x)
+        host_x, host_out = host_pair(x, out)
         moved = hierarchical_allreduce(comm, host_x, host_out, op, transfer)
         copy_into(out, host_out)
         return moved

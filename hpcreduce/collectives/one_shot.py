@@ -20,7 +20,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from ..arrays import copy_into, is_device_array, to_host
+from ..arrays import copy_into, host_pair
 from ..runtime.context import Context
 from .exchange import SharedExchange, header_row
 from .native import native_allreduce, native_moved
@@ -45,17 +45,12 @@ def one_shot_allreduce(comm: MPI.Intracomm, x, out, op: ReduceOp, transfer: Dire
     shared = node_window(comm)
     if shared.nodes > 1 or x.nbytes > shared.exchange().capacity:
         return native_allreduce(comm, x, out, op, transfer)
-    exchange = shared.exchange()
-    host_x, host_out = staged(x, out)
-    inputs = exchange.payloads(host_x.dtype, host_x.size)
-    parity = exchange.publish(UNCHECKED_ROW, host_x, [stack[exchange.rank] for stack in inputs])
-    if not exchange.same(parity, UNCHECKED_ROW):
-        raise_for_rows(comm, "allreduce", [], None, exchange.rows(parity))
-    combine(getattr(np, op.ufunc_name), inputs[parity], list(inputs[parity]), host_out)
+    host_x, host_out = host_pair(x, out)
+    plan = ShotPlan(shared.exchange(), host_x.dtype, host_x.shape, op)
+    plan.reduce(comm, host_x, host_out, None)
     if host_out is not out:
         copy_into(out, host_out)
-    moved = native_moved(x.nbytes, comm.Get_size())
-    return moved, moved
+    return plan.moved, plan.moved
 
 
 class ShotPlan:
@@ -73,7 +68,7 @@ class ShotPlan:
         self.ufunc = getattr(np, op.ufunc_name)
         self.moved = native_moved(count * dtype.itemsize, exchange.size)
 
-    def run(self, context: Context, x: np.ndarray, out: np.ndarray, check: Optional[PlannedCheck]) -> None:
+    def reduce(self, comm: MPI.Intracomm, x: np.ndarray, out: np.ndarray, check: Optional[PlannedCheck]) -> None:
         """Raise ``check``'s error on every rank (or, without one, the error of a check that is on
         somewhere else), or reduce the host array ``x`` into ``out``."""
         exchange = self.exchange
@@ -81,8 +76,12 @@ class ShotPlan:
         parity = exchange.publish(row, x, self.areas)
         if not exchange.same(parity, row):
             what, fields = ("allreduce", []) if check is None else (check.what, check.fields)
-            raise_for_rows(context.comm, what, fields, None, exchange.rows(parity))
+            raise_for_rows(comm, what, fields, None, exchange.rows(parity))
         combine(self.ufunc, self.stacks[parity], self.inputs[parity], out)
+
+    def run(self, context: Context, x: np.ndarray, out: np.ndarray, check: Optional[PlannedCheck]) -> None:
+        """``reduce`` on ``context``, counting the traffic as native's."""
+        self.reduce(context.comm, x, out, check)
         traffic = context.traffic
         traffic.sent += self.moved
         traffic.received += self.moved
@@ -100,7 +99,7 @@ def shot_plan(context: Context, x, op: ReduceOp) -> Optional[ShotPlan]:
 
 def checked_one_shot(plan: ShotPlan, context: Context, x, out, check: PlannedCheck) -> None:
     """``plan.run`` for any array: a device array's values are staged through host memory."""
-    host_x, host_out = staged(x, out)
+    host_x, host_out = host_pair(x, out)
     plan.run(context, host_x, host_out, check)
     if host_out is not out:
         copy_into(out, host_out)
@@ -120,10 +119,3 @@ def combine(ufunc, stack: np.ndarray, inputs: List[np.ndarray], out: np.ndarray)
         for more in inputs[2:]:
             ufunc(out, more, out)
 
-
-def staged(x, out) -> Tuple[np.ndarray, np.ndarray]:
-    """Host arrays for ``x`` and ``out``: themselves, or host copies of device arrays."""
-    if not is_device_array(x):
-        return x, out
-    host_x = to_host(x)
-    return host_x, np.empty_like(host_x)

@@ -145,8 +145,7 @@ called on the error path only, a list is compared item by item)."""
 def agree(context: Context, what: str, fields: Sequence[Field], local: Optional[Problem]) -> None:
     """Raise the same error on every rank if any rank has a problem or the fields differ."""
     comm = context.comm
-    key = local.kind.code * comm.Get_size() + comm.Get_rank() + 1 if local is not None else 0
-    values = [key] + [code for _, code, _ in fields]
+    values = field_values(fields, local.kind.code * comm.Get_size() + comm.Get_rank() + 1 if local is not None else 0)
     exchange = shared_exchange(context)
     if exchange is not None:
         rows = exchange.rows(exchange.publish(header_row(values)))
@@ -159,6 +158,11 @@ def agree(context: Context, what: str, fields: Sequence[Field], local: Optional[
     # the fields all agree iff their sum is zero (the key's own max - min aside).
     if both[0] > 0 or sum(both.tolist()):
         _raise_disagreement(comm, what, fields, local, int(both[0]))
+
+
+def field_values(fields: Sequence[Field], key: int = 0) -> List[int]:
+    """``[key, codes...]``: what a rank contributes to the check (``key`` > 0: its problem)."""
+    return [key] + [code for _, code, _ in fields]
 
 
 def check_vector(values: Sequence[int]) -> np.ndarray:
@@ -183,7 +187,7 @@ class PlannedCheck:
     __slots__ = ("what", "fields", "row", "send", "receive", "received", "expected")
 
     def __init__(self, what: str, fields: Sequence[Field]) -> None:
-        values = [0] + [code for _, code, _ in fields]
+        values = field_values(fields)
         self.what, self.fields = what, fields
         self.row = header_row(values)
         vector = check_vector(values)
