@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 from mpi_run import hpcreduce_cli
+from multinode import nodes
 from slurm_cluster import slurm_cluster  # noqa: F401 (the session fixture)
 
 RANKS = 4
@@ -58,14 +59,6 @@ def test_hpcreduce_sees_one_world_under_srun_and_mpirun_in_a_job(slurm_cluster, 
     assert refusal.count("started by srun") == 1 and "mpirun --with-ft ulfm" in refusal, refusal
 
 
-AGENT = """#!/bin/bash
-# mpirun's ssh agent for two "nodes" on this host: the daemon gets its own UTS namespace and hostname.
-while [[ "$1" == -* ]]; do shift; done
-host=$1; shift
-exec unshare --uts bash -c "hostname $host; $*"
-"""
-
-
 def test_srun_across_two_nodes_and_a_hostfile_give_the_same_picture(slurm_cluster, tmp_path):
     srun = slurm_cluster.command(["srun", "-N", "2", "--ntasks-per-node=2", "--output", str(tmp_path / "srun-%t.json"),
                                   sys.executable, "-m", "hpcreduce", "info", "--json"], timeout=120)
@@ -74,11 +67,8 @@ def test_srun_across_two_nodes_and_a_hostfile_give_the_same_picture(slurm_cluste
     assert [info["nodes"] for info in under_srun] == [picture] * 4, srun.stdout
     assert [info["node"] for info in under_srun] == ["node1", "node1", "node2", "node2"]
 
-    agent, hosts = tmp_path / "agent.sh", tmp_path / "hosts"
-    agent.write_text(AGENT)
-    agent.chmod(0o755)
-    hosts.write_text("node1 slots=2\nnode2 slots=2\n")
-    done = hpcreduce_cli("launch", "-n", "4", "--hostfile", str(hosts), "--", sys.executable, "-m", "hpcreduce",
-                         "info", timeout=120, env={"PRTE_MCA_plm_ssh_agent": str(agent)})
+    placed = nodes(tmp_path, [2, 2])
+    done = hpcreduce_cli("launch", "-n", "4", "--hostfile", placed.hostfile, "--", sys.executable, "-m", "hpcreduce",
+                         "info", timeout=120, env=placed.env)
     assert done.returncode == 0, done
     assert done.output.count("nodes           2 nodes: node1 (ranks 0-1), node2 (ranks 2-3)") == 4, done

@@ -26,7 +26,7 @@ from typing import Callable, Generic, List, Optional, TypeVar
 from mpi4py import MPI
 
 from ..runtime.context import Context
-from ..runtime.failures import is_process_failure, revoke
+from ..runtime.failures import free_quietly, is_process_failure, revoke
 from .watchdog import watchdog
 
 T = TypeVar("T")
@@ -109,7 +109,7 @@ def shrink_and_rebuild(comm: MPI.Intracomm, *, before_shrink: Callable[[], None]
             continue
         survivors.Set_errhandler(MPI.ERRORS_RETURN)
         if current is not original:
-            _free(current)
+            free_quietly(current)
         current = survivors
         try:
             current.Agree(1)
@@ -136,9 +136,3 @@ def agree_all(comm: MPI.Intracomm, ok: bool) -> bool:
             raise
         return False
 
-
-def _free(comm: MPI.Intracomm) -> None:
-    try:
-        comm.Free()
-    except MPI.Exception:
-        pass

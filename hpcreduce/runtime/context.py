@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 from ..errors import FaultToleranceUnavailableError, UnsupportedInputError
 from . import environment
+from .failures import free_quietly
 from .spawn import merge_with_parent
 
 
@@ -63,10 +64,7 @@ class Context:
             comm.Set_errhandler(MPI.ERRORS_RETURN)
         old, self.comm = self.comm, comm
         self.cache.clear()
-        try:
-            old.Free()
-        except MPI.Exception:
-            pass  # a revoked communicator may refuse; it is dropped all the same
+        free_quietly(old)
 
     def __repr__(self) -> str:
         return (f"Context(rank={self.rank}, size={self.size}, launcher={self.launcher!r}, "

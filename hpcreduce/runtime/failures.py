@@ -62,3 +62,12 @@ def abandon(comm: MPI.Comm, requests: Iterable[MPI.Request]) -> None:
             request.Wait()
         except MPI.Exception:
             pass
+
+
+def free_quietly(comm: MPI.Comm) -> None:
+    """Free ``comm``; a revoked one, or one whose peers are gone, may refuse: it is dropped all
+    the same."""
+    try:
+        comm.Free()
+    except MPI.Exception:
+        pass

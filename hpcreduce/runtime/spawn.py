@@ -18,6 +18,7 @@ from typing import NoReturn, Optional, Sequence
 from mpi4py import MPI
 
 from ..errors import LaunchError
+from .failures import free_quietly
 from .settings import Setting, text_value
 
 SPAWN_INFO = Setting("HPCREDUCE_SPAWN_INFO", text_value, "map_by=slot:oversubscribe",
@@ -93,10 +94,7 @@ def leave_job(comm: MPI.Intracomm, finalize: bool = False) -> NoReturn:
     mpirun then fails); it then stays, idle, until the job ends."""
     sys.stdout.flush()
     sys.stderr.flush()
-    try:
-        comm.Free()
-    except MPI.Exception:
-        pass
+    free_quietly(comm)
     if finalize:
         MPI.Finalize()
     os._exit(0)
