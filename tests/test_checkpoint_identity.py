@@ -16,7 +16,7 @@ from test_ft_ps_units import shards
 
 from mpi_run import hpcreduce_cli
 
-from hpcreduce.train.ps import checkpoint as ps_checkpoint
+from hpcreduce.train.ps import shard_checkpoints as ps_checkpoint
 
 TIMEOUT = 120
 RING = ("train", "--batch", "1024", "--quiet")

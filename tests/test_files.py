@@ -1,4 +1,4 @@
-"""Output files (``runtime.files``) and checkpoint files (``ft.checkpoint``) on their own:
+"""Output files (``runtime.files``) and checkpoint files (``ft.checkpoint_files``) on their own:
 what a path leads to is written there (devices and FIFOs through, symlinks followed),
 failures are ``OutputFileError``s naming the path, torn checkpoints are passed over,
 stale temporaries of dead writers are removed and live writers' never."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hpcreduce.errors import OutputFileError
-from hpcreduce.ft import checkpoint
+from hpcreduce.ft import checkpoint_files as checkpoint
 from hpcreduce.runtime import files
 
 

@@ -10,8 +10,8 @@ from hpcreduce.ps.layout import Layout
 from hpcreduce.ps.protocol import Status
 from hpcreduce.ps.recovery_plan import Committed, Report, make_plan
 from hpcreduce.ps.start import table_optimizers
-from hpcreduce.ps.state import ShardState
-from hpcreduce.train.ps import checkpoint as ps_checkpoint
+from hpcreduce.ps.shard_state import ShardState
+from hpcreduce.train.ps import shard_checkpoints as ps_checkpoint
 
 SPECS = [ParamSpec("big", (50_000,)), ParamSpec("small", (7, 3)), ParamSpec("emb", (3000, 2), sparse=True),
          ParamSpec("half", (40_000,), "float16")]

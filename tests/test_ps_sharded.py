@@ -14,7 +14,7 @@ from hpcreduce.ps.init import PartInit, counter_normal, owned_rows, whole_tables
 from hpcreduce.ps.layout import Layout
 from hpcreduce.ps.placement import place
 from hpcreduce.ps.start import table_optimizers
-from hpcreduce.ps.state import ShardState
+from hpcreduce.ps.shard_state import ShardState
 from hpcreduce.ps.tables import ParamSpec, RowIndex
 from hpcreduce.runtime.memory import available_bytes, peak_rss_bytes, rss_bytes
 from hpcreduce.train.results import exact_float, exact_sum
@@ -115,7 +115,7 @@ def test_cli_refuses_bad_table_rows_and_export_input():
 
 
 def test_a_checkpoint_of_three_shards_restores_into_two_exports_whole_and_refuses_another_model(tmp_path):
-    from hpcreduce.train.ps.checkpoint import foreign_problem, load_states, restore, save_shard
+    from hpcreduce.train.ps.shard_checkpoints import foreign_problem, load_states, restore, save_shard
     from hpcreduce.train.ps.export import whole_model
 
     def elements(table, flat):

@@ -9,7 +9,7 @@ from hpcreduce.ps.inbox import SMALL_CHECK, all_finite
 from hpcreduce.ps.layout import Layout
 from hpcreduce.ps.placement import SPLIT_BYTES, place
 from hpcreduce.ps.start import table_optimizers
-from hpcreduce.ps.state import ShardState
+from hpcreduce.ps.shard_state import ShardState
 from hpcreduce.ps.tables import numel
 from hpcreduce.ps.updates import local_rows, sum_rows
 

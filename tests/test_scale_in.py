@@ -13,7 +13,7 @@ import psutil
 import pytest
 from hypothesis import given, strategies as st
 
-from hpcreduce.ft.growth import GrowthRule, Wanted, known_hosts, read_discovery
+from hpcreduce.ft.resize import GrowthRule, Wanted, known_hosts, read_discovery
 from hpcreduce.runtime.nodes import this_node
 from mpi_run import hpcreduce_cli
 

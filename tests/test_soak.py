@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from hpcreduce.benchmarks import soak
 from hpcreduce.benchmarks.soak_plan import CONSISTENCIES, VICTIMS, SoakRun, draw_runs
-from hpcreduce.ft.config import FaultConfig
+from hpcreduce.ft.faults import FaultConfig
 from hpcreduce.ft.inject import parse_kill
 from mpi_run import hpcreduce_cli
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mpi_run import hpcreduce_cli, run_job
 
-from hpcreduce.ft.config import FaultConfig, parse_slow
+from hpcreduce.ft.faults import FaultConfig, parse_slow
 from hpcreduce.runtime.launch import build_mpirun
 from hpcreduce.train.straggler import factor_for, slow_down
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from hpcreduce.cli import train_cmd
 from hpcreduce.cli.main import build_parser
-from hpcreduce.ft.config import FaultConfig
+from hpcreduce.ft.faults import FaultConfig
 from hpcreduce.ft.inject import parse_kill
 
 from hpcreduce.ps.optimizers import make_optimizer
@@ -20,7 +20,7 @@ from hpcreduce.train.model import SparseRows
 from hpcreduce.train.models import LogisticRegression
 from hpcreduce.train.params import batch_view, dense_grads
 from hpcreduce.train.results import checksum
-from hpcreduce.train.ring.state import TrainState
+from hpcreduce.train.ring.ring_state import TrainState
 
 
 # partitioning: tests/test_data_shards.py

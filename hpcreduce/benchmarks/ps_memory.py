@@ -25,7 +25,7 @@ from .scaling import Launcher
 NAME = "ps-memory"
 HELP = "peak RSS of PS servers and workers against their share of the model, by table rows"
 STATE_BYTES_PER_ROW = 8  # float32 weight + float32 Adagrad accumulator
-BASE_PROBE = ("import mpi4py.MPI, hpcreduce.train.ps.trainer; "
+BASE_PROBE = ("import mpi4py.MPI, hpcreduce.train.ps.ps_training; "
               "from hpcreduce.runtime.memory import peak_rss_bytes; print(peak_rss_bytes())")
 MiB = float(1 << 20)
 

@@ -20,7 +20,7 @@ import shlex
 from dataclasses import dataclass, replace
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
-from ..ft.config import FaultConfig
+from ..ft.faults import FaultConfig
 
 TOPOLOGIES = ("ps", "ring")
 CONSISTENCIES = ("bsp", "ssp", "asp")

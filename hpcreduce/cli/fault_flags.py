@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from typing import List, Tuple
 
-from ..ft.config import FaultConfig, parse_slow
-from ..ft.growth import parse_grow, parse_leave
+from ..ft.faults import FaultConfig, parse_slow
+from ..ft.resize import parse_grow, parse_leave
 from ..ft.inject import parse_kill, parse_kill_node
 
 

@@ -6,7 +6,7 @@ failure every survivor restores and then syncs, so all continue from rank 0's la
 an update rank 0 committed is kept on every rank, one it had not is redone by all, and
 none is applied twice (Horovod's elastic ``State``). With ``discover`` a commit also reads
 the discovery file (rank 0, every ``discover_every`` commits; a number of ranks or
-``HOST[:SLOTS]`` lines, ``ft.growth.read_discovery``) and asks ``run`` to grow the job to the
+``HOST[:SLOTS]`` lines, ``ft.resize.read_discovery``) and asks ``run`` to grow the job to the
 total it asks for (a file it cannot use, or one asking for fewer ranks, changes nothing here).
 Cost of a commit: one copy of every tracked value (plus one small broadcast with ``discover``).
 """
@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import UnsupportedInputError
-from ..ft.growth import Wanted, read_discovery
+from ..ft.resize import Wanted, read_discovery
 from ..ft.membership import Membership
 from ..runtime.context import Context, init
 from .tensors import broadcast, kind_of, put_back, snapshot

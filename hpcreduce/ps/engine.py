@@ -18,7 +18,7 @@ import numpy as np
 from .optimizers import Optimizer
 from .consistency import Consistency
 from .protocol import Status
-from .state import ShardState
+from .shard_state import ShardState
 from .updates import apply_dense, apply_rows, sum_rows
 
 Contribution = Tuple[int, object]

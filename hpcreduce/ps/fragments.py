@@ -23,7 +23,7 @@ import numpy as np
 
 from .optimizers import Optimizer
 from .placement import Placement
-from .state import ShardState, TableShard
+from .shard_state import ShardState, TableShard
 from .tables import ParamSpec
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .layout import Layout
-from .state import ShardState
+from .shard_state import ShardState
 from .tables import row_width
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .state import ShardState
+from .shard_state import ShardState
 
 
 @dataclass

@@ -19,7 +19,7 @@ from .layout import Layout
 from .tables import row_width
 from .protocol import (DENSE_PUSHES, DTYPES, wire_dtype, HEADER_LEN, PAYLOADS_IN, PUSHES, SPARSE_OPS, TAG_FORWARD,
                        TAG_FORWARD_PAYLOAD, TAG_PAYLOAD, TAG_REQUEST, WORKER_OPS, Op, Req, Status)
-from .state import ShardState
+from .shard_state import ShardState
 from .updates import local_rows
 
 Problem = Tuple[Status, int]

@@ -32,7 +32,7 @@ from .layout import Layout
 from .optimizers import Optimizer
 from .protocol import Status
 from .recovery_plan import Plan
-from .state import ShardState
+from .shard_state import ShardState
 
 Optimizers = Mapping[int, Optimizer]
 

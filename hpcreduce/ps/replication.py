@@ -29,7 +29,7 @@ from .engine import ShardEngine
 from .inbox import Request
 from .protocol import (HEADER_LEN, TAG_FORWARD, TAG_FORWARD_ACK, TAG_FORWARD_PAYLOAD, TAG_REPLY,
                        Op, Status)
-from .state import ShardState
+from .shard_state import ShardState
 
 
 @dataclass

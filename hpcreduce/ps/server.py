@@ -33,7 +33,7 @@ from .inbox import Request
 from .key_cache import KnownKeys
 from .layout import Layout
 from .protocol import DENSE_PUSHES, FUSED, PULLS, PUSHES, TAG_REPLY, TAG_REQUEST, VALUES_BACK, Op, Status
-from .state import ShardState
+from .shard_state import ShardState
 from .stats import RequestLoad
 
 NOBODY_LIVE = np.iinfo(np.int64).max

@@ -25,7 +25,7 @@ from .init import PartInit
 from .layout import Layout
 from .optimizers import Optimizer, make_optimizer
 from .server import Server
-from .state import ShardState
+from .shard_state import ShardState
 from .tables import ParamSpec
 from .worker import Worker
 

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 import numpy as np
 
 from .protocol import HEADER_LEN
-from .state import COUNTERS, ShardState
+from .shard_state import COUNTERS, ShardState
 
 
 def histogram(clocks: Iterable[int]) -> List[int]:

@@ -11,7 +11,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from .optimizers import Optimizer
-from .state import TableShard
+from .shard_state import TableShard
 
 
 def local_rows(table: TableShard, ids: np.ndarray) -> Tuple[np.ndarray, Optional[int]]:

@@ -26,11 +26,11 @@ from .data_dir import agreed_problems
 from .evaluation import evaluate
 from .model import Model
 from .observe import RING_PHASES, Observer
-from .ps.trainer import run_ps_training
+from .ps.ps_training import run_ps_training
 from .results import FinalMetrics, StepLog, TrainResult, checksum, final_line
-from .ring.elastic import ElasticRing
-from .ring.trainer import RingTrainer
-from .sandblaster.trainer import run_sandblaster_training
+from .ring.ring_driver import ElasticRing
+from .ring.ring_steps import RingTrainer
+from .sandblaster.sandblaster_training import run_sandblaster_training
 
 
 def config_problems(config: TrainConfig, ctx: Context) -> List[SettingProblem]:
@@ -53,8 +53,8 @@ def train(model: Model, dataset: Dataset, config: Optional[TrainConfig] = None, 
     intracommunicator, or None for ``hpcreduce.init()``'s); call it on every rank.
 
     ``config.mode`` picks the topology: ``ring`` (every rank a worker), ``ps``
-    (``hpcreduce.train.ps.trainer.run_ps_training``) or ``sandblaster`` (a batch method,
-    ``hpcreduce.train.sandblaster.trainer.run_sandblaster_training``). Returns the result on every rank,
+    (``hpcreduce.train.ps.ps_training.run_ps_training``) or ``sandblaster`` (a batch method,
+    ``hpcreduce.train.sandblaster.sandblaster_training.run_sandblaster_training``). Returns the result on every rank,
     with the trained parameters (the same on every rank; numpy arrays, whatever
     ``config.device``) in ``result.params``. On ``device="gpu"`` each rank first takes its
     GPU (``runtime.devices.open_device``; ``GpuUnavailableError`` on every rank when one lacks
@@ -86,7 +86,7 @@ def train(model: Model, dataset: Dataset, config: Optional[TrainConfig] = None, 
 def train_ring(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset,
                observer: Observer) -> TrainResult:
     """Ring AllReduce training to the held-out result, through failures and growth
-    (``ring.elastic``) when the launch and ``config.fault`` ask for them."""
+    (``ring.ring_driver``) when the launch and ``config.fault`` ask for them."""
     started = time.perf_counter()
     trainer = observer.timed(RingTrainer(ctx, config, model, dataset), RING_PHASES, collective=("reduce",))
     elastic = ElasticRing(ctx, trainer, config.fault, config.seed, observer.echo)

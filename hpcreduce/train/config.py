@@ -8,11 +8,11 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..arrays import DEVICE_KINDS
 from ..errors import SettingProblem, setting_problem
-from ..ft.config import FaultConfig
+from ..ft.faults import FaultConfig
 from ..ps.consistency import KINDS as CONSISTENCIES
 from ..ps.layout import servers_problem
 from ..ps.optimizers import OPTIMIZERS
-from ..ft.checkpoint import folder_problem
+from ..ft.checkpoint_files import folder_problem
 from ..runtime.files import path_problem, written_through
 from ..sandblaster import METHODS, roles_problem
 

@@ -2,7 +2,7 @@
 
 A checkpoint of another run (another model or shapes, optimizer, seed, batch, learning
 rate, PS consistency...) would resume a different computation, so it is refused by name
-(``ft.checkpoint.identity_problem``), never restored. Left out, because they change
+(``ft.checkpoint_files.identity_problem``), never restored. Left out, because they change
 where the work runs but not its result: ``steps`` (a longer run may resume a shorter
 one's checkpoint), the number of ranks and of PS servers (checkpoints are restored onto
 any placement), the checkpoint and fault-injection settings, and the output files.

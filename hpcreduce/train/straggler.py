@@ -16,7 +16,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from ..ft.config import FaultConfig
+from ..ft.faults import FaultConfig
 
 
 def factor_for(fault: FaultConfig, stable_id: int) -> float:

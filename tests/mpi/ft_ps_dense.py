@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 import hpcreduce
 from hpcreduce.ft.inject import Kill
-from hpcreduce.ft.config import FaultConfig
+from hpcreduce.ft.faults import FaultConfig
 from hpcreduce.train import TrainConfig, train
 from hpcreduce.train.models import MLP, digits_dataset
 

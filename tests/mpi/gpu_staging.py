@@ -14,13 +14,13 @@ from mpi4py import MPI
 from hpcreduce.arrays import Device, copy_into, cupy_available
 from hpcreduce.collectives.broadcast import broadcast_arrays
 from hpcreduce.errors import GpuUnavailableError
-from hpcreduce.ft import checkpoint
+from hpcreduce.ft import checkpoint_files as checkpoint
 from hpcreduce.ps.optimizers import make_optimizer
 from hpcreduce.runtime.context import init
 from hpcreduce.runtime.devices import gpu_problem, open_device
 from hpcreduce.train import TrainConfig, train
 from hpcreduce.train.models import build
-from hpcreduce.train.ring.state import TrainState
+from hpcreduce.train.ring.ring_state import TrainState
 from mpi_checks import run_checks
 
 world = MPI.COMM_WORLD

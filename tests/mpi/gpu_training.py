@@ -24,7 +24,7 @@ import hpcreduce
 from hpcreduce.arrays import copy_into
 from hpcreduce.collectives.broadcast import broadcast_arrays
 from hpcreduce.collectives.transfer import transfer_kind
-from hpcreduce.ft import checkpoint
+from hpcreduce.ft import checkpoint_files as checkpoint
 from hpcreduce.train import TrainConfig, train
 from hpcreduce.train.models import build
 from mpi_checks import run_checks

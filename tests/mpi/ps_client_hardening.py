@@ -17,7 +17,7 @@ import hpcreduce
 from hpcreduce.errors import PSTrainingError, TrainingError
 from hpcreduce.ps import Consistency, ParamSpec, PSInputError, PSRefusedError, Server, start
 from hpcreduce.train import ArrayDataset, Model, StepOutput, TrainConfig, train
-from hpcreduce.train.ring.trainer import RingTrainer
+from hpcreduce.train.ring.ring_steps import RingTrainer
 
 ctx = hpcreduce.init()
 comm, rank = ctx.comm, ctx.rank

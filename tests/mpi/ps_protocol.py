@@ -14,7 +14,7 @@ from hpcreduce.ps.protocol import (DTYPES, HEADER_LEN, TAG_PAYLOAD, TAG_REPLY, T
                                    Rep, Status, request)
 from hpcreduce.ps.stats import merge_summaries
 from hpcreduce.train.config import TrainConfig
-from hpcreduce.train.ps.trainer import run_ps_training
+from hpcreduce.train.ps.ps_training import run_ps_training
 
 ctx = hpcreduce.init()
 comm, rank, size = ctx.comm, ctx.rank, ctx.size

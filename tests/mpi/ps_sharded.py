@@ -22,14 +22,14 @@ from hpcreduce.errors import PSConfigError
 from hpcreduce.ps.gather import gather_params
 from hpcreduce.ps.init import PartInit, counter_normal
 from hpcreduce.ps.layout import Layout
-from hpcreduce.ps.state import ShardState
+from hpcreduce.ps.shard_state import ShardState
 from hpcreduce.ps.start import table_optimizers
 from hpcreduce.train import TrainConfig
 from hpcreduce.train.models.ctr_data import SyntheticCTR
 from hpcreduce.train.models.logreg import LogisticRegression
 from hpcreduce.train.ps import final
 from hpcreduce.train.ps.export import whole_model
-from hpcreduce.train.ps.trainer import run_ps_training
+from hpcreduce.train.ps.ps_training import run_ps_training
 from hpcreduce.train.results import checksum
 
 ctx = hpcreduce.init()

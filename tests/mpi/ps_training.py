@@ -16,7 +16,7 @@ from hpcreduce.train.evaluation import evaluate
 from hpcreduce.train.models import build
 from hpcreduce.train.models.ctr_data import SyntheticCTR
 from hpcreduce.train.models.logreg import LogisticRegression
-from hpcreduce.train.ps.trainer import run_ps_training
+from hpcreduce.train.ps.ps_training import run_ps_training
 
 ctx = hpcreduce.init()
 rank, size = ctx.rank, ctx.size

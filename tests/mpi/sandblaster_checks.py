@@ -20,7 +20,7 @@ from linear_model import LinearRegression
 from hpcreduce.train.models import LogisticRegression, SyntheticCTR
 from hpcreduce.train.partition import global_batch
 from hpcreduce.train.reference import flatten, full_batch_objective, scipy_lbfgs
-from hpcreduce.ft.config import FaultConfig
+from hpcreduce.ft.faults import FaultConfig
 
 ctx = hpcreduce.init()
 rank = ctx.rank

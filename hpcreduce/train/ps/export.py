@@ -23,11 +23,11 @@ import numpy as np
 from mpi4py import MPI
 
 from ...errors import CheckpointMismatchError, OutputFileError
-from ...ft import checkpoint as ft_checkpoint
+from ...ft import checkpoint_files
 from ...ps.layout import Layout
-from ...ps.state import ShardState
+from ...ps.shard_state import ShardState
 from ...runtime.files import atomic_file, write_json
-from . import checkpoint
+from . import shard_checkpoints
 
 MANIFEST = "manifest.json"
 FORMAT = "hpcreduce-ps-model/1"
@@ -90,12 +90,12 @@ def whole_model(directory: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
         files = [os.path.join(directory, name) for name in manifest["shards"].values()]
         return _assemble(directory, manifest["identity"]["parameters"], files,
                          lambda t, stored: _starts(manifest, t, stored)), manifest
-    step = checkpoint.latest_complete(directory)
+    step = shard_checkpoints.latest_complete(directory)
     if step is None:
         raise CheckpointMismatchError(f"{directory} holds neither a model ({MANIFEST}) nor a complete "
                                       "parameter-server checkpoint")
-    files = checkpoint.step_files(directory, step)
-    metadata, _ = ft_checkpoint.read(files[0], arrays=False)
+    files = shard_checkpoints.step_files(directory, step)
+    metadata, _ = checkpoint_files.read(files[0], arrays=False)
     whole = _assemble(directory, metadata["identity"]["parameters"], files, None)
     return whole, {"identity": metadata["identity"], "step": step,
                    "shards": [os.path.relpath(path, directory) for path in files]}
@@ -134,7 +134,7 @@ def _assemble(directory: str, parameters: Parameters, files: Sequence[str], star
 
 
 def _checkpoint_start(path: str, table: int) -> int:
-    metadata, _ = ft_checkpoint.read(path, arrays=False)
+    metadata, _ = checkpoint_files.read(path, arrays=False)
     return int(metadata["tables"][str(table)]["start"])
 
 

@@ -4,13 +4,13 @@
 without ``--ft``: a death ends the job (mpirun aborts it) and ``--restarts`` relaunches it.
 Every launch, before training:
 
-1. refuses a folder holding another run's checkpoints, on every rank (``checkpoint.refuse_foreign``);
+1. refuses a folder holding another run's checkpoints, on every rank (``shard_checkpoints.refuse_foreign``);
 2. rank 0 finds the latest complete checkpoint C (every shard of its placement wrote it and it
    reads back whole), counts the acknowledged pushes it lacks from the workers' push ledgers
    (``ledger``), removes the checkpoints newer than C (never complete) and the ledgers, and
    broadcasts C;
 3. each server builds its shard of the *current* placement from checkpoint C, whatever K and
-   the worker count were when it was written (``checkpoint.restore_shard``): values, optimizer
+   the worker count were when it was written (``shard_checkpoints.restore_shard``): values, optimizer
    state and table versions; counters, staleness histograms and traffic start at zero (they
    count the resumed part);
 4. every worker starts at the same step: the global batch of a step does not depend on the
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ...errors import OutputFileError, SettingProblem, setting_problem
-from ...ft.checkpoint import UNREADABLE, print_warning
+from ...ft.checkpoint_files import UNREADABLE, print_warning
 from ...ft.events import EventLog
 from ...ft.membership import Membership
 from ...ft.watchdog import watchdog
@@ -46,7 +46,7 @@ from ...ps.footprint import refuse_unfit
 from ...ps.layout import Layout
 from ...ps.server import Server
 from ...ps.start import everywhere, table_optimizers
-from ...ps.state import ShardState
+from ...ps.shard_state import ShardState
 from ...ps.worker import Worker
 from ...runtime.context import Context
 from ..config import TrainConfig
@@ -55,7 +55,7 @@ from ..identity import run_identity
 from ..model import Model
 from ..observe import Observer
 from ..partition import assignment
-from . import checkpoint
+from . import shard_checkpoints
 from .final import part_init
 from .ledger import PushLedger, count_lost, remove_ledgers
 from .loop import WorkerLoop
@@ -104,7 +104,7 @@ class Fallback:
         self.events = EventLog()
         identity = run_identity(config, model, next(iter(self.optimizers.values())))
         detected = time.time()
-        checkpoint.refuse_foreign(ctx.comm, self.directory, identity)
+        shard_checkpoints.refuse_foreign(ctx.comm, self.directory, identity)
         self.point: Optional[ResumePoint] = self._find()
         self.keep_pushes = self._same_run_shape(ctx.size - config.servers)
         self.first_step = self._first_step()
@@ -161,7 +161,7 @@ class Fallback:
             if self.point is None:
                 state = ShardState.create(layout, key, part_init(self.model, config.seed, self.specs), self.optimizers)
             else:
-                state = checkpoint.restore_shard(self.directory, self.point.step, key, self.specs,
+                state = shard_checkpoints.restore_shard(self.directory, self.point.step, key, self.specs,
                                                  layout.placement, self.optimizers, layout.slot_count)
                 _restart_at(state, step, self.keep_pushes)
             return Server(ctx.comm, layout, state, self.optimizers, self.consistency, ctx.traffic,
@@ -201,14 +201,14 @@ class Fallback:
 def _resume_point(directory: str) -> Optional[ResumePoint]:
     """Rank 0: the latest complete checkpoint and the pushes it lacks; removes the newer
     checkpoints and the push ledgers."""
-    step = checkpoint.latest_complete(directory) or 0
-    record = checkpoint.saved_last_pushes(directory, step) if step else {}
+    step = shard_checkpoints.latest_complete(directory) or 0
+    record = shard_checkpoints.saved_last_pushes(directory, step) if step else {}
     lost = count_lost(directory, step, record, print_warning)
-    checkpoint.remove_newer(directory, step)
+    shard_checkpoints.remove_newer(directory, step)
     remove_ledgers(directory)
     if not step:
         return None
-    metadata = checkpoint.step_metadata(directory, step)
+    metadata = shard_checkpoints.step_metadata(directory, step)
     pushed = [int(last.max()) for tables in record.values() for last in tables.values() if last.size]
     return ResumePoint(step, len(metadata["keys"]), int(metadata["slot_count"]), lost, max(pushed, default=-1) + 1)
 

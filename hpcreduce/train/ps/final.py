@@ -25,7 +25,7 @@ from ...ps.gather import fetch_rows, gather_params
 from ...ps.init import CHUNK, PartInit, whole_tables
 from ...ps.layout import Layout
 from ...ps.start import checked
-from ...ps.state import ShardState
+from ...ps.shard_state import ShardState
 from ...ps.tables import ParamSpec, numel
 from ...runtime.context import Context
 from ...runtime.memory import peak_rss_bytes

@@ -18,7 +18,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from ...ft.checkpoint import Warn
+from ...ft.checkpoint_files import Warn
 from .worker_side import PushRecord, lost_pieces
 
 FOLDER = "ps-pushes"

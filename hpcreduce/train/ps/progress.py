@@ -15,14 +15,14 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from ...errors import OutputFileError
-from ...ft.config import FaultConfig
+from ...ft.faults import FaultConfig
 from ...ft.events import EventLog
-from ...ft.growth import known_hosts
+from ...ft.resize import known_hosts
 from ...ft.inject import KillSchedule
 from ...ft.membership import Membership
 from ...ps.server import NOBODY_LIVE, Server
 from ...runtime.context import Context
-from .checkpoint import save_shard
+from .shard_checkpoints import save_shard
 
 Echo = Callable[[str], None]
 

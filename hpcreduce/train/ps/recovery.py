@@ -32,12 +32,12 @@ from ...ft.rounds import Shrunk, shrink_until_restored
 from ...ps.layout import Layout
 from ...ps.rebalance import deliver_repushes, rebalance, rebuild_replica, settle_bsp
 from ...ps.recovery_plan import Plan, make_plan
-from ...ps.state import ShardState
-from . import checkpoint
+from ...ps.shard_state import ShardState
+from . import shard_checkpoints
 from ..partition import assignment
 
 if TYPE_CHECKING:
-    from .elastic import ElasticPS
+    from .ps_driver import ElasticPS
 
 
 @dataclass
@@ -175,13 +175,13 @@ def _take_over(run: "ElasticPS", plan: Plan) -> None:
     rebuild = mine if plan.rollback else [key for key in plan.restored if key in mine]
     saved = None
     if rebuild:
-        saved = checkpoint.load_states(run.fault.checkpoint_dir, plan.checkpoint, run.specs, run.optimizers)
+        saved = shard_checkpoints.load_states(run.fault.checkpoint_dir, plan.checkpoint, run.specs, run.optimizers)
         first = min(layout.shard_ranks)
         for key in rebuild:
             counted = [key] + ([s.shard for s in saved if s.shard not in layout.shard_ranks]
                                if plan.rollback and key == first else [])
-            holdings.states[key] = checkpoint.restore(saved, key, run.specs, layout.placement, run.optimizers,
+            holdings.states[key] = shard_checkpoints.restore(saved, key, run.specs, layout.placement, run.optimizers,
                                                       layout.slot_count, counted)
     holder = plan.holders[plan.restored[0]]
-    pushes = checkpoint.last_pushes(saved) if rank == holder else None
+    pushes = shard_checkpoints.last_pushes(saved) if rank == holder else None
     run.worker_side.note_restore(plan, run.ctx.comm.bcast(pushes, root=holder))

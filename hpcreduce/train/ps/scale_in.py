@@ -22,7 +22,7 @@ from ...runtime.spawn import leave_job, split_off
 from .recovery import PSRecoveryEvent, Settled
 
 if TYPE_CHECKING:
-    from .elastic import ElasticPS
+    from .ps_driver import ElasticPS
 
 
 def leave(run: "ElasticPS", event: PSRecoveryEvent, settled: Settled, requested: float) -> Layout:

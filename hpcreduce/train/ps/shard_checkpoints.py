@@ -1,7 +1,7 @@
 """Checkpoints of parameter-server shards, and restoring a shard from them.
 
 Each server writes its own shard to ``DIR/ps-shard-KEY/ckpt-STEP.npz`` (atomically, the
-last two kept: ``ft.checkpoint.save``) when the slowest worker's clock reaches a multiple
+last two kept: ``ft.checkpoint_files.save``) when the slowest worker's clock reaches a multiple
 of ``checkpoint_every``: the values and optimizer state of its pieces, their exactly-once
 bookkeeping and the shard's push counters. Under BSP a checkpoint of step C holds
 exactly the steps below C (gradients buffered for step C are left out, and with them
@@ -31,12 +31,12 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from ...errors import CheckpointMismatchError, SettingProblem, setting_problem
-from ...ft import checkpoint
+from ...ft import checkpoint_files
 from ...runtime.files import remove_stale_temporaries
 from ...ps.fragments import Fragment, assemble, cut
 from ...ps.optimizers import Optimizer
 from ...ps.placement import Placement
-from ...ps.state import COUNTERS, ShardState, TableShard
+from ...ps.shard_state import COUNTERS, ShardState, TableShard
 from ...ps.tables import ParamSpec
 
 FOLDER = re.compile(r"^ps-shard-(\d+)$")
@@ -66,7 +66,7 @@ def save_shard(directory: str, step: int, state: ShardState, keys: Sequence[int]
                 "tables": tables, "refusals": dict(state.refusals),
                 "read_staleness": _plain(state.read_staleness), "update_lag": _plain(state.update_lag),
                 "identity": dict(identity)}
-    return checkpoint.save(folder(directory, state.shard), step, arrays, metadata, halfway=halfway)
+    return checkpoint_files.save(folder(directory, state.shard), step, arrays, metadata, halfway=halfway)
 
 
 def _plain(histogram: Counter) -> Dict[str, int]:
@@ -80,7 +80,7 @@ def _shard_files(directory: Optional[str]) -> Dict[int, Dict[int, str]]:
         for name in os.listdir(directory):
             match = FOLDER.match(name)
             if match:
-                for step, path in checkpoint.checkpoints(os.path.join(directory, name)):
+                for step, path in checkpoint_files.checkpoints(os.path.join(directory, name)):
                     steps.setdefault(step, {})[int(match.group(1))] = path
     return steps
 
@@ -90,12 +90,12 @@ def step_files(directory: str, step: int) -> List[str]:
     return sorted(_shard_files(directory).get(step, {}).values())
 
 
-def latest_complete(directory: Optional[str], warn: checkpoint.Warn = checkpoint.print_warning) -> Optional[int]:
+def latest_complete(directory: Optional[str], warn: checkpoint_files.Warn = checkpoint_files.print_warning) -> Optional[int]:
     """The newest step every shard of its placement wrote a checkpoint of that reads back
     whole, or None; ``warn`` names each file passed over."""
     steps = _shard_files(directory)
     for step in sorted(steps, reverse=True):
-        read = [checkpoint.read_or_warn(path, warn) for path in steps[step].values()]
+        read = [checkpoint_files.read_or_warn(path, warn) for path in steps[step].values()]
         if all(read) and set(read[0][0]["keys"]) <= set(steps[step]):
             return step
     return None
@@ -118,8 +118,8 @@ def foreign_problem(directory: Optional[str], identity: Mapping[str, object]) ->
         return None
     for step, files in sorted(_shard_files(directory).items()):
         for path in files.values():
-            found = checkpoint.read_or_warn(path, lambda _text: None, arrays=False)
-            problem = found and checkpoint.identity_problem(found[0], identity)
+            found = checkpoint_files.read_or_warn(path, lambda _text: None, arrays=False)
+            problem = found and checkpoint_files.identity_problem(found[0], identity)
             if problem:
                 return setting_problem(
                     "{checkpoint_dir} {path}: its checkpoint of step {step} {why}; give another folder or empty it",
@@ -132,7 +132,7 @@ def foreign_problem(directory: Optional[str], identity: Mapping[str, object]) ->
 
 def step_metadata(directory: str, step: int) -> Dict[str, object]:
     """The metadata of checkpoint ``step`` (one of its files): ``keys``, ``slot_count``..."""
-    return checkpoint.read(_path(directory, None, step), arrays=False)[0]
+    return checkpoint_files.read(_path(directory, None, step), arrays=False)[0]
 
 
 def remove_newer(directory: str, step: int) -> List[str]:
@@ -170,7 +170,7 @@ def saved_last_pushes(directory: str, step: int) -> Dict[int, Dict[int, np.ndarr
     record: Dict[int, Dict[int, np.ndarray]] = {}
     for key in step_metadata(directory, step)["keys"]:
         with np.load(_path(directory, key, step)) as stored:
-            tables = checkpoint.metadata_of(stored)["tables"]
+            tables = checkpoint_files.metadata_of(stored)["tables"]
             record[key] = {int(t): stored[f"t{t}.last_push"] for t in tables}
     return record
 
@@ -178,23 +178,23 @@ def saved_last_pushes(directory: str, step: int) -> Dict[int, Dict[int, np.ndarr
 def load_states(directory: str, step: int, specs: Sequence[ParamSpec],
                 optimizers: Mapping[int, Optimizer]) -> List[ShardState]:
     """Every shard state written as checkpoint ``step`` (counters included)."""
-    metadata, _ = checkpoint.read(_path(directory, None, step), arrays=False)
+    metadata, _ = checkpoint_files.read(_path(directory, None, step), arrays=False)
     return [_load(_path(directory, key, step), specs, optimizers) for key in metadata["keys"]]
 
 
 def _path(directory: str, key: Optional[int], step: int) -> str:
     if key is None:
         for name in sorted(os.listdir(directory)):
-            path = checkpoint.path_for(os.path.join(directory, name), step)
+            path = checkpoint_files.path_for(os.path.join(directory, name), step)
             if FOLDER.match(name) and os.path.exists(path):
                 return path
         raise FileNotFoundError(f"no parameter-server checkpoint of step {step} in {directory}")
-    return checkpoint.path_for(folder(directory, key), step)
+    return checkpoint_files.path_for(folder(directory, key), step)
 
 
 def _load(path: str, specs: Sequence[ParamSpec], optimizers: Mapping[int, Optimizer]) -> ShardState:
     with np.load(path) as stored:
-        metadata = checkpoint.metadata_of(stored)
+        metadata = checkpoint_files.metadata_of(stored)
         slot_count = int(metadata["slot_count"])
         tables = {}
         for name, info in metadata["tables"].items():

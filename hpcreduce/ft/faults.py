@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 from ..errors import SettingProblem, setting_problem
-from .growth import GrowthRule
+from .resize import GrowthRule
 from .inject import Kill, KillSchedule, NodeKill, hostfile_node_problem
 
 
@@ -15,7 +15,7 @@ class FaultConfig:
     """``kills``: (rank, step[, phase]) to SIGKILL; ``kill_random``: probability of one random
     kill per step; ``node_kills``: (node, step[, phase]) to SIGKILL every rank of a node; ``grow``: (count, step) growth; ``leave``: (stable id, step) graceful
     departures; ``discover``: file holding the wanted number of ranks or ``HOST[:SLOTS]``
-    lines, polled between steps (``ft.growth``); ``hostfile``: the launch's hostfile (hosts
+    lines, polled between steps (``ft.resize``); ``hostfile``: the launch's hostfile (hosts
     the discovery file may name); ``grow_servers``: (count, step) PS shard servers added;
     ``replace``: spawn a replacement per lost rank;
     ``checkpoint_dir``/``checkpoint_every``: periodic checkpoints (the fallback without

@@ -30,7 +30,7 @@ from ...ps.layout import Layout
 from ...ps.recovery_plan import Committed, Report
 from ...ps.server import Server
 from ...ps.start import everywhere, table_optimizers
-from ...ps.state import ShardState
+from ...ps.shard_state import ShardState
 from ...ps.worker import Worker
 from ...runtime.context import Context
 from ...runtime.nodes import rank_nodes
@@ -40,7 +40,7 @@ from ..data import Dataset
 from ..model import Model
 from ..observe import Observer
 from ..identity import run_identity
-from . import checkpoint, growth, scale_in
+from . import ps_growth, scale_in, shard_checkpoints
 from .final import part_init
 from .loop import WorkerLoop
 from .progress import StepHooks
@@ -75,9 +75,9 @@ class ElasticPS:
                                identity=run_identity(config, model, next(iter(self.optimizers.values()))),
                                output_failed=observer.output_failed)
         if control:
-            growth.join(self, control)
+            ps_growth.join(self, control)
         else:
-            checkpoint.refuse_foreign(ctx.comm, self.fault.checkpoint_dir, self.hooks.identity)
+            shard_checkpoints.refuse_foreign(ctx.comm, self.fault.checkpoint_dir, self.hooks.identity)
             self._start()
 
     @property
@@ -181,7 +181,7 @@ class ElasticPS:
         return Report(self.members.me, self.holdings.own_key, self.holdings.applied_steps(),
                       self.holdings.replica_applied(), slot, clock, outgoing, self.detected,
                       self.hooks.growth_wanted,
-                      checkpoint.latest_complete(self.fault.checkpoint_dir) if self.ctx.rank == 0 else None,
+                      shard_checkpoints.latest_complete(self.fault.checkpoint_dir) if self.ctx.rank == 0 else None,
                       server_growth=self.hooks.servers_wanted, leaving=self.hooks.leave_wanted)
 
     def install(self, event: PSRecoveryEvent, settled: Settled) -> None:
@@ -203,9 +203,9 @@ class ElasticPS:
             self.events.add(event)
         count, step = plan.growth
         if count:
-            growth.grow(self, count, "growth", plan, step)
+            ps_growth.grow(self, count, "growth", plan, step)
         servers, step = plan.server_growth
         if servers:
-            growth.grow_servers(self, servers, step, requested)
+            ps_growth.grow_servers(self, servers, step, requested)
         if self.fault.replace and event.lost:
-            growth.grow(self, len(event.lost), "replacement", plan, 0, seats)
+            ps_growth.grow(self, len(event.lost), "replacement", plan, 0, seats)

@@ -38,7 +38,7 @@ from .worker_side import Takeover, seat_newcomers, take_seat, takeover_points
 from ..partition import assignment
 
 if TYPE_CHECKING:
-    from .elastic import ElasticPS
+    from .ps_driver import ElasticPS
 
 
 def grow(run: "ElasticPS", count: int, kind: str, plan: Plan, step: int, takeover: Sequence[Takeover] = ()) -> None:

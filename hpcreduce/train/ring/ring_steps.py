@@ -50,7 +50,7 @@ from ..model import Model, checked_grads
 from ..params import batch_view, dense_grads, zero_grads
 from ..partition import worker_batch
 from ..straggler import factor_for, slow_down
-from .state import TrainState
+from .ring_state import TrainState
 
 
 @dataclass

@@ -33,7 +33,7 @@ from ...ps import Consistency, Server, Worker, start
 from ...ps.gather import gather_dense
 from ...ps.layout import Layout
 from ...ps.optimizers import make_optimizer
-from ...ps.state import ShardState
+from ...ps.shard_state import ShardState
 from ...ps.stats import RequestLoad, load_summary, merge_summaries, server_traffic
 from ...runtime.context import Context
 from ...runtime.nodes import rank_nodes
@@ -42,7 +42,7 @@ from ..data import Dataset
 from ..model import Model
 from ..observe import Observer
 from ..results import FinalMetrics, StepLog, TrainResult
-from .elastic import ElasticPS
+from .ps_driver import ElasticPS
 from .fallback import Fallback
 from ..identity import run_identity
 from .export import save_model

@@ -8,11 +8,11 @@ survivors shrink (``ft.rounds.shrink_until_restored``), are re-ranked in their o
 order, and rank 0 broadcasts the state (as Horovod's ``State.sync``); the next attempt
 re-splits the global batch over the survivors (``train.partition``), so the run
 computes the same steps as one without failures, up to summation order. Growth spawns
-ranks between steps (``ft.growth`` says when) and broadcasts them the state; scale-in
+ranks between steps (``ft.resize`` says when) and broadcasts them the state; scale-in
 (``--leave``, a discovery file asking for fewer ranks or hosts) splits the communicator
 without the leavers, which exit at once: every rank holds the committed state, so nothing
 moves but the leavers' share of the batch. Without
-ULFM, checkpoints (``ft.checkpoint``) and a relaunch take over. State on the GPU is
+ULFM, checkpoints (``ft.checkpoint_files``) and a relaunch take over. State on the GPU is
 broadcast from device memory where MPI is CUDA-aware and through host copies otherwise
 (``collectives.broadcast``); checkpoints store host copies and restore onto the device.
 """
@@ -25,10 +25,10 @@ from typing import Any, Callable, List, Optional, Tuple, TypeVar
 from ...arrays import copy_into
 from ...collectives.broadcast import broadcast_arrays
 from ...errors import CheckpointMismatchError, OutputFileError, setting_problem
-from ...ft import checkpoint
-from ...ft.config import FaultConfig
+from ...ft import checkpoint_files
+from ...ft.faults import FaultConfig
 from ...ft.events import EventLog, RecoveryEvent
-from ...ft.growth import Wanted, known_hosts
+from ...ft.resize import Wanted, known_hosts
 from ...ft.membership import Membership
 from ...ft.rounds import Shrunk, attempt, shrink_until_restored
 from ...ft.watchdog import watchdog
@@ -39,8 +39,8 @@ from ...runtime.nodes import rank_nodes
 from ...runtime.spawn import leave_job, spawn_and_merge, split_off
 from ..identity import run_identity
 from ..partition import assignment
-from .state import TrainState
-from .trainer import RingTrainer, StepGrads, StepMetrics
+from .ring_state import TrainState
+from .ring_steps import RingTrainer, StepGrads, StepMetrics
 
 Echo = Callable[[str], None]
 T = TypeVar("T")
@@ -225,7 +225,7 @@ class ElasticRing:
         failure = None
         if self.ctx.rank == 0:
             try:
-                checkpoint.save(folder, step, dict(self.state.arrays()),
+                checkpoint_files.save(folder, step, dict(self.state.arrays()),
                                 {"ranks": self.ctx.size, "identity": self.identity},
                                 halfway=lambda: self.kills.strike("checkpoint", step, self.members.me,
                                                                   self.members.ids))
@@ -245,11 +245,11 @@ class ElasticRing:
             return
         if self.ctx.rank == 0:  # the writer, before it writes
             remove_stale_temporaries(folder)
-        found = checkpoint.load_latest(folder, checkpoint.print_warning if self.ctx.rank == 0 else _silent)
+        found = checkpoint_files.load_latest(folder, checkpoint_files.print_warning if self.ctx.rank == 0 else _silent)
         if found is None:
             return
         metadata, arrays = found
-        problem = checkpoint.identity_problem(metadata, self.identity)
+        problem = checkpoint_files.identity_problem(metadata, self.identity)
         if problem:
             raise CheckpointMismatchError(setting_problem("{checkpoint_dir} {path}: its checkpoint of step {step} "
                                                           "{why}; give another folder or empty it",
