@@ -5,8 +5,10 @@
     total = hpcreduce.allreduce(grad, "sum")    # ring / recursive doubling / native, by size
     grads = hpcreduce.allreduce_many(grads, "mean")   # tensor fusion
 
-Importing the package does not start MPI: the names below load on first use, so the
-``hpcreduce`` command can relaunch itself under mpirun before MPI is initialised.
+Every error hpcreduce raises on purpose (``hpcreduce.errors``) is exported here too:
+``except hpcreduce.TrainingError``. Importing the package does not start MPI: the names
+below load on first use, so the ``hpcreduce`` command can relaunch itself under mpirun
+before MPI is initialised.
 """
 from importlib import import_module
 
@@ -18,10 +20,12 @@ _EXPORTS = {
     "allreduce": "hpcreduce.collectives.allreduce",
     "allreduce_many": "hpcreduce.collectives.fusion",
     "select_device": "hpcreduce.runtime.devices",
-    **{name: "hpcreduce.errors" for name in (
-        "HpcreduceError", "InputMismatchError", "UnsupportedInputError",
-        "FaultToleranceUnavailableError", "LaunchError", "ConfigurationError",
-        "DeadlineExceededError")},
+    **{name: "hpcreduce.errors" for name in (  # every error hpcreduce raises on purpose
+        "HpcreduceError", "InputMismatchError", "UnsupportedInputError", "ConfigurationError",
+        "CheckpointMismatchError", "FaultToleranceUnavailableError", "LaunchError",
+        "DeadlineExceededError", "GpuUnavailableError", "ModelError", "TrainingError",
+        "OutputFileError", "PSConfigError", "PSInputError", "PSRefusedError", "PSTrainingError",
+        "PlottingUnavailableError", "UnknownResultError")},
 }
 
 __all__ = [*_EXPORTS, "__version__"]

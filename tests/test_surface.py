@@ -1,0 +1,17 @@
+"""The public surface: what ``hpcreduce`` exports resolves, and every error a user may catch is there."""
+import inspect
+
+import hpcreduce
+from hpcreduce import errors
+
+
+def test_every_error_raised_on_purpose_is_exported():
+    raised = {name for name, value in vars(errors).items()
+              if inspect.isclass(value) and issubclass(value, errors.HpcreduceError)}
+    assert raised <= set(hpcreduce.__all__), raised - set(hpcreduce.__all__)
+    assert all(getattr(hpcreduce, name) is getattr(errors, name) for name in raised)
+
+
+def test_every_exported_name_resolves():
+    for name in hpcreduce.__all__:
+        assert getattr(hpcreduce, name) is not None, name
