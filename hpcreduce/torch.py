@@ -40,13 +40,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 
 from .collectives import allreduce_many
 from .collectives.broadcast import broadcast_tensor
 from .collectives.buckets import fusion_threshold, plan_buckets, register
-from .collectives.validate import Unusable, agree, problem, stable_hash
+from .collectives.validate import InputProblem, ProblemKind, Unusable, agree, root_check, stable_hash
 from .errors import InputMismatchError, UnsupportedInputError
 from .runtime.context import resolve
 
@@ -183,10 +182,8 @@ def broadcast_parameters(module: Union[torch.nn.Module, Dict[str, torch.Tensor]]
     Collective; ranks whose tensors differ in names, shapes or dtypes get
     ``InputMismatchError`` on every rank before anything is overwritten."""
     context = resolve(comm)
-    valid = isinstance(root, (int, np.integer)) and 0 <= root < context.size
-    agree(context, "broadcast_parameters", [("root", int(root) if valid else -1, root)],
-          None if valid else problem(10, f"root={root!r}, but the communicator has {context.size} ranks "
-                                         f"(0..{context.size - 1})"))
+    root_field, wrong_root = root_check(root, context.size)
+    agree(context, "broadcast_parameters", [root_field], wrong_root)
     tensors = state_tensors(module)
     signature = [(name, tuple(t.shape), str(t.dtype)) for name, t in tensors]
     theirs = context.comm.bcast(signature if context.rank == root else None, root=root)
@@ -257,7 +254,8 @@ def start_parameter_server(module: torch.nn.Module, *, servers: int = 1, consist
                 if param.dtype not in DTYPES or not param.is_floating_point()]
     layout = [(name, tuple(param.shape), str(param.dtype)) for name, param in params]
     agree(context, "start_parameter_server", [("parameters", stable_hash(layout), lambda: layout)],
-          problem(9, "; ".join(unusable) + " (parameter-server tables are float16, float32 or float64)")
+          InputProblem(ProblemKind.UNUSABLE_ARRAY,
+                       "; ".join(unusable) + " (parameter-server tables are float16, float32 or float64)")
           if unusable else None)
     specs = [ParamSpec(name, tuple(param.shape), DTYPES[param.dtype]) for name, param in params]
     role = start(specs, lambda: {name: param.detach().cpu().numpy() for name, param in params},

@@ -29,8 +29,8 @@ from .recursive_doubling import recursive_doubling_allreduce
 from .ring import ring_allreduce
 from .selection import TABLE, choose
 from .transfer import transfer_for
-from .validate import (ALGORITHMS, PlannedCheck, Problem, agree, array_problem, choice_problem, out_problem, problem,
-                       raise_local, setting_value, stable_hash)
+from .validate import (ALGORITHMS, InputProblem, PlannedCheck, ProblemKind, agree, array_problem, choice_problem,
+                       out_problem, raise_local, setting_value, stable_hash)
 
 ALGORITHM_FUNCTIONS = {
     "ring": ring_allreduce,
@@ -193,7 +193,8 @@ def _usable_out(x: np.ndarray, flags, out: np.ndarray) -> bool:
         x.base is None and out.base is None or not np.may_share_memory(x, out))
 
 
-def resolved_algorithm(x, algorithm: str, local: Optional[Problem]) -> Tuple[str, Optional[Problem]]:
+def resolved_algorithm(x, algorithm: str,
+                       local: Optional[InputProblem]) -> Tuple[str, Optional[InputProblem]]:
     """The algorithm this rank would run on ``x`` ("auto" by ``HPCREDUCE_AUTO_TABLE``), and the
     local problem so far (an unusable table is one)."""
     if local is not None or algorithm != "auto":
@@ -212,13 +213,13 @@ def auto_choice(x, table=None) -> str:
     return chosen
 
 
-def allocated_like(x) -> Tuple[object, Optional[Problem]]:
+def allocated_like(x) -> Tuple[object, Optional[InputProblem]]:
     """A new array like ``x``, allocated before any communication (so that running out of
     memory on one rank is reported on every rank)."""
     try:
         return array_module(x).empty_like(x), None
     except MemoryError as err:
-        return None, problem(11, f"{x.nbytes} bytes: {err}")
+        return None, InputProblem(ProblemKind.OUT_OF_MEMORY, f"{x.nbytes} bytes: {err}")
 
 
 def signature(x, op: str, requested: str, chosen: str) -> list:

@@ -27,8 +27,9 @@ from .memory import first_overlap
 from .workspace import workspace
 from .ops import OP_NAMES, OPS
 from .selection import TABLE, table_text
-from .validate import (ALGORITHMS, PlannedCheck, Problem, agree, array_problem, choice_problem, first_problem,
-                       problem, raise_local, read_only_problem, setting_value, stable_hash)
+from .validate import (ALGORITHMS, InputProblem, PlannedCheck, ProblemKind, agree, array_labels, array_problem,
+                       choice_problem, first_problem, labelled, layout_fields, raise_local, read_only_problem,
+                       setting_value, stable_hash)
 from ..runtime.context import resolve
 from ..runtime.settings import generation
 
@@ -62,8 +63,7 @@ def allreduce_many(arrays: Sequence, op: str = "sum", *, algorithm: str = "auto"
             _reduce_buckets(context, arrays, last.buckets, last.regions, results, OPS[op], algorithm, inplace)
             return results
     made = generation()
-    labels = [*(names or [])][:len(arrays)]
-    labels += [f"array {i}" for i in range(len(labels), len(arrays))]
+    labels = array_labels(names, len(arrays))
     checking, local = (check, None) if check is not None else setting_value(CHECK, True)
     threshold, unusable = (threshold_bytes, None) if threshold_bytes is not None else setting_value(FUSION_BYTES, 0)
     table, unusable_table = setting_value(TABLE, ()) if algorithm == "auto" else ((), None)
@@ -77,13 +77,14 @@ def allreduce_many(arrays: Sequence, op: str = "sum", *, algorithm: str = "auto"
         plan = plan_buckets(arrays, threshold)
         regions = [bucket_region(arrays, bucket) if inplace else None for bucket in plan]
         results, local = _prepare(context, arrays, plan, regions, inplace)
+    count, layout = layout_fields(arrays, labels)
     fields = [
-        ("number of arrays", len(arrays), len(arrays)),
+        count,
         ("op", OP_NAMES.index(op) if op in OP_NAMES else -1, op),
         ("algorithm", ALGORITHMS.index(algorithm) if algorithm in ALGORITHMS else -1, algorithm),
         ("fusion threshold (HPCREDUCE_FUSION_BYTES)", threshold, threshold),
         ("auto table (HPCREDUCE_AUTO_TABLE)", _table_code(table), lambda: table_text(table)),
-        ("dtypes and shapes", stable_hash(_layout(arrays)), lambda: _described(arrays, labels)),
+        layout,
     ]
     if checking:
         agree(context, "allreduce_many", fields, local)
@@ -156,7 +157,7 @@ def _reduce_buckets(context, arrays: list, plan: List[List[int]], regions: list,
 
 
 def _prepare(context, arrays: list, plan: List[List[int]], regions: list,
-             inplace: bool) -> Tuple[list, Optional[Problem]]:
+             inplace: bool) -> Tuple[list, Optional[InputProblem]]:
     """The result arrays and the fusion workspace, allocated before any communication."""
     try:
         results = list(arrays) if inplace else [array_module(x).empty(x.shape, x.dtype) for x in arrays]
@@ -167,29 +168,22 @@ def _prepare(context, arrays: list, plan: List[List[int]], regions: list,
                 workspace(context.cache, kind).get("fusion", first.dtype, sum(arrays[i].size for i in bucket))
         return results, None
     except MemoryError as err:
-        return [], problem(11, str(err))
+        return [], InputProblem(ProblemKind.OUT_OF_MEMORY, str(err))
 
 
-def _fusable_problem(x, label: str, inplace: bool) -> Optional[Problem]:
+def _fusable_problem(x, label: str, inplace: bool) -> Optional[InputProblem]:
     """Like ``array_problem`` (but fusion copies, so any layout is fine), and writeable when in place."""
     found = array_problem(x)
-    if found is not None and found.kind.code != 3:
-        return problem(found.kind.code, f"{label}: {found.detail}")
+    if found is not None and found.kind is not ProblemKind.NOT_CONTIGUOUS:
+        return labelled(found, label)
     return read_only_problem(x, label) if inplace else None
 
 
-def _overlap_problem(arrays: list, labels: List[str]) -> Optional[Problem]:
+def _overlap_problem(arrays: list, labels: List[str]) -> Optional[InputProblem]:
     pair = first_overlap(arrays)
-    return None if pair is None else problem(8, f"{labels[pair[0]]} and {labels[pair[1]]}")
+    return None if pair is None else InputProblem(ProblemKind.OVERLAPPING,
+                                                  f"{labels[pair[0]]} and {labels[pair[1]]}")
 
 
 _table_code = functools.lru_cache(maxsize=8)(stable_hash)
 
-
-def _layout(arrays: list) -> list:
-    return [(getattr(x, "dtype", None) and x.dtype.str, tuple(getattr(x, "shape", ()))) for x in arrays]
-
-
-def _described(arrays: list, labels: List[str]) -> List[str]:
-    return [f"{label}: {getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}"
-            for x, label in zip(arrays, labels)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from enum import Enum
 from typing import Dict, List, Optional, Sequence, Tuple, Type
 
 import numpy as np
@@ -34,102 +35,133 @@ from .ops import DTYPES, OP_NAMES, dtype_code
 ALGORITHMS = ("auto", "ring", "recursive_doubling", "native", "hierarchical", "one_shot")
 
 
-@dataclass(frozen=True)
-class ProblemKind:
-    """A local input problem that every rank can name from its code alone."""
+class ProblemKind(Enum):
+    """A kind of local input problem: the error it raises and how a message words it. Its
+    ``code`` is what the cross-rank check carries, so every rank can name any rank's kind."""
 
-    code: int
-    error: Type[Exception]
-    summary: str
+    NOT_AN_ARRAY = (1, UnsupportedInputError, "passed something that is not a numpy or cupy array")
+    UNSUPPORTED_DTYPE = (2, UnsupportedInputError, "passed an array of an unsupported dtype "
+                         f"(supported: {', '.join(d.name for d in DTYPES)})")
+    NOT_CONTIGUOUS = (3, UnsupportedInputError, "passed a non-contiguous array "
+                      "(make it contiguous first, e.g. numpy.ascontiguousarray)")
+    UNKNOWN_OP = (4, InputMismatchError, f"asked for an unknown op (known: {', '.join(OP_NAMES)})")
+    UNKNOWN_ALGORITHM = (5, InputMismatchError, f"asked for an unknown algorithm (known: {', '.join(ALGORITHMS)})")
+    OUT_MISMATCH = (6, InputMismatchError, "passed an out= array whose shape, dtype or kind differs from the input")
+    READ_ONLY = (7, UnsupportedInputError, "passed a read-only array to write the result into")
+    OVERLAPPING = (8, InputMismatchError, "passed arrays that share memory with inplace=True")
+    UNUSABLE_ARRAY = (9, UnsupportedInputError, "passed an array it cannot reduce")
+    ROOT_OUT_OF_RANGE = (10, InputMismatchError, "asked for a root outside the communicator")
+    OUT_OF_MEMORY = (11, MemoryError, "could not allocate the result")
+    UNUSABLE_SETTING = (12, ConfigurationError, "has an unusable setting")
 
+    def __new__(cls, code: int, error: Type[Exception], summary: str) -> "ProblemKind":
+        kind = object.__new__(cls)
+        kind._value_, kind.error, kind.summary = code, error, summary
+        return kind
 
-PROBLEMS = {p.code: p for p in (
-    ProblemKind(1, UnsupportedInputError, "passed something that is not a numpy or cupy array"),
-    ProblemKind(2, UnsupportedInputError, "passed an array of an unsupported dtype "
-                f"(supported: {', '.join(d.name for d in DTYPES)})"),
-    ProblemKind(3, UnsupportedInputError, "passed a non-contiguous array "
-                "(make it contiguous first, e.g. numpy.ascontiguousarray)"),
-    ProblemKind(4, InputMismatchError, f"asked for an unknown op (known: {', '.join(OP_NAMES)})"),
-    ProblemKind(5, InputMismatchError, f"asked for an unknown algorithm (known: {', '.join(ALGORITHMS)})"),
-    ProblemKind(6, InputMismatchError, "passed an out= array whose shape, dtype or kind differs from the input"),
-    ProblemKind(7, UnsupportedInputError, "passed a read-only array to write the result into"),
-    ProblemKind(8, InputMismatchError, "passed arrays that share memory with inplace=True"),
-    ProblemKind(9, UnsupportedInputError, "passed an array it cannot reduce"),
-    ProblemKind(10, InputMismatchError, "asked for a root outside the communicator"),
-    ProblemKind(11, MemoryError, "could not allocate the result"),
-    ProblemKind(12, ConfigurationError, "has an unusable setting"),
-)}
+    @property
+    def code(self) -> int:
+        return self.value
 
 
 @dataclass
-class Problem:
-    """A local problem: its kind, and the detail only this rank knows."""
+class InputProblem:
+    """A local problem with a collective's input: its kind, and the detail only this rank knows."""
 
     kind: ProblemKind
     detail: str
 
 
-def problem(code: int, detail: str) -> Problem:
-    return Problem(PROBLEMS[code], detail)
-
-
 @dataclass(frozen=True)
 class Unusable:
     """Stands in for an array a caller could not make (e.g. a torch dtype numpy lacks):
-    reported on every rank as problem 9 with ``reason``."""
+    reported on every rank as ``UNUSABLE_ARRAY`` with ``reason``."""
 
     reason: str
 
 
-def array_problem(x) -> Optional[Problem]:
+def array_problem(x) -> Optional[InputProblem]:
     """What is wrong with ``x`` as a reduction buffer, if anything."""
     if type(x) is not np.ndarray and not is_device_array(x):
         if isinstance(x, Unusable):
-            return problem(9, x.reason)
-        return problem(1, f"got {type(x).__name__}")
+            return InputProblem(ProblemKind.UNUSABLE_ARRAY, x.reason)
+        return InputProblem(ProblemKind.NOT_AN_ARRAY, f"got {type(x).__name__}")
     if dtype_code(x.dtype) < 0:
-        return problem(2, f"got {x.dtype}")
+        return InputProblem(ProblemKind.UNSUPPORTED_DTYPE, f"got {x.dtype}")
     if not x.flags.c_contiguous:
-        return problem(3, f"array of shape {tuple(x.shape)} with strides {tuple(x.strides)}")
+        return InputProblem(ProblemKind.NOT_CONTIGUOUS,
+                            f"array of shape {tuple(x.shape)} with strides {tuple(x.strides)}")
     return None
 
 
-def choice_problem(op: str, algorithm: str) -> Optional[Problem]:
+def choice_problem(op: str, algorithm: str) -> Optional[InputProblem]:
     if op not in OP_NAMES:
-        return problem(4, f"got op={op!r}")
+        return InputProblem(ProblemKind.UNKNOWN_OP, f"got op={op!r}")
     if algorithm not in ALGORITHMS:
-        return problem(5, f"got algorithm={algorithm!r}")
+        return InputProblem(ProblemKind.UNKNOWN_ALGORITHM, f"got algorithm={algorithm!r}")
     return None
 
 
-def out_problem(x, out) -> Optional[Problem]:
+def out_problem(x, out) -> Optional[InputProblem]:
     if out is None:
         return None
     if (type(out) is not type(x) or out.shape != x.shape or out.dtype != x.dtype
             or not out.flags.c_contiguous):
-        return problem(6, f"input {x.dtype}{tuple(x.shape)}, out= {getattr(out, 'dtype', '?')}"
-                          f"{tuple(getattr(out, 'shape', ()))}")
+        return InputProblem(ProblemKind.OUT_MISMATCH, f"input {x.dtype}{tuple(x.shape)}, out= "
+                            f"{getattr(out, 'dtype', '?')}{tuple(getattr(out, 'shape', ()))}")
     return read_only_problem(out, "out=")
 
 
-def read_only_problem(x, label: str) -> Optional[Problem]:
-    """Problem 7 when ``x`` (to be written into) is read-only."""
+def read_only_problem(x, label: str) -> Optional[InputProblem]:
+    """``READ_ONLY`` when ``x`` (to be written into) is read-only."""
     if getattr(x.flags, "writeable", True):
         return None
-    return problem(7, f"{label} {x.dtype}{tuple(x.shape)} is not writeable")
+    return InputProblem(ProblemKind.READ_ONLY, f"{label} {x.dtype}{tuple(x.shape)} is not writeable")
 
 
-def setting_value(setting: Setting, fallback) -> Tuple[object, Optional[Problem]]:
-    """A setting's value, or ``fallback`` and problem 12 when this rank's value is unusable
+def setting_value(setting: Setting, fallback) -> Tuple[object, Optional[InputProblem]]:
+    """A setting's value, or ``fallback`` and ``UNUSABLE_SETTING`` when this rank's value is unusable
     (so that it is reported on every rank instead of raised here alone)."""
     try:
         return setting.value(), None
     except ConfigurationError as err:
-        return fallback, problem(12, str(err))
+        return fallback, InputProblem(ProblemKind.UNUSABLE_SETTING, str(err))
 
 
-def first_problem(*found: Optional[Problem]) -> Optional[Problem]:
+def first_problem(*found: Optional[InputProblem]) -> Optional[InputProblem]:
     return next((p for p in found if p is not None), None)
+
+
+def labelled(found: Optional[InputProblem], label: str) -> Optional[InputProblem]:
+    """``found`` with ``label`` (which array of a list) in front of its detail."""
+    return None if found is None else InputProblem(found.kind, f"{label}: {found.detail}")
+
+
+def root_check(root: object, size: int) -> Tuple[Field, Optional[InputProblem]]:
+    """The ``root`` field every rank compares, and ``ROOT_OUT_OF_RANGE`` when ``root`` is not a
+    rank of a communicator of ``size`` ranks."""
+    if isinstance(root, (int, np.integer)) and 0 <= root < size:
+        return ("root", int(root), root), None
+    return ("root", -1, root), InputProblem(ProblemKind.ROOT_OUT_OF_RANGE, f"root={root!r}, but the communicator "
+                                                                          f"has {size} ranks (0..{size - 1})")
+
+
+def array_labels(names: Optional[Sequence[str]], count: int) -> List[str]:
+    """What messages call each of ``count`` arrays: its name from ``names``, else ``array i``."""
+    labels = [*(names or [])][:count]
+    return labels + [f"array {i}" for i in range(len(labels), count)]
+
+
+def layout_fields(arrays: list, labels: Sequence[str]) -> Tuple[Field, Field]:
+    """The number of ``arrays`` and their dtypes and shapes: fields every rank compares."""
+    layout = [(getattr(x, "dtype", None) and x.dtype.str, tuple(getattr(x, "shape", ()))) for x in arrays]
+    return (("number of arrays", len(arrays), len(arrays)),
+            ("dtypes and shapes", stable_hash(layout), lambda: _described(arrays, labels)))
+
+
+def _described(arrays: list, labels: Sequence[str]) -> List[str]:
+    return [f"{label}: {getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}"
+            for x, label in zip(arrays, labels)]
 
 
 def stable_hash(value: object) -> int:
@@ -142,7 +174,7 @@ Field = Tuple[str, int, object]
 called on the error path only, a list is compared item by item)."""
 
 
-def agree(context: Context, what: str, fields: Sequence[Field], local: Optional[Problem]) -> None:
+def agree(context: Context, what: str, fields: Sequence[Field], local: Optional[InputProblem]) -> None:
     """Raise the same error on every rank if any rank has a problem or the fields differ."""
     comm = context.comm
     values = field_values(fields, local.kind.code * comm.Get_size() + comm.Get_rank() + 1 if local is not None else 0)
@@ -171,7 +203,7 @@ def check_vector(values: Sequence[int]) -> np.ndarray:
     return np.concatenate([vector, -vector])
 
 
-def raise_for_rows(comm: MPI.Intracomm, what: str, fields: Sequence[Field], local: Optional[Problem],
+def raise_for_rows(comm: MPI.Intracomm, what: str, fields: Sequence[Field], local: Optional[InputProblem],
                    rows: np.ndarray) -> None:
     """The error path after an exchange whose ``rows`` (every rank's ``header_row``) differ or
     carry a problem: the same error on every rank."""
@@ -209,17 +241,17 @@ class PlannedCheck:
 
 
 def _raise_disagreement(comm: MPI.Intracomm, what: str, fields: Sequence[Field],
-                        local: Optional[Problem], worst: int) -> None:
+                        local: Optional[InputProblem], worst: int) -> None:
     """The error path: gather each rank's problem and values, raise one message everywhere."""
     mine = (None if local is None else (local.kind.code, local.detail), [_shown(field[2]) for field in fields])
     reports = comm.allgather(mine)
     if worst > 0:
-        kind = PROBLEMS[(worst - 1) // comm.Get_size()]
+        kind = ProblemKind((worst - 1) // comm.Get_size())
         culprits: Dict[Tuple[int, str], List[int]] = {}
         for r, (found, _) in enumerate(reports):
             if found is not None:
                 culprits.setdefault(found, []).append(r)
-        raise kind.error(f"{what}: " + "; ".join(f"{_ranks(ranks)} {PROBLEMS[code].summary}: {detail}"
+        raise kind.error(f"{what}: " + "; ".join(f"{_ranks(ranks)} {ProblemKind(code).summary}: {detail}"
                                                  for (code, detail), ranks in culprits.items()))
     if len({len(values) for _, values in reports}) > 1:
         raise InputMismatchError(f"{what}: ranks disagree on whether the input check is on (check=, "
@@ -257,7 +289,7 @@ def _ranks(ranks: List[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
-def raise_local(what: str, local: Optional[Problem], rank: int) -> None:
+def raise_local(what: str, local: Optional[InputProblem], rank: int) -> None:
     """Without the cross-rank check: raise this rank's own problem, if any."""
     if local is not None:
         raise local.kind.error(f"{what}: rank {rank} {local.kind.summary}: {local.detail}")
