@@ -1,8 +1,8 @@
-"""A server receives one request: its header, its payloads, and what is wrong with it.
+"""A server receives one request: its header, its payloads, and why it refuses it, if it does.
 
 Every payload the header announces is received, into a buffer of the expected size
 when it fits and into a scratch buffer otherwise, so a bad request never leaves
-bytes behind that would be mistaken for the next request's. Problems that do not
+bytes behind that would be mistaken for the next request's. Refusals that do not
 depend on the server's state (op, table, kind, dtype, sizes, ids, NaN/Inf) are found
 here; the server refuses the request when its turn comes.
 """
@@ -22,7 +22,8 @@ from .protocol import (DENSE_PUSHES, DTYPES, wire_dtype, HEADER_LEN, PAYLOADS_IN
 from .shard_state import ShardState
 from .updates import local_rows
 
-Problem = Tuple[Status, int]
+Refusal = Tuple[Status, int]
+"""Why a server refuses a request: its status, and the offending value (an id, a size) or 0."""
 TABLE_OPS = frozenset(SPARSE_OPS + DENSE_PUSHES + (Op.PULL,))
 ALL_OPS = frozenset(Op)
 WORKER_OP_SET = frozenset(WORKER_OPS)
@@ -32,8 +33,8 @@ TakeBuffer = Callable[[int], np.ndarray]
 @dataclass
 class Request:
     """One received request: its header (and the header's fields as ints), payloads and
-    problem. ``local``: the owned-row positions of its sparse ids; ``borrowed``: the
-    server's spare buffer its dense gradient was received into; ``pushed``: a push's
+    ``refusal`` (None: none so far). ``local``: the owned-row positions of its sparse ids;
+    ``borrowed``: the server's spare buffer its dense gradient was received into; ``pushed``: a push's
     status once the server took it (its reply may wait); ``wire``: the dtype code values
     travel in (replies of PULL and PUSH_PULL are narrowed to it)."""
 
@@ -41,7 +42,7 @@ class Request:
     slot: int
     header: np.ndarray
     payloads: List[np.ndarray] = field(default_factory=list)
-    problem: Optional[Problem] = None
+    refusal: Optional[Refusal] = None
     local: Optional[np.ndarray] = None
     borrowed: Optional[np.ndarray] = None
     nbytes: int = 0
@@ -72,28 +73,28 @@ def receive(comm: MPI.Intracomm, source: int, layout: Layout, state: ShardState,
         comm.Recv(header, source, header_tag)
     slot = int(header[Req.SLOT]) if forwarded else layout.slot_of(source)
     request = Request(source, slot, header)
-    request.problem = header_problem(request, layout, state, ALL_OPS if forwarded else WORKER_OP_SET)
+    request.refusal = header_refusal(request, layout, state, ALL_OPS if forwarded else WORKER_OP_SET)
     status = MPI.Status()
     skipped = _cached_ids(request)
     for index in range(max(0, request.fields[Req.PAYLOADS])):
         comm.Probe(source, payload_tag, status)
         nbytes = status.Get_count(MPI.BYTE)
-        buffer = None if request.problem else _expected_buffer(request, index + skipped, nbytes, layout, state,
+        buffer = None if request.refusal else _expected_buffer(request, index + skipped, nbytes, layout, state,
                                                                take_buffer)
         if buffer is None:
             buffer = np.empty(nbytes, dtype=np.uint8)
-            request.problem = request.problem or (Status.BAD_SIZE, nbytes)
+            request.refusal = request.refusal or (Status.BAD_SIZE, nbytes)
         comm.Recv(buffer, source, payload_tag)
         request.payloads.append(buffer)
         request.nbytes += nbytes
-    if request.problem is None and skipped:
-        request.problem = _recalled(request, keys)
-    if request.problem is None and request.op in PUSHES and request.payloads[-1].dtype != \
+    if request.refusal is None and skipped:
+        request.refusal = _recalled(request, keys)
+    if request.refusal is None and request.op in PUSHES and request.payloads[-1].dtype != \
             layout.specs[request.table].dtype:
         _widened(request, layout, take_buffer)
-    if request.problem is None:
-        request.problem = content_problem(request, layout, state)
-        if request.problem is None and keys is not None and request.op in SPARSE_OPS and request.fields[Req.KEYS] > 0:
+    if request.refusal is None:
+        request.refusal = content_refusal(request, layout, state)
+        if request.refusal is None and keys is not None and request.op in SPARSE_OPS and request.fields[Req.KEYS] > 0:
             keys.remember(request.slot, request.table, request.fields[Req.KEYS], request.payloads[0])
     return request
 
@@ -105,7 +106,7 @@ def _cached_ids(request: Request) -> int:
                and fields[Req.PAYLOADS] == PAYLOADS_IN[request.op] - 1)
 
 
-def _recalled(request: Request, keys: Optional[KnownKeys]) -> Optional[Problem]:
+def _recalled(request: Request, keys: Optional[KnownKeys]) -> Optional[Refusal]:
     """Put the cached id list in front of the payloads and rewrite the header to the full
     form; KEYS_UNKNOWN when this server does not hold that list."""
     fields = request.fields
@@ -121,8 +122,8 @@ def _recalled(request: Request, keys: Optional[KnownKeys]) -> Optional[Problem]:
     return None
 
 
-def header_problem(request: Request, layout: Layout, state: ShardState,
-                   allowed=WORKER_OP_SET) -> Optional[Problem]:
+def header_refusal(request: Request, layout: Layout, state: ShardState,
+                   allowed=WORKER_OP_SET) -> Optional[Refusal]:
     """What is wrong with the header alone, if anything (``allowed``: the ops accepted)."""
     fields = request.fields
     op = request.op
@@ -191,7 +192,7 @@ def _widened(request: Request, layout: Layout, take_buffer: TakeBuffer) -> None:
     request.fields = request.header.tolist()
 
 
-def content_problem(request: Request, layout: Layout, state: ShardState) -> Optional[Problem]:
+def content_refusal(request: Request, layout: Layout, state: ShardState) -> Optional[Refusal]:
     """Ids out of range or not owned here, push ids not sorted-unique, NaN/Inf gradients."""
     op = request.op
     if op in SPARSE_OPS:

@@ -158,9 +158,9 @@ class Replication:
         if request.op == Op.DONE:
             self.primary_done = True
             return
-        if request.problem is not None:  # the primary checked it already: a bug if it happens
+        if request.refusal is not None:  # the primary checked it already: a bug if it happens
             raise RuntimeError(f"server rank {server.comm.Get_rank()}: forwarded push from rank "
-                               f"{source} refused: {protocol.refusal(*request.problem)}")
+                               f"{source} refused: {protocol.refusal(*request.refusal)}")
         gradient = request.payloads[0] if request.op == Op.PUSH else (request.local, request.payloads[1])
         status = replica.accept(request.slot, request.clock, request.table, gradient)
         if status != Status.OK:

@@ -172,7 +172,7 @@ class Server:
         index = 1
         while index < len(queue):
             request = queue[index]
-            if request.op == Op.CLOCK and request.problem is None:
+            if request.op == Op.CLOCK and request.refusal is None:
                 self._answer(request)
                 del queue[index]
             elif request.op in PUSHES:
@@ -190,9 +190,9 @@ class Server:
         if request.op in VALUES_BACK and self.replication is not None:
             if self.replication.holding(slot):
                 return False  # its earlier pushes are not acknowledged yet: replies stay in order
-            if request.op in FUSED and request.problem is None:
-                request.problem = (Status.UNSUPPORTED, 0)
-        if request.problem is not None:
+            if request.op in FUSED and request.refusal is None:
+                request.refusal = (Status.UNSUPPORTED, 0)
+        if request.refusal is not None:
             self._refuse(request)
             if request.op == Op.PUSH_PULL_END:
                 self._end_step(request)
@@ -261,7 +261,7 @@ class Server:
     def _take(self, request: Request) -> None:
         """Take a queued push once (``request.pushed``); a PUSH_PULL_END then ends its
         worker's step here, whether the push was taken or refused."""
-        if request.pushed is None and request.problem is None:
+        if request.pushed is None and request.refusal is None:
             request.pushed = self._take_push(request)
         if request.op == Op.PUSH_PULL_END:
             self._end_step(request)
@@ -275,7 +275,7 @@ class Server:
 
     def _take_push(self, request: Request) -> Optional[Status]:
         """Hand a push to the engine: its status (OK, DUPLICATE), or None when it came too
-        late (``request.problem`` set; the reply is the caller's)."""
+        late (``request.refusal`` set; the reply is the caller's)."""
         replication = self.replication
         if replication is not None:
             replication.pin(request)
@@ -284,14 +284,14 @@ class Server:
         if status == Status.LATE:
             if replication is not None:
                 replication.unpin(request)
-            request.problem = (Status.LATE, request.clock)
+            request.refusal = (Status.LATE, request.clock)
             return None
         if status == Status.DUPLICATE:
             self._release_buffer(request)
         return status
 
     def _refuse(self, request: Request) -> None:
-        status, detail = request.problem
+        status, detail = request.refusal
         self._release_buffer(request)
         if status != Status.KEYS_UNKNOWN:  # not the worker's fault: it sends the ids again
             if 0 <= request.slot < self.state.slot_count:
