@@ -4,6 +4,7 @@
     ctx = hpcreduce.init()                      # private duplicate of MPI.COMM_WORLD
     total = hpcreduce.allreduce(grad, "sum")    # ring / recursive doubling / native, by size
     grads = hpcreduce.allreduce_many(grads, "mean")   # tensor fusion
+    hpcreduce.broadcast([w, b], root=0)         # rank 0's values everywhere, in place
 
 Every error hpcreduce raises on purpose (``hpcreduce.errors``) is exported here too:
 ``except hpcreduce.TrainingError``. Importing the package does not start MPI: the names
@@ -19,6 +20,7 @@ _EXPORTS = {
     "Context": "hpcreduce.runtime.context",
     "allreduce": "hpcreduce.collectives.allreduce",
     "allreduce_many": "hpcreduce.collectives.fusion",
+    "broadcast": "hpcreduce.collectives.broadcast",
     "select_device": "hpcreduce.runtime.devices",
     **{name: "hpcreduce.errors" for name in (  # every error hpcreduce raises on purpose
         "HpcreduceError", "InputMismatchError", "UnsupportedInputError", "ConfigurationError",
