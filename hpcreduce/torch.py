@@ -49,6 +49,9 @@ from .collectives.validate import InputProblem, ProblemKind, Unusable, agree, ro
 from .errors import InputMismatchError, UnsupportedInputError
 from .runtime.context import resolve
 
+__all__ = ["allreduce_gradients", "bucket_gradients", "broadcast_parameters", "start_parameter_server",
+           "TorchPSWorker"]
+
 DTYPES = {torch.float16: "float16", torch.float32: "float32", torch.float64: "float64",
           torch.int32: "int32", torch.int64: "int64"}
 

@@ -1,5 +1,8 @@
 """The public surface: what ``hpcreduce`` exports resolves, and every error a user may catch is there."""
+import importlib
 import inspect
+
+import pytest
 
 import hpcreduce
 from hpcreduce import errors
@@ -15,3 +18,13 @@ def test_every_error_raised_on_purpose_is_exported():
 def test_every_exported_name_resolves():
     for name in hpcreduce.__all__:
         assert getattr(hpcreduce, name) is not None, name
+
+
+@pytest.mark.parametrize("module", ["hpcreduce.collectives", "hpcreduce.collectives.allreduce",
+                                    "hpcreduce.collectives.broadcast", "hpcreduce.collectives.fusion",
+                                    "hpcreduce.ps", "hpcreduce.torch", "hpcreduce.train.models"])
+def test_public_modules_say_what_they_export(module):
+    if module == "hpcreduce.torch":
+        pytest.importorskip("torch")
+    imported = importlib.import_module(module)
+    assert all(hasattr(imported, name) for name in imported.__all__), module

@@ -32,6 +32,8 @@ from .transfer import transfer_for
 from .validate import (ALGORITHMS, InputProblem, PlannedCheck, ProblemKind, agree, array_problem, choice_problem,
                        out_problem, raise_local, setting_value, stable_hash)
 
+__all__ = ["allreduce"]
+
 ALGORITHM_FUNCTIONS = {
     "ring": ring_allreduce,
     "recursive_doubling": recursive_doubling_allreduce,

@@ -28,6 +28,8 @@ from .transfer import transfer_kind
 from .validate import (InputProblem, agree, array_labels, array_problem, first_problem, labelled, layout_fields,
                        raise_local, read_only_problem, root_check, setting_value)
 
+__all__ = ["broadcast"]
+
 Arrays = TypeVar("Arrays")
 
 

@@ -33,6 +33,8 @@ from .validate import (ALGORITHMS, InputProblem, PlannedCheck, ProblemKind, agre
 from ..runtime.context import resolve
 from ..runtime.settings import generation
 
+__all__ = ["allreduce_many"]
+
 REPEATED = "allreduce_many.last"
 """The context-cache slot of the last call's ``ManyPlan``."""
 
