@@ -8,25 +8,24 @@ gradient of its share of each global batch, averages the gradients with
 allreduce_gradients and steps its own torch optimizer: all ranks stay equal.
 PS (--ps): rank 0 holds the weights and runs SGD; the workers pull the weights, push
 their gradients and clock each step (BSP: synchronous SGD on the global batch).
-Needs ``pip install 'hpcreduce[torch]'``.
+Needs ``pip install 'hpcreduce[torch,digits]'``.
 """
 import argparse
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
 
 import hpcreduce
 import hpcreduce.torch as hpt
 from hpcreduce.ps import Server
+from hpcreduce.train.models.mlp import digits_arrays
 
 
 def digits(seed: int = 0):
     """scikit-learn's 8x8 digits, scaled to [0, 1], split 80/20 (the same on every rank)."""
-    data = load_digits()
-    order = np.random.default_rng(seed).permutation(len(data.target))
-    x = torch.tensor(data.data[order] / 16.0, dtype=torch.float32)
-    y = torch.tensor(data.target[order])
+    pixels, labels = digits_arrays()
+    order = np.random.default_rng(seed).permutation(len(labels))
+    x, y = torch.tensor(pixels[order]), torch.tensor(labels[order])
     split = len(y) * 4 // 5
     return (x[:split], y[:split]), (x[split:], y[split:])
 

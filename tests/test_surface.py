@@ -1,6 +1,7 @@
 """The public surface: what ``hpcreduce`` exports resolves, and every error a user may catch is there."""
 import importlib
 import inspect
+import sys
 
 import pytest
 
@@ -28,3 +29,11 @@ def test_public_modules_say_what_they_export(module):
         pytest.importorskip("torch")
     imported = importlib.import_module(module)
     assert all(hasattr(imported, name) for name in imported.__all__), module
+
+
+def test_digits_without_scikit_learn_name_the_extra(monkeypatch):
+    from hpcreduce.train.models.mlp import digits_dataset
+    for name in ("sklearn", "sklearn.datasets"):
+        monkeypatch.setitem(sys.modules, name, None)  # what an absent package imports as
+    with pytest.raises(hpcreduce.ConfigurationError, match=r"pip install 'hpcreduce\[digits\]'"):
+        digits_dataset(0)

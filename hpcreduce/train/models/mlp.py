@@ -1,20 +1,24 @@
-"""A one-hidden-layer perceptron with a softmax output, and scikit-learn's digits.
+"""A one-hidden-layer perceptron with a softmax output, and scikit-learn's digits (an extra:
+``pip install 'hpcreduce[digits]'``).
 
 ``logits = tanh(x @ w1 + b1) @ w2 + b2``; loss: summed cross-entropy of the softmax.
 Batches are ``{"x": float (b, inputs), "label": int (b,)}``.
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 
 from ...arrays import array_module
+from ...errors import ConfigurationError
 from ..data import ArrayDataset
 from ..model import Model, Params, ParamSpec, StepOutput
 
 INIT_STREAM = 0x5EED_0003
 SPLIT_STREAM = 0x5EED_0004
+
+__all__ = ["MLP", "digits_arrays", "digits_dataset"]
 
 
 class MLP(Model):
@@ -63,13 +67,22 @@ class MLP(Model):
         return StepOutput(loss_sum, grads, correct, len(labels))
 
 
-def digits_dataset(seed: int = 0, test_fraction: float = 0.2) -> ArrayDataset:
-    """scikit-learn's 1797 8x8 digits (shipped with it, no download), pixels scaled to
-    [0, 1], split into train and test by a seeded shuffle."""
-    from sklearn.datasets import load_digits
+def digits_arrays() -> Tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 1797 8x8 digits (shipped with it, no download): the pixels scaled to
+    [0, 1] (float32, one row an image) and the labels (int64). Without scikit-learn,
+    ``ConfigurationError`` naming the extra that installs it (raised on every rank that asks)."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as err:
+        raise ConfigurationError(f"the digits data set needs scikit-learn ({err}): "
+                                 "pip install 'hpcreduce[digits]'") from None
     digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    labels = digits.target.astype(np.int64)
+    return (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int64)
+
+
+def digits_dataset(seed: int = 0, test_fraction: float = 0.2) -> ArrayDataset:
+    """``digits_arrays``, split into train and test by a seeded shuffle."""
+    x, labels = digits_arrays()
     order = np.random.default_rng([seed, SPLIT_STREAM]).permutation(len(labels))
     test_count = int(round(len(labels) * test_fraction))
     test, train = order[:test_count], order[test_count:]
