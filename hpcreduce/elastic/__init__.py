@@ -1,9 +1,9 @@
-"""Elastic training for a user's own loop: the Horovod ``State`` / ``run`` pattern over ULFM.
+"""Elastic training: the Horovod ``State`` / ``run`` pattern over ULFM, for users' loops and trainers.
 
     import hpcreduce
     from hpcreduce import elastic
 
-    state = elastic.State(weights=w, step=0)       # numpy, cupy or torch tensors, and scalars
+    state = elastic.State(weights=w, step=0)       # numpy, cupy or torch tensors, dicts of arrays, scalars
 
     @elastic.run
     def train(state):
@@ -18,11 +18,26 @@
 When a rank dies inside ``train``, every survivor's collective fails; ``run`` shrinks the
 job to the survivors (revoke, shrink, agree), restores every rank's last commit, makes
 rank 0's state everyone's (``sync``), calls the reset callbacks (re-split the data there)
-and calls ``train(state)`` again. Growth (``State(discover=FILE)``) spawns ranks at a commit;
-they start the same program, get the state and join the loop. hpcreduce's collectives and
-``hpcreduce.torch`` run on the default context, whose communicator is swapped underneath.
+and calls ``train(state)`` again. ``State(discover=FILE)`` reads a discovery file at commits
+(a number of ranks or ``HOST[:SLOTS]`` lines): ranks it no longer wants leave (they exit 0),
+and when it wants more, ranks are spawned (the same program), get the state and join the loop.
+hpcreduce's collectives and ``hpcreduce.torch`` run on the default context, whose
+communicator is swapped underneath.
+
+A trainer builds on the same pieces (the ring trainer does, ``train.ring.ring_driver``): a
+``Policy`` of its own (its growth rule, kill schedule, replacement, event details), values in
+``no_copy`` (changed only after a step committed by ``agreed``: no copy per step), and the
+loop's ``request_resize`` before each step, ``save_checkpoint`` and ``resume_checkpoint``.
+Every change of ranks is a ``Change`` (an ``ft.events.RecoveryEvent``) in ``state.job.changes``,
+and a dict in ``state.events``.
 """
+from .agreement import Interrupted, agreed
+from .checkpoints import resume_checkpoint, save_checkpoint
 from .driver import run
+from .job import Change, Job
+from .policy import Policy
+from .resizing import ResizeRequested, request_resize
 from .state import State
 
-__all__ = ["State", "run"]
+__all__ = ["Change", "Interrupted", "Job", "Policy", "ResizeRequested", "State", "agreed", "request_resize",
+           "resume_checkpoint", "run", "save_checkpoint"]

@@ -4,56 +4,68 @@
 ``restore()`` puts the copies back; ``sync()`` makes rank 0's values everyone's. After a
 failure every survivor restores and then syncs, so all continue from rank 0's last commit:
 an update rank 0 committed is kept on every rank, one it had not is redone by all, and
-none is applied twice (Horovod's elastic ``State``). With ``discover`` a commit also reads
-the discovery file (rank 0, every ``discover_every`` commits; a number of ranks or
-``HOST[:SLOTS]`` lines, ``ft.resize.read_discovery``) and asks ``run`` to grow the job to the
-total it asks for (a file it cannot use, or one asking for fewer ranks, changes nothing here).
-Cost of a commit: one copy of every tracked value (plus one small broadcast with ``discover``).
+none is applied twice (Horovod's elastic ``State``). Values named in ``no_copy`` are not
+copied: they must change only after the step's last collective and be committed before the
+next one (a step committed by ``agreed`` before anyone applies it, as the ring trainer does),
+so a failure always finds them as last committed and restore has nothing to undo.
+
+With ``discover`` a commit also reads the discovery file (rank 0, every ``discover_every``
+commits; a number of ranks or ``HOST[:SLOTS]`` lines, ``ft.resize.read_discovery``) and asks
+``run`` for the change: ranks leave when it asks for fewer ranks (the highest ids) or hosts
+(the ranks of hosts it drops, or beyond a host's slots), ranks are spawned when it asks for
+more (a file it cannot use changes nothing). A trainer passes a ``Policy`` instead.
+Cost of a commit: one copy of every tracked value not in ``no_copy`` (with ``discover``, at
+each read, an allgather of the ranks' node names and a small broadcast).
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Collection, Dict, List, Optional
 
 from ..errors import UnsupportedInputError
-from ..ft.resize import Wanted, read_discovery
+from ..ft.events import RecoveryEvent
 from ..ft.membership import Membership
+from ..ft.resize import GrowthRule
 from ..runtime.context import Context, init
+from .job import Job, summary
+from .policy import Policy
+from .resizing import request_resize
 from .tensors import broadcast, kind_of, put_back, snapshot
 
-OWN_NAMES = frozenset({"commit", "restore", "sync", "register_reset_callbacks", "context", "events", "members"})
-
-
-class GrowthRequested(Exception):
-    """Raised by ``State.commit`` on every rank at once when the discovery file asks for more
-    ranks; ``run`` catches it, spawns ``count`` ranks and calls the user's function again."""
-
-    def __init__(self, count: int):
-        super().__init__(f"grow by {count} rank(s)")
-        self.count = count
+OWN_NAMES = frozenset({"commit", "restore", "sync", "register_reset_callbacks", "context", "events", "members",
+                       "job", "commits"})
 
 
 class State:
-    """Named values (numpy, cupy or torch tensors, and picklable scalars) read and written
-    as attributes: ``state.weights``, ``state.step += 1``. Arrays and tensors are restored
-    and broadcast in place, so references a model holds stay valid."""
+    """Named values (numpy, cupy or torch tensors, dicts of arrays, and picklable scalars) read
+    and written as attributes: ``state.weights``, ``state.step += 1``. Arrays and tensors are
+    restored and broadcast in place, so references a model holds stay valid. ``events``: one
+    dict per change of the job's ranks (kind, ranks_after, step_commits, seconds and the ids
+    lost, joined or left); ``job``: the membership, policy and changes (``elastic.job``)."""
 
     def __init__(self, *, context: Optional[Context] = None, discover: Optional[str] = None,
-                 discover_every: int = 1, **values: Any):
+                 discover_every: int = 1, policy: Optional[Policy] = None, no_copy: Collection[str] = (),
+                 **values: Any):
         clashes = sorted(OWN_NAMES & set(values))
         if clashes or not values:
             raise UnsupportedInputError(f"State needs at least one value, and not named {', '.join(clashes)}"
                                         if clashes else "State needs at least one value to track")
         if discover_every < 1:
             raise UnsupportedInputError(f"State: discover_every must be >= 1, got {discover_every}")
+        unknown = sorted(set(no_copy) - set(values))
+        if unknown or (policy is not None and discover):
+            raise UnsupportedInputError(f"State: no_copy names no tracked value {', '.join(unknown)}" if unknown
+                                        else "State: give discover or a policy, not both (the policy's growth "
+                                             "rule reads the discovery file)")
         ctx = context if context is not None else init()
-        own = {"context": ctx, "events": [], "members": Membership.founding(ctx.size, ctx.rank),
+        policy = policy or Policy(growth=GrowthRule(discover=discover, discover_every=discover_every))
+        own = {"context": ctx, "events": [], "job": Job(policy, Membership.founding(ctx.size, ctx.rank)),
                "_values": dict(values), "_kinds": {name: kind_of(value) for name, value in values.items()},
-               "_saved": {}, "_discover": discover, "_discover_every": discover_every, "_commits": 0,
+               "_copied": [name for name in values if name not in set(no_copy)], "_saved": {}, "_commits": 0,
                "_callbacks": []}
         for name, value in own.items():
             object.__setattr__(self, name, value)
-        self.commit(check_growth=False)
+        self.commit(check_resize=False)
 
     def __getattr__(self, name: str) -> Any:
         values = self.__dict__.get("_values", {})
@@ -66,19 +78,30 @@ class State:
             raise AttributeError(f"State tracks no value named {name!r}: give every value when the State is made")
         self._values[name] = value
 
-    def commit(self, *, check_growth: bool = True) -> None:
-        """Keep a copy of every value; with ``discover``, grow if the file asks for more ranks."""
-        self._saved.update({name: snapshot(value, self._kinds[name]) for name, value in self._values.items()})
+    @property
+    def members(self) -> Membership:
+        """The job's ranks by stable id (``ft.membership``)."""
+        return self.job.members
+
+    @property
+    def commits(self) -> int:
+        """Commits so far, the one made with the State included (the same on every rank after a sync)."""
+        return self._commits
+
+    def commit(self, *, check_resize: bool = True) -> None:
+        """Keep a copy of every value not in ``no_copy``; the changes of ranks before this
+        commit are closed (their lines echoed); with ``check_resize``, leaves and growth the
+        policy asks for at this commit are requested of ``run`` (``ResizeRequested``)."""
+        for name in self._copied:
+            self._saved[name] = snapshot(self._values[name], self._kinds[name])
         object.__setattr__(self, "_commits", self._commits + 1)
-        if check_growth and self._discover and self._commits % self._discover_every == 0:
-            comm = self.context.comm
-            found = read_discovery(self._discover) if comm.Get_rank() == 0 else None
-            target = comm.bcast(found.total if isinstance(found, Wanted) else None, root=0)
-            if target is not None and target > comm.Get_size():
-                raise GrowthRequested(target - comm.Get_size())
+        for change in self.job.changes.step_completed():
+            self.job.policy.echo(change.line())
+        if check_resize:
+            request_resize(self, self._commits)
 
     def restore(self) -> None:
-        """Every value back to this rank's last commit."""
+        """Every value back to this rank's last commit (values in ``no_copy`` are as committed)."""
         for name, saved in self._saved.items():
             self._values[name] = put_back(self._values[name], saved, self._kinds[name])
 
@@ -94,13 +117,13 @@ class State:
         state is synced: re-split the data, rebuild what depends on the rank or size."""
         self._callbacks.extend(callbacks)
 
-    def _reset(self, kind: str, started: float, **details: Any) -> None:
-        """Record what changed (``events``), then run the reset callbacks."""
-        self.events.append({"kind": kind, "ranks_after": self.context.size, "step_commits": self._commits,
-                            "seconds": round(time.time() - started, 4), **details})
+    def _reset(self, change: RecoveryEvent, started: float) -> None:
+        """Record ``change`` (``job.changes`` and ``events``), then run the reset callbacks."""
+        self.job.changes.add(change)
+        self.events.append(summary(change, self._commits, time.time() - started))
         for callback in self._callbacks:
             callback()
 
     def _adopt(self, control: Dict[str, Any]) -> None:
-        """A newcomer's membership, from what the job broadcast to it."""
-        object.__setattr__(self, "members", Membership.from_control(control, self.context.rank))
+        """A newcomer's membership and resize bookkeeping, from what the job broadcast to it."""
+        self.job.adopt(control, self.context.rank)

@@ -1,0 +1,76 @@
+"""Checkpoints of an elastic run: rank 0 writes, every rank learns whether it could; resumed at start.
+
+``save_checkpoint`` writes named arrays atomically (``ft.checkpoint_files``; the policy's
+``checkpoint`` kills strike half way) and broadcasts whether it could, so a file that cannot
+be written is an ``OutputFileError`` on every rank; the broadcast is an ``agreed`` block, so
+rank 0 dying meanwhile is recovered from (``Interrupted``) before anyone goes on.
+``resume_checkpoint`` fills the arrays from the newest checkpoint that reads back whole,
+refusing (on every rank) one written by another run (``identity_problem``), and records a
+``resume`` change. Checkpoints hold whole arrays, so a run resumes with any number of ranks. Cost: the write, on rank 0,
+a small broadcast and one agreement.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+
+from ..arrays import copy_into
+from ..errors import CheckpointMismatchError, OutputFileError, setting_problem
+from ..ft import checkpoint_files
+from ..ft.events import RecoveryEvent
+from ..runtime.files import remove_stale_temporaries
+from .agreement import agreed
+
+if TYPE_CHECKING:
+    from .state import State
+
+
+def save_checkpoint(state: "State", folder: str, step: int, arrays: Mapping[str, Any],
+                    metadata: Dict[str, Any]) -> None:
+    """Rank 0 writes the checkpoint of ``step`` (``arrays``; ``metadata`` plus the number of
+    ranks) into ``folder``; every rank learns whether it could (an ``OutputFileError`` everywhere
+    if not)."""
+    ctx, job = state.context, state.job
+    failure = None
+    if ctx.rank == 0:
+        try:
+            checkpoint_files.save(folder, step, arrays, {"ranks": ctx.size, **metadata},
+                                  halfway=lambda: job.policy.kills.strike("checkpoint", step, job.members.me,
+                                                                          job.members.ids))
+        except OutputFileError as err:
+            failure = err.parts
+    failure = agreed(ctx, lambda: ctx.comm.bcast(failure, root=0), f"checkpoint of step {step}")
+    if failure:
+        raise OutputFileError(*failure)
+
+
+def resume_checkpoint(state: "State", folder: str, identity: Mapping[str, Any],
+                      arrays: Mapping[str, Any]) -> Optional[int]:
+    """The step of the newest checkpoint in ``folder``, its arrays copied into ``arrays`` (in
+    place), or None when there is none; ``CheckpointMismatchError`` on every rank when it was
+    written by a run of another ``identity``. Rank 0 first removes dead writers' temporaries."""
+    ctx = state.context
+    if ctx.rank == 0:  # the writer, before it writes
+        remove_stale_temporaries(folder)
+    found = checkpoint_files.load_latest(folder, checkpoint_files.print_warning if ctx.rank == 0 else _silent)
+    if found is None:
+        return None
+    metadata, saved = found
+    problem = checkpoint_files.identity_problem(metadata, identity)
+    if problem:
+        raise CheckpointMismatchError(setting_problem("{checkpoint_dir} {path}: its checkpoint of step {step} "
+                                                      "{why}; give another folder or empty it",
+                                                      path=folder, step=metadata["step"], why=problem))
+    for name, array in arrays.items():
+        copy_into(array, saved[name])
+    step = int(metadata["step"])
+    change = RecoveryEvent("resume", step + 1, int(metadata["ranks"]), time.time())
+    change.ranks_after = ctx.size
+    state._reset(change, change.detected_at)
+    state.job.policy.echo(f"resumed from the checkpoint of step {step} "
+                          f"(written by {metadata['ranks']} ranks, now {ctx.size})")
+    return step
+
+
+def _silent(_text: str) -> None:
+    """Warnings of ranks other than rank 0 (which prints the same)."""

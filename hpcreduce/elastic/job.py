@@ -1,0 +1,55 @@
+"""``Job``: what an elastic run knows of its job besides the tracked values.
+
+Who is in it (``ft.membership.Membership``), the policy it changes by, every change so
+far as an ``ft.events.RecoveryEvent`` (``Change`` adds ``data_shards``) and the resize
+bookkeeping: leaves and growth due up to ``resized_before`` are done, and the discovery
+file's problem printed last (printed once). A newcomer gets the membership and the
+bookkeeping from the job (``control``/``adopt``), then the values (``State.sync``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from ..ft.events import EventLog, RecoveryEvent
+from ..ft.membership import Membership
+from .policy import Policy
+
+DETAIL = {"failure": "lost", "growth": "joined", "replacement": "joined", "joined": "joined", "leave": "left"}
+"""The ids each kind of change names in a user's ``state.events`` entry."""
+
+
+@dataclass
+class Change(RecoveryEvent):
+    """``RecoveryEvent`` plus ``data_shards``: ``[rank id, [shards]]``, the training shards each
+    rank reads after a failure, growth or leave (``Policy.data_shards``)."""
+
+    data_shards: List[List[Any]] = field(default_factory=list)
+
+
+@dataclass
+class Job:
+    """The membership, policy, changes and resize bookkeeping of one elastic run on one rank."""
+
+    policy: Policy
+    members: Membership
+    changes: EventLog = field(default_factory=EventLog)
+    resized_before: int = 0
+    warned: Optional[str] = None
+
+    def control(self) -> Dict[str, Any]:
+        """What a newcomer is sent before the values: the membership and the bookkeeping."""
+        return {**self.members.control(), "resized_before": self.resized_before}
+
+    def adopt(self, control: Dict[str, Any], rank: int) -> None:
+        """A newcomer's membership and bookkeeping, from what the job sent it (``control``)."""
+        self.members = Membership.from_control(control, rank)
+        self.resized_before = control["resized_before"]
+
+
+def summary(change: RecoveryEvent, commits: int, seconds: float) -> Dict[str, Any]:
+    """A user's ``state.events`` entry for ``change``: kind, ranks after, the commits so far,
+    the seconds it took from the start of the interrupted call, and the ids it names."""
+    named = DETAIL.get(change.kind)
+    return {"kind": change.kind, "ranks_after": change.ranks_after, "step_commits": commits,
+            "seconds": round(seconds, 4), **({named: list(getattr(change, named))} if named else {})}
