@@ -8,28 +8,21 @@ Run it on every rank of an MPI job (``hpcreduce launch -n 4 -- python script.py`
 """
 from __future__ import annotations
 
-import time
 from typing import List, Optional
 
-import numpy as np
-
-from ..arrays import Device
 from ..errors import ConfigurationError, SettingProblem, setting_problem
 from ..ft.inject import unknown_node_problem
-from ..ps.stats import staleness_summary
 from ..runtime.context import Comm, Context, resolve
 from ..runtime.devices import open_device
 from ..runtime.nodes import rank_nodes
 from .config import OUTPUTS, TrainConfig
 from .data import Dataset
 from .data_dir import agreed_problems
-from .evaluation import evaluate
 from .model import Model
-from .observe import RING_PHASES, Observer
+from .observe import Observer
 from .ps.ps_training import run_ps_training
-from .results import FinalMetrics, StepLog, TrainResult, checksum, final_line
-from .ring.ring_driver import ElasticRing
-from .ring.ring_steps import RingTrainer
+from .results import TrainResult, final_line
+from .ring.ring_training import run_ring_training
 from .sandblaster.sandblaster_training import run_sandblaster_training
 
 
@@ -76,32 +69,8 @@ def train(model: Model, dataset: Dataset, config: Optional[TrainConfig] = None, 
     elif config.mode == "sandblaster":
         result = run_sandblaster_training(ctx, config, model, dataset, observer)
     else:
-        result = train_ring(ctx, config, model, dataset, observer)
+        result = run_ring_training(ctx, config, model, dataset, observer)
     result.nodes = rank_nodes(ctx.comm)
     observer.echo(final_line(result))
     observer.finish(result.to_json)  # writes config.json_path on rank 0
     return result
-
-
-def train_ring(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset,
-               observer: Observer) -> TrainResult:
-    """Ring AllReduce training to the held-out result, through failures and growth
-    (``ring.ring_driver``) when the launch and ``config.fault`` ask for them."""
-    started = time.perf_counter()
-    trainer = observer.timed(RingTrainer(ctx, config, model, dataset), RING_PHASES, collective=("reduce",))
-    elastic = ElasticRing(ctx, trainer, config.fault, config.seed, observer.echo)
-    log = StepLog(ctx, config.steps)
-
-    def on_step(metrics) -> None:
-        log.record(metrics.step, metrics.loss, metrics.accuracy, metrics.examples)
-        observer.step_done(log)
-
-    state = elastic.run(config.steps, on_step)
-    train_s = time.perf_counter() - log.started
-    loss, accuracy = evaluate(ctx, model, state.params, dataset)
-    in_sync = np.zeros(len(log.rows) * ctx.size, np.int64)  # one read and one push per rank per step
-    return TrainResult(config=config, model=model.name, ranks=ctx.size, worker_count=ctx.size,
-                       dataset=dataset.info(), steps=log.rows, traffic=log.gather_traffic(),
-                       staleness=staleness_summary(in_sync, in_sync), wall_s=time.perf_counter() - started,
-                       train_s=train_s, final=FinalMetrics(loss, accuracy, checksum(state.params)),
-                       params=Device("cpu").put_all(state.params), recovery=elastic.events.as_dicts())

@@ -1,10 +1,10 @@
 """The training state a ring rank carries from step to step.
 
 Parameters, optimizer state and the number of steps done are all a rank needs to go
-on: the elastic driver (``elastic``) keeps it committed step by step, syncs it to the
-survivors and to ranks that join, and checkpoints it, much as Horovod's elastic
-``State`` does; ``copy`` gives a commit point to restore by hand. Its arrays live on the
-run's device (numpy or cupy); the step count on the host.
+on: the ring's driver (``ring_driver``) tracks them in an ``elastic.State``, which syncs
+them to the survivors and to ranks that join, and checkpoints them; ``copy`` gives a commit
+point to restore by hand. Its arrays live on the run's device (numpy or cupy); the step
+count on the host.
 """
 from __future__ import annotations
 
