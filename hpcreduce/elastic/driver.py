@@ -3,7 +3,7 @@
 Each call of ``func(state)`` is one ULFM attempt (``ft.rounds.attempt``): it ends with one
 agreement, so a rank that returned while a peer failed goes back into the loop with the
 others instead of leaving them waiting. A failed attempt, or an ``agreed`` block that did
-not commit (``Interrupted``), is followed by the recovery (``recovery.recover``); a
+not commit (``Interrupted``), is followed by the recovery (``regroup.recover``); a
 ``ResizeRequested`` (from ``State.commit`` or the loop's ``request_resize``) by the leaves and
 the growth it asks for (``resizing``). Either way the reset callbacks run and ``func(state)``
 is called again. Every path ends, on every rank, with exactly one agreement: an agreement of
@@ -20,7 +20,7 @@ from ..ft.rounds import attempt
 from ..runtime.context import agreed_launch_settings
 from ..runtime.launch import mark_done
 from .agreement import Interrupted
-from .recovery import join, recover
+from .regroup import join, recover
 from .resizing import ResizeRequested, grow, leave
 from .state import State
 
