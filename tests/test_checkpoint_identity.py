@@ -131,3 +131,16 @@ def test_rank_0_killed_while_saving_is_survived_and_its_temporary_removed(tmp_pa
                 "--kill", "0@10:checkpoint", ranks=3, ft=True)
     assert job.returncode == 0 and "lost rank(s) [0]" in job.output, job
     assert sorted(os.listdir(folder)) == ["ckpt-000000005.npz", "ckpt-000000015.npz"]  # step 10's temporary too
+
+
+def test_checkpoint_keep_sets_how_many_checkpoints_each_folder_keeps(tmp_path):
+    from hpcreduce.ft.checkpoint_files import checkpoints
+    ring, ps = tmp_path / "ring", tmp_path / "ps"
+    for folder, mode in ((ring, ()), (ps, ("--mode", "ps", "--servers", "1"))):
+        job = train(*mode, "--steps", "8", "--checkpoint-dir", str(folder), "--checkpoint-every", "2",
+                    "--checkpoint-keep", "3", ranks=3)
+        assert job.returncode == 0, job
+    assert [step for step, _ in checkpoints(str(ring))] == [4, 6, 8]
+    assert [step for step, _ in checkpoints(str(ps / "ps-shard-0"))] == [4, 6, 8]
+    refused = train("--checkpoint-dir", str(ring), "--checkpoint-every", "2", "--checkpoint-keep", "1")
+    assert refused.returncode == 2 and "--checkpoint-keep must be at least 2, got 1" in refused.output, refused

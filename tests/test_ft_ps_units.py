@@ -9,7 +9,7 @@ from hpcreduce.ps.fragments import assemble, cut
 from hpcreduce.ps.layout import Layout
 from hpcreduce.ps.protocol import Status
 from hpcreduce.ps.recovery_plan import Committed, Report, make_plan
-from hpcreduce.ps.start import table_optimizers
+from hpcreduce.ps.roles import table_optimizers
 from hpcreduce.ps.shard_state import ShardState
 from hpcreduce.train.ps import shard_checkpoints as ps_checkpoint
 

@@ -19,7 +19,7 @@ import pytest
 from hpcreduce.ps import ParamSpec
 from hpcreduce.ps.layout import Layout
 from hpcreduce.ps.recovery_plan import Committed, Report, make_plan
-from hpcreduce.train.ps.progress import kept_going
+from hpcreduce.train.ps.resize_requests import kept_going
 from mpi_run import hpcreduce_cli
 
 TRAIN = ("train", "--mode", "ps", "--steps", "20", "--batch", "1024", "--seed", "3", "--quiet")

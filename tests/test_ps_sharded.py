@@ -13,7 +13,7 @@ from hpcreduce.ps.footprint import node_problem, shard_bytes
 from hpcreduce.ps.init import PartInit, counter_normal, owned_rows, whole_tables
 from hpcreduce.ps.layout import Layout
 from hpcreduce.ps.placement import place
-from hpcreduce.ps.start import table_optimizers
+from hpcreduce.ps.roles import table_optimizers
 from hpcreduce.ps.shard_state import ShardState
 from hpcreduce.ps.tables import ParamSpec, RowIndex
 from hpcreduce.runtime.memory import available_bytes, peak_rss_bytes, rss_bytes
@@ -109,7 +109,7 @@ def test_cli_refuses_bad_table_rows_and_export_input():
     assert bad.returncode == 2 and bad.output.count("--table-rows must be a power of two") == 1, bad
     mlp = hpcreduce_cli("train", "-n", "2", "--model", "mlp", "--table-rows", "1024", "--model-dir", "x", timeout=60)
     assert mlp.returncode == 2 and "--table-rows sets the hashed feature space" in mlp.output, mlp
-    assert "--model-dir (the model written sharded" in mlp.output, mlp
+    assert "--model-dir only applies to --mode ps" in mlp.output, mlp
     missing = hpcreduce_cli("export", "/nonexistent-hpcreduce", "--out", "/tmp/x.npz", timeout=60)
     assert missing.returncode == 2 and "is not a folder" in missing.output, missing
 

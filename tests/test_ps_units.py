@@ -8,7 +8,7 @@ from hpcreduce.ps import Consistency, ParamSpec, PSConfigError
 from hpcreduce.ps.inbox import SMALL_CHECK, all_finite
 from hpcreduce.ps.layout import Layout
 from hpcreduce.ps.placement import SPLIT_BYTES, place
-from hpcreduce.ps.start import table_optimizers
+from hpcreduce.ps.roles import table_optimizers
 from hpcreduce.ps.shard_state import ShardState
 from hpcreduce.ps.tables import numel
 from hpcreduce.ps.updates import local_rows, sum_rows

@@ -32,14 +32,14 @@ def test_parse_and_problems_name_the_flag_and_the_straggler():
 
 
 def test_a_rank_that_computes_no_gradients_is_not_a_straggler():
-    from hpcreduce.train.config import TrainConfig
+    from hpcreduce.train.config import PS, Sandblaster, TrainConfig
     said = [problem.render() for problem in TrainConfig(
-        mode="sandblaster", optimizer="lbfgs", servers=2, fault=FaultConfig(slow=[(1, 4.0), (2, 4.0), (3, 4.0)])
+        optimizer="lbfgs", topology=Sandblaster(servers=2), fault=FaultConfig(slow=[(1, 4.0), (2, 4.0), (3, 4.0)])
     ).problems(6, False)]
     assert said == ["slow 1:4: rank 1 is a server, which computes no gradients; slow a worker (rank 3 or above)",
                     "slow 2:4: rank 2 is the coordinator, which computes no gradients; slow a worker (rank 3 or above)"]
-    assert TrainConfig(mode="ps", servers=1, fault=FaultConfig(slow=[(1, 4.0)])).problems(3, False) == []
-    assert TrainConfig(mode="ring", fault=FaultConfig(slow=[(0, 4.0)])).problems(3, False) == []
+    assert TrainConfig(topology=PS(servers=1), fault=FaultConfig(slow=[(1, 4.0)])).problems(3, False) == []
+    assert TrainConfig(fault=FaultConfig(slow=[(0, 4.0)])).problems(3, False) == []
 
 
 def test_factor_for_and_slow_down_take_factor_times_as_long():

@@ -15,7 +15,7 @@ from hpcreduce.ft.inject import parse_kill
 from hpcreduce.ps.optimizers import make_optimizer
 from hpcreduce.ps.stats import histogram, staleness_summary
 from hpcreduce.runtime.files import write_json
-from hpcreduce.train import FinalMetrics, TrainConfig, TrainResult
+from hpcreduce.train import PS, FinalMetrics, TrainConfig, TrainResult
 from hpcreduce.train.model import SparseRows
 from hpcreduce.train.models import LogisticRegression
 from hpcreduce.train.params import batch_view, dense_grads
@@ -91,15 +91,26 @@ def test_the_written_result_leaves_the_parameters_out(tmp_path):
 
 def test_config_problems_name_the_fields_and_the_cli_words_them_as_flags():
     assert TrainConfig().problems(4) == []
-    problems = TrainConfig(optimizer="rmsprop", seed=-1, lr=0, fetch_every=2).problems(4)
+    problems = TrainConfig(optimizer="rmsprop", seed=-1, lr=0, topology=PS(fetch_every=2)).problems(4)
     fields = " | ".join(map(str, problems))
     assert "optimizer must be one of" in fields and "seed" in fields and "lr must be" in fields
-    assert "fetch_every and push_every belong to mode ps" in fields
+    assert "fetch_every and push_every only apply to consistency asp" in fields
     flags = {"optimizer": "--optimizer", "seed": "--seed", "lr": "--lr", "fetch_every": "--fetch-every",
-             "push_every": "--push-every", "mode": "--mode"}
+             "push_every": "--push-every", "consistency": "--consistency"}
     worded = " | ".join(p.render(flags) for p in problems)
     assert "--optimizer must be one of" in worded and "--seed" in worded and "--lr" in worded
-    assert "--fetch-every and --push-every belong to --mode ps" in worded
+    assert "--fetch-every and --push-every only apply to --consistency asp" in worded
+
+
+def test_a_setting_of_another_mode_is_refused_by_its_flag_unless_it_changes_nothing():
+    def said(*argv):
+        return train_cmd.build_config(build_parser().parse_args(["train", *argv]))[1]
+    assert said("--fetch-every", "2") == ["--fetch-every only applies to --mode ps"]
+    assert said("--mode", "ps", "--unit", "8") == ["--unit only applies to --mode sandblaster"]
+    assert said("--servers", "2") == ["--servers only applies to --mode ps and sandblaster"]
+    assert said("--servers", "1", "--backups", "on") == []  # the defaults: nothing changes
+    config = train_cmd.build_config(build_parser().parse_args(["train", "--mode", "sandblaster", "--servers", "2"]))[0]
+    assert (config.mode, config.topology.servers, config.steps, config.optimizer) == ("sandblaster", 2, 100, "lbfgs")
 
 
 def fault(*kills, **fields):

@@ -64,11 +64,10 @@ def measure(context: Context, servers: int, args) -> List[Dict[str, object]]:
     specs.append(ParamSpec(SMALL_TABLE, (16,)))
     specs.append(ParamSpec("sparse", (args.table_rows, args.width), sparse=True))
     role = start(specs, lambda: {s.name: np.zeros(s.shape, s.dtype) for s in specs},
-                 servers=servers, consistency=Consistency("asp"), optimizer="sgd", lr=1e-6, comm=context)
+                 servers=servers, consistency=Consistency("asp"), optimizer="sgd", lr=1e-6, comm=context,
+                 wire_dtype=args.wire_dtype)
     bench = Bench(context.comm, role, args)
     wire = np.dtype(args.wire_dtype)
-    if not bench.is_server:
-        role.wire_dtype = wire
     rows = []
     for spec in specs[:-2]:
         table, pulled = np.ones(spec.shape, np.float32), np.empty(spec.shape, np.float32)

@@ -26,15 +26,15 @@ if TYPE_CHECKING:
 
 
 def save_checkpoint(state: "State", folder: str, step: int, arrays: Mapping[str, Any],
-                    metadata: Dict[str, Any]) -> None:
+                    metadata: Dict[str, Any], keep: int = 2) -> None:
     """Rank 0 writes the checkpoint of ``step`` (``arrays``; ``metadata`` plus the number of
-    ranks) into ``folder``; every rank learns whether it could (an ``OutputFileError`` everywhere
-    if not)."""
+    ranks) into ``folder``, keeping the newest ``keep``; every rank learns whether it could (an
+    ``OutputFileError`` everywhere if not)."""
     ctx, job = state.context, state.job
     failure = None
     if ctx.rank == 0:
         try:
-            checkpoint_files.save(folder, step, arrays, {"ranks": ctx.size, **metadata},
+            checkpoint_files.save(folder, step, arrays, {"ranks": ctx.size, **metadata}, keep=keep,
                                   halfway=lambda: job.policy.kills.strike("checkpoint", step, job.members.me,
                                                                           job.members.ids))
         except OutputFileError as err:

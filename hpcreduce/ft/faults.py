@@ -2,44 +2,75 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from ..errors import SettingProblem, setting_problem
-from .resize import GrowthRule
-from .inject import Kill, KillSchedule, NodeKill, hostfile_node_problem
+from ..runtime.options import Bound, at_least, field_problems, option, positive_finite
+from .inject import Kill, KillSchedule, NodeKill, hostfile_node_problem, parse_kill, parse_kill_node
+from .resize import GrowthRule, parse_grow, parse_leave
+
+
+def parse_slow(text: str) -> Tuple[int, float]:
+    """``RANK:FACTOR``: (rank id, factor); whether they fit the job is ``problems``'s to say."""
+    try:
+        rank, factor = text.split(":")
+        return int(rank), float(factor)
+    except ValueError:
+        raise ValueError(f"{text!r}: expected RANK:FACTOR, e.g. 1:4 (rank 1 computes 4x as long)") from None
 
 
 @dataclass
 class FaultConfig:
-    """``kills``: (rank, step[, phase]) to SIGKILL; ``kill_random``: probability of one random
-    kill per step; ``node_kills``: (node, step[, phase]) to SIGKILL every rank of a node; ``grow``: (count, step) growth; ``leave``: (stable id, step) graceful
-    departures; ``discover``: file holding the wanted number of ranks or ``HOST[:SLOTS]``
-    lines, polled between steps (``ft.resize``); ``hostfile``: the launch's hostfile (hosts
-    the discovery file may name); ``grow_servers``: (count, step) PS shard servers added;
-    ``replace``: spawn a replacement per lost rank;
-    ``checkpoint_dir``/``checkpoint_every``: periodic checkpoints (the fallback without
-    ULFM, resumed when the job is relaunched); ``deadline_s``: longest blocking wait (None: ``HPCREDUCE_DEADLINE``, else 120 s);
-    ``slow``: (rank id, factor) stragglers, whose compute takes factor times as long (``train.straggler``);
-    ``accept_server_loss``: a PS run with one server and no checkpoint may start under ULFM (its
-    server's death then ends the job)."""
+    """What failures to inject, how the job may grow or shrink, how it checkpoints and how long
+    a blocking wait may last; each field's flag says what it means. The values as parsed:
+    ``kills``: ``Kill``s, ``node_kills``: ``NodeKill``s, ``grow``/``grow_servers``: (count, step),
+    ``leave``: (stable id, step), ``slow``: (rank id, factor). ``hostfile``: the launch's
+    (hosts a discovery file may name; set from ``--hostfile``)."""
 
-    kills: List[Kill] = field(default_factory=list)
-    kill_random: float = 0.0
-    kill_seed: Optional[int] = None
-    grow: List[Tuple[int, int]] = field(default_factory=list)
-    leave: List[Tuple[int, int]] = field(default_factory=list)
-    grow_servers: List[Tuple[int, int]] = field(default_factory=list)
-    discover: Optional[str] = None
-    discover_every: int = 1
-    replace: bool = False
-    checkpoint_dir: Optional[str] = None
-    checkpoint_every: int = 0
-    deadline_s: Optional[float] = None
-    slow: List[Tuple[int, float]] = field(default_factory=list)
-    accept_server_loss: bool = False
+    kills: List[Kill] = option(None, "--kill", "SIGKILL rank RANK at step STEP (phase step, recovery or "
+                               "checkpoint); repeatable", metavar="RANK@STEP[:PHASE]", parse=parse_kill,
+                               repeatable=True)
+    kill_random: float = option(0.0, "--kill-random", "each step, kill one random rank with probability P "
+                                "(never rank 0, nor in --mode ps the first worker)", metavar="P",
+                                bound=Bound(lambda p: 0 <= p < 1, "must be in [0, 1)"))
+    kill_seed: Optional[int] = option(None, "--kill-seed", "seed of --kill-random's draws (default: --seed)",
+                                      metavar="SEED")
+    grow: List[Tuple[int, int]] = option(None, "--grow", "spawn N more ranks before step STEP; repeatable",
+                                         metavar="N@STEP", parse=parse_grow, repeatable=True)
+    leave: List[Tuple[int, int]] = option(None, "--leave", "the rank with stable id ID leaves gracefully before "
+                                          "step STEP (its data shards go to the others); repeatable",
+                                          metavar="ID@STEP", parse=parse_leave, repeatable=True)
+    grow_servers: List[Tuple[int, int]] = option(None, "--grow-servers", "ps: spawn N more shard servers before "
+                                                 "step STEP (placement rebalanced); repeatable", metavar="N@STEP",
+                                                 parse=parse_grow, repeatable=True)
+    discover: Optional[str] = option(None, "--discover", "a file holding the wanted number of ranks, or "
+                                     "HOST[:SLOTS] lines (Horovod's discovery format), polled between steps: the "
+                                     "job grows or shrinks to it", metavar="FILE")
+    discover_every: int = option(1, "--discover-every", "poll --discover every STEPS steps", metavar="STEPS",
+                                 bound=at_least(1))
+    replace: bool = option(False, "--replace", "spawn a replacement for every rank lost, keeping the job's size",
+                           switch=True)
+    checkpoint_dir: Optional[str] = option(None, "--checkpoint-dir", "write checkpoints here and resume from the "
+                                           "latest one at start", metavar="DIR")
+    checkpoint_every: int = option(0, "--checkpoint-every", "checkpoint every STEPS steps (needs --checkpoint-dir)",
+                                   metavar="STEPS", bound=at_least(0))
+    checkpoint_keep: int = option(2, "--checkpoint-keep", "checkpoints kept in each folder, the newest N (at least 2: "
+                                  "a PS shard written while another server dies needs the one before)", metavar="N",
+                                  bound=at_least(2))
+    deadline_s: Optional[float] = option(None, "--deadline", "abort the job when a blocking wait lasts longer (a "
+                                         "hung peer; default: HPCREDUCE_DEADLINE, else 120)", metavar="SECONDS",
+                                         bound=positive_finite())
+    slow: List[Tuple[int, float]] = option(None, "--slow", "straggler injection: rank RANK's compute takes FACTOR "
+                                           "(>= 1) times as long; repeatable", metavar="RANK:FACTOR",
+                                           parse=parse_slow, repeatable=True)
+    accept_server_loss: bool = option(False, "--accept-server-loss", "--mode ps --ft with one server and no "
+                                      "--checkpoint-dir: run anyway, knowing that the server's death ends the job "
+                                      "(a worker's death is still recovered)", switch=True)
     hostfile: Optional[str] = None
-    node_kills: List[NodeKill] = field(default_factory=list)
+    node_kills: List[NodeKill] = option(None, "--kill-node", "SIGKILL every rank on node NODE (its hostname) at "
+                                        "step STEP: a node lost; repeatable", metavar="NODE@STEP[:PHASE]",
+                                        parse=parse_kill_node, repeatable=True)
 
     def needs_ulfm(self) -> bool:
         """Whether the run can only go on in-job (ULFM): kills without checkpoints, growth."""
@@ -56,15 +87,9 @@ class FaultConfig:
         ``steps`` and its starting ``ranks`` (``ft``: with ULFM), also every kill or growth
         that could never happen; ``recovery_kills_wait``: a ``:recovery`` kill fires in the
         first recovery at or after its step (PS), not only in one at its step (ring)."""
-        found = []
-        if not 0 <= self.kill_random < 1:
-            found.append(setting_problem("{kill_random} must be in [0, 1), got {value}", value=self.kill_random))
-        if self.checkpoint_every < 0 or self.discover_every < 1:
-            found.append(setting_problem("{checkpoint_every} must be >= 0 and {discover_every} >= 1"))
+        found = field_problems(self)
         if self.checkpoint_every and not self.checkpoint_dir:
             found.append(setting_problem("{checkpoint_every} needs {checkpoint_dir}"))
-        if self.deadline_s is not None and not 0 < self.deadline_s < float("inf"):
-            found.append(setting_problem("{deadline_s} must be positive, got {value}", value=self.deadline_s))
         found += self._slow_problems(ranks)
         found += self._leave_problems(steps, ranks)
         if steps is not None:
@@ -173,12 +198,3 @@ class FaultConfig:
 def _spelled(kill: Kill) -> str:
     """A kill as ``--kill`` spells it."""
     return f"{kill.rank}@{kill.step}" + ("" if kill.phase == "step" else f":{kill.phase}")
-
-
-def parse_slow(text: str) -> Tuple[int, float]:
-    """``RANK:FACTOR``: (rank id, factor); whether they fit the job is ``problems``'s to say."""
-    try:
-        rank, factor = text.split(":")
-        return int(rank), float(factor)
-    except ValueError:
-        raise ValueError(f"{text!r}: expected RANK:FACTOR, e.g. 1:4 (rank 1 computes 4x as long)") from None

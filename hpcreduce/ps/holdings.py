@@ -5,23 +5,30 @@ of the shard before it in the replication ring (``Layout.neighbours``). During a
 recovery it may hold more: a dead neighbour's shard adopted from the replica, a shard
 rebuilt from a checkpoint, until the rebalance gives every shard of the new placement
 to its new owner. A worker rank holds nothing (until it is promoted to server).
+A value: every change gives new holdings (the states themselves are the servers' own).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from .shard_state import ShardState
 
 
-@dataclass
+@dataclass(frozen=True)
 class ShardHoldings:
     """``states`` by shard key; ``own_key``: the shard this rank serves; ``replica``:
     its copy of the predecessor's shard."""
 
-    states: Dict[int, ShardState] = field(default_factory=dict)
+    states: Mapping[int, ShardState] = field(default_factory=dict)
     own_key: Optional[int] = None
     replica: Optional[ShardState] = None
+
+    @classmethod
+    def serving(cls, own_key: Optional[int], state: Optional[ShardState],
+                replica: Optional[ShardState] = None) -> "ShardHoldings":
+        """Exactly ``state`` (as ``own_key``; none when None) and ``replica``."""
+        return cls({own_key: state} if state is not None else {}, own_key, replica)
 
     @property
     def own(self) -> Optional[ShardState]:
@@ -40,12 +47,10 @@ class ShardHoldings:
         """(shard key, BSP steps applied) of the replica, if one is held."""
         return (self.replica.shard, self.replica.applied_steps) if self.replica is not None else None
 
-    def adopt_replica(self) -> None:
-        """Serve the replica as a primary shard (its primary died)."""
-        self.states[self.replica.shard], self.replica = self.replica, None
+    def with_replica_adopted(self) -> "ShardHoldings":
+        """The replica served as a primary shard (its primary died)."""
+        return replace(self, states={**self.states, self.replica.shard: self.replica}, replica=None)
 
-    def settle(self, own_key: Optional[int], state: Optional[ShardState], replica: Optional[ShardState]) -> None:
-        """After a recovery: hold exactly ``state`` (as ``own_key``) and ``replica``."""
-        self.own_key = own_key
-        self.states = {own_key: state} if state is not None else {}
-        self.replica = replica
+    def with_states(self, states: Mapping[int, ShardState]) -> "ShardHoldings":
+        """These holdings and ``states`` besides (or instead of those of the same keys)."""
+        return replace(self, states={**self.states, **states})

@@ -104,6 +104,37 @@ class Layout:
         return Layout(self.specs, shard_ranks, worker_ranks, worker_slots, slot_count, self.ring,
                       {**self.key_nodes, **(nodes or {})})
 
+    def renumbered(self, new_rank: Mapping[int, int]) -> "Layout":
+        """The same roles after the ranks were renumbered (``new_rank[old rank]``); slots, ring
+        and nodes kept."""
+        return self.rebuilt({key: new_rank[rank] for key, rank in self.shard_ranks.items()},
+                            [new_rank[rank] for rank in self.worker_ranks], self.worker_slots, self.slot_count)
+
+    @classmethod
+    def with_servers(cls, specs: Sequence[ParamSpec], before: Mapping[str, Any], order: Sequence[int],
+                     keys: Sequence[int]) -> "Layout":
+        """The layout ``before`` (``wire``) with shard keys ``keys`` served by newcomers, once the
+        ranks are in ``order`` (servers, newcomers, workers): the same on the job's ranks and on
+        the newcomers, who know only the wire form."""
+        new_rank = {rank: position for position, rank in enumerate(order)}
+        servers = {key: new_rank[rank] for key, rank in before["shard_ranks"].items()}
+        servers.update({key: len(before["shard_ranks"]) + i for i, key in enumerate(keys)})
+        return cls.from_wire(specs, {**before, "shard_ranks": servers,
+                                     "worker_ranks": [new_rank[rank] for rank in before["worker_ranks"]]})
+
+    def wire(self) -> Dict[str, Any]:
+        """This layout as plain values, for ``from_wire`` on a rank that joins (the tables aside:
+        every rank knows them)."""
+        return {"shard_ranks": dict(self.shard_ranks), "worker_ranks": list(self.worker_ranks),
+                "worker_slots": list(self.worker_slots), "slot_count": self.slot_count, "ring": list(self.ring),
+                "key_nodes": dict(self.key_nodes)}
+
+    @classmethod
+    def from_wire(cls, specs: Sequence[ParamSpec], wire: Mapping[str, Any]) -> "Layout":
+        """The layout ``wire()`` gave, over the tables ``specs``."""
+        return cls(specs, wire["shard_ranks"], wire["worker_ranks"], wire["worker_slots"], wire["slot_count"],
+                   wire["ring"], wire["key_nodes"])
+
     @property
     def worker_count(self) -> int:
         """Live workers: the number the global batch is split over."""

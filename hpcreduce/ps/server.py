@@ -25,6 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.context import Traffic
+from ..runtime.failures import abandon
 from .optimizers import Optimizer
 from . import inbox, protocol
 from .consistency import Consistency
@@ -130,6 +131,10 @@ class Server:
         ``_slowest``, recomputed only when a clock moves or a worker releases)."""
         live = self.state.clocks[self.live & ~self.released]
         return int(live.min()) if live.size else NOBODY_LIVE
+
+    def abandon(self) -> None:
+        """Complete every request in flight (with errors) after the communicator was revoked."""
+        abandon(self.comm, self.pending_requests())
 
     def pending_requests(self) -> List[MPI.Request]:
         """Every send still in flight (to be abandoned after a failure)."""

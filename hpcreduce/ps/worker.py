@@ -42,11 +42,14 @@ class Worker:
 
     ``slot`` is the worker's stable name in every request (``Layout``);
     ``index`` its position among the live workers (its share of a batch).
-    ``guard(what)`` wraps every blocking wait (the fault-tolerance watchdog).
+    ``guard(what)`` wraps every blocking wait (the fault-tolerance watchdog); ``clock``: the
+    step it starts at; ``wire_dtype`` float16: pushed and pulled values travel as float16
+    (the servers keep and update their own dtype), None: as stored.
     """
 
     def __init__(self, comm: MPI.Intracomm, layout: Layout, traffic: Optional[Traffic] = None, *,
-                 guard: Callable[[str], Any] = lambda what: nullcontext(), clock: int = 0):
+                 guard: Callable[[str], Any] = lambda what: nullcontext(), clock: int = 0,
+                 wire_dtype: Optional[np.dtype] = None):
         self.comm, self.layout = comm, layout
         self.slot = layout.slot_of(comm.Get_rank())
         self.index = layout.worker_index(comm.Get_rank())
@@ -56,7 +59,7 @@ class Worker:
         self.guard = guard
         self.clock_value = clock
         self.sent_keys = SentKeys()
-        self.wire_dtype: Optional[np.dtype] = None  # float16: values travel as float16 (None: as stored)
+        self.wire_dtype = wire_dtype  # float16: values travel as float16 (None: as stored)
         self._unanswered: List[Tuple[MPI.Request, np.ndarray]] = []
         self._ended: Set[int] = set()  # server ranks where this step already ended (PUSH_PULL_END)
         self._open: List[Handle] = []

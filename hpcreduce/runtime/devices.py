@@ -12,7 +12,7 @@ rank without one makes every rank raise ``GpuUnavailableError`` naming what is m
 from __future__ import annotations
 
 import os
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, Optional, Sequence
 
 from ..arrays import Device, visible_gpus
 from ..errors import GpuUnavailableError, SettingProblem, setting_problem
@@ -58,22 +58,32 @@ def select_device(local_rank: Optional[int] = None) -> int:
 
 
 def gpu_problem(comm=None) -> Optional[SettingProblem]:
-    """Why ``--device gpu`` cannot run here: every rank's own check (cupy imports, a GPU is
-    visible), agreed over ``comm`` (one allgather: the same answer on every rank, naming the
-    first rank without a GPU and what it lacks); with ``comm`` None this process's alone."""
+    """Why ``--device gpu`` cannot run here: every rank's own check (``local_gpu_problem``),
+    agreed over ``comm`` (one allgather: the same answer on every rank, naming the first rank
+    without a GPU and what it lacks); with ``comm`` None this process's alone."""
+    mine = local_gpu_problem()
+    return gpu_verdict([mine] if comm is None else comm.allgather(mine), agreed=comm is not None)
+
+
+def local_gpu_problem() -> Optional[str]:
+    """What this process lacks for GPU work (cupy, a visible GPU), or None."""
     try:
         visible_gpus()
-        mine = None
     except GpuUnavailableError as err:
-        mine = str(err)
-    found = [mine] if comm is None else comm.allgather(mine)
+        return str(err)
+    return None
+
+
+def gpu_verdict(found: Sequence[Optional[str]], agreed: bool) -> Optional[SettingProblem]:
+    """The problem of the ranks' ``local_gpu_problem`` answers (by rank), or None; ``agreed``:
+    they were gathered from every rank (else ``found`` is this process's alone)."""
     missing = [(rank, problem) for rank, problem in enumerate(found) if problem is not None]
     if not missing:
         return None
     rank, problem = missing[0]
-    where = "this process" if comm is None else f"{len(missing)} of {len(found)} rank(s) have none (rank {rank}"
+    where = f"{len(missing)} of {len(found)} rank(s) have none (rank {rank}" if agreed else "this process"
     return setting_problem("{device} gpu needs cupy and a GPU on every rank; %s: {problem}%s; see docs/gpu.md"
-                           % (where, "" if comm is None else ")"), problem=problem)
+                           % (where, ")" if agreed else ""), problem=problem)
 
 
 def open_device(kind: str, comm=None) -> Device:

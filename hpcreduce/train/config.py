@@ -1,122 +1,160 @@
-"""Settings of one training run, shared by the ring and parameter-server trainers."""
+"""Settings of one training run: the fields every mode shares, plus one topology part.
+
+    TrainConfig(steps=100, batch=64, lr=0.1)                                   # ring AllReduce
+    TrainConfig(topology=PS(servers=2, consistency="ssp", staleness=2))       # parameter server
+    TrainConfig(optimizer="lbfgs", steps=100, topology=Sandblaster(servers=2))
+
+``mode`` is the topology's (``ring``, ``ps`` or ``sandblaster``); a setting of another mode
+cannot be given at all. Every field declares its command-line form (``runtime.options``):
+``hpcreduce train`` builds its flags, defaults, help and range checks from these declarations.
+``problems`` checks the values, by field name; ``output_problems`` what rank 0's disk says.
+"""
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ..arrays import DEVICE_KINDS
 from ..errors import SettingProblem, setting_problem
-from ..ft.faults import FaultConfig
-from ..ps.consistency import KINDS as CONSISTENCIES
-from ..ps.layout import servers_problem
-from ..ps.optimizers import OPTIMIZERS
 from ..ft.checkpoint_files import folder_problem
+from ..ft.faults import FaultConfig
 from ..runtime.files import path_problem, written_through
-from ..sandblaster import METHODS, roles_problem
+from ..runtime.options import Option, at_least, field_problems, non_negative_finite, option, positive_finite
+from .topology_checks import ps_problems, ring_problems, sandblaster_problems
 
-MODES = ("ring", "ps", "sandblaster")
 PROGRESS = ("auto", "bar", "lines", "none")
 OUTPUTS = ("json_path", "metrics_path", "timeline_path")
-WIRE_DTYPES = ("float32", "float16")  # ps: how pushed and pulled values travel (--wire-dtype)
-IN_JOB_ONLY = ("grow", "grow_servers", "leave", "discover", "replace")  # ps: no checkpoint-and-relaunch form
+STEPS_AND_BATCH = at_least(1)
+ASP_CADENCE = at_least(1)
+HISTORY_AND_PUSHES = at_least(1)
+SERVERS = Option("--servers", "ps and sandblaster: server ranks K", metavar="K")
+
+
+@dataclass(frozen=True)
+class Ring:
+    """Ring AllReduce: every rank a worker, all of them in step (no settings of its own)."""
+
+    mode: ClassVar[str] = "ring"
+    defaults: ClassVar[Dict[str, Any]] = {}
+
+    def problems(self, config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
+        return ring_problems(config, ft)
+
+
+@dataclass(frozen=True)
+class PS:
+    """Parameter servers: ``servers`` shard servers (ranks 0..K-1), the other ranks workers."""
+
+    mode: ClassVar[str] = "ps"
+    defaults: ClassVar[Dict[str, Any]] = {}
+
+    servers: int = field(default=1, metadata={"option": SERVERS})
+    consistency: str = option("bsp", "--consistency", "ps: bsp, ssp or asp", metavar="C",
+                              choices=("bsp", "ssp", "asp"))
+    staleness: int = option(0, "--staleness", "ps with ssp: clocks a worker may run ahead", metavar="S",
+                            bound=at_least(0))
+    fetch_every: int = option(1, "--fetch-every", "ps with asp: pull every n steps", metavar="N", bound=ASP_CADENCE)
+    push_every: int = option(1, "--push-every", "ps with asp: push every n steps", metavar="N", bound=ASP_CADENCE)
+    wire_dtype: str = option("float32", "--wire-dtype", "ps: float32 or float16, how pushed and pulled values "
+                             "travel (the servers keep float32)", metavar="DTYPE", choices=("float32", "float16"))
+    model_dir: Optional[str] = option(None, "--model-dir", "ps: each server writes its shard of the trained model "
+                                      "here, plus a manifest (hpcreduce export DIR assembles it)", metavar="DIR")
+
+    def problems(self, config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
+        return ps_problems(self, config, size, ft)
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise ValueError(f"must be on or off, got {text!r}")
+    return text == "on"
+
+
+@dataclass(frozen=True)
+class Sandblaster:
+    """DistBelief's batch procedure: ``servers`` vector servers, a coordinator, the rest workers.
+    ``unit``: examples per work unit (None: batch // (8 * workers))."""
+
+    mode: ClassVar[str] = "sandblaster"
+    defaults: ClassVar[Dict[str, Any]] = {"steps": 100, "optimizer": "lbfgs"}  # a batch method's
+
+    servers: int = field(default=1, metadata={"option": SERVERS})
+    unit: Optional[int] = option(None, "--unit", "examples per work unit (default: batch / (8 x workers))",
+                                 metavar="N")
+    history: int = option(10, "--history", "L-BFGS memory: (s, y) pairs", metavar="M", bound=HISTORY_AND_PUSHES)
+    backups: bool = option(True, "--backups", "backup tasks near the end of a pass (default on)",
+                           metavar="on|off", parse=_on_off)
+    gtol: float = option(1e-6, "--gtol", "stop when ||gradient|| <= X", metavar="X", bound=non_negative_finite())
+    ftol: float = option(1e-10, "--ftol", "stop when an iteration lowers the objective by <= X relative",
+                         metavar="X", bound=non_negative_finite())
+    l2: float = option(1e-4, "--l2", "weight of 0.5 ||x||^2 in the objective", metavar="X",
+                       bound=non_negative_finite())
+    push_units: int = option(4, "--push-units", "a worker pushes its gradients every N units kept", metavar="N",
+                             bound=HISTORY_AND_PUSHES)
+
+    def problems(self, config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
+        return sandblaster_problems(self, config, size, ft)
+
+
+Topology = Union[Ring, PS, Sandblaster]
+TOPOLOGIES: Dict[str, type] = {kind.mode: kind for kind in (Ring, PS, Sandblaster)}
+MODES: Tuple[str, ...] = tuple(TOPOLOGIES)
 
 
 @dataclass
 class TrainConfig:
-    """What ``hpcreduce train`` was asked to do.
+    """What a training run was asked to do. ``batch`` is the global batch per step, split over
+    the workers, so a run computes the same thing for any number of workers (in sandblaster
+    mode: the fixed batch of the batch method, ``steps`` its most iterations). ``data``: a data
+    directory to train the built-in model on (``hpcreduce train --data``; ``train()`` takes a
+    data set instead)."""
 
-    ``batch`` is the global batch per step, split over the workers (all ranks in ring
-    mode, the non-server ranks in PS mode), so the run computes the same thing for any
-    number of workers. In ``sandblaster`` mode ``batch`` is the fixed batch of a batch method
-    (``optimizer`` lbfgs or gd), ``steps`` its most iterations, cut into work units of ``unit``
-    examples (None: batch // (8 * workers)); ``history`` is L-BFGS's memory, ``backups``
-    turns backup tasks on, ``gtol``/``ftol`` stop on the gradient norm or the relative drop of
-    the objective, ``l2`` weighs its 0.5 ||x||^2 term and a worker pushes every ``push_units``
-    kept units.
-    ``device``: ``cpu`` (numpy) or ``gpu`` (cupy: each rank's GPU by its rank on the node;
-    ring and ps modes). ``data``: a data directory of shards to train the built-in model on
-    (``train.data_dir``; used by ``hpcreduce train --data``, not by ``train()``, which takes a data set).
-    """
-
-    mode: str = "ring"
-    model: str = "logreg"
-    steps: int = 200
-    batch: int = 4096
-    lr: float = 0.2
-    optimizer: str = "adagrad"
-    seed: int = 0
-    servers: int = 1
-    consistency: str = "bsp"
-    staleness: int = 0
-    fetch_every: int = 1
-    push_every: int = 1
-    table_rows: Optional[int] = None
-    wire_dtype: str = "float32"
-    model_dir: Optional[str] = None
-    data: Optional[str] = None
-    json_path: Optional[str] = None
-    progress: str = "auto"
-    metrics_path: Optional[str] = None
-    timeline_path: Optional[str] = None
-    unit: Optional[int] = None
-    history: int = 10
-    backups: bool = True
-    gtol: float = 1e-6
-    ftol: float = 1e-10
-    l2: float = 1e-4
-    push_units: int = 4
-    device: str = "cpu"
+    model: str = option("logreg", "--model", "logreg (sparse hashed features, synthetic clicks) or mlp "
+                        "(scikit-learn digits)", metavar="NAME")
+    data: Optional[str] = option(None, "--data", "train on the .npy shards of data directory DIR (hpcreduce "
+                                 "data write makes one; each worker opens only its shards) instead of the model's "
+                                 "built-in data", metavar="DIR")
+    table_rows: Optional[int] = option(None, "--table-rows", "logreg: rows of the hashed feature table, a power "
+                                       "of two (default 2**20)", metavar="R")
+    steps: int = option(200, "--steps", "training steps (default: the model's)", metavar="S", bound=STEPS_AND_BATCH)
+    batch: int = option(4096, "--batch", "global batch per step, split over the workers (default: the model's)",
+                        metavar="B", bound=STEPS_AND_BATCH)
+    lr: float = option(0.2, "--lr", "learning rate (default: the model's)", metavar="X", bound=positive_finite())
+    optimizer: str = option("adagrad", "--optimizer", "sgd, momentum, adagrad or adam (default: the model's); "
+                            "sandblaster: lbfgs (default) or gd", metavar="NAME")
+    device: str = option("cpu", "--device", "cpu (numpy) or gpu (cupy; each rank takes GPU local rank %% GPUs; "
+                         "ring and ps modes)", metavar="cpu|gpu", choices=DEVICE_KINDS)
+    seed: int = option(0, "--seed", "seed of data, initial parameters and batch order", metavar="SEED",
+                       bound=at_least(0))
+    json_path: Optional[str] = option(None, "--json", "write per-step metrics and the final result here (rank 0)",
+                                      metavar="PATH")
+    progress: str = option("auto", "--progress", "bar (redrawn in place), lines (every ~10%% of the steps), none, "
+                           "or auto: a bar when stdout is a terminal, else lines", metavar="HOW", choices=PROGRESS)
+    metrics_path: Optional[str] = option(None, "--metrics", "write one JSON object per step here as the run goes "
+                                         "(JSON lines)", metavar="PATH")
+    timeline_path: Optional[str] = option(None, "--timeline", "write every rank's compute/communication/wait "
+                                          "phases here (Chrome trace JSON, gathered to rank 0 at the end)",
+                                          metavar="PATH")
+    topology: Topology = field(default_factory=Ring)
     fault: FaultConfig = field(default_factory=FaultConfig)
+
+    @property
+    def mode(self) -> str:
+        return self.topology.mode
+
+    @property
+    def servers(self) -> int:
+        """The server ranks of the topology (0 in ring mode)."""
+        return getattr(self.topology, "servers", 0)
 
     def problems(self, size: int, ft: bool = True) -> List[SettingProblem]:
         """What is wrong with these settings for a job of ``size`` ranks (``ft``: with ULFM),
-        by field name; empty when fine. The same on every rank (output files are checked
-        by ``output_problems``, on the rank that writes them)."""
-        found = []
-        if self.mode not in MODES:
-            found.append(_choice("mode", MODES, self.mode))
-        if self.consistency not in CONSISTENCIES:
-            found.append(_choice("consistency", CONSISTENCIES, self.consistency))
-        if self.steps < 1 or self.batch < 1:
-            found.append(setting_problem("{steps} and {batch} must be at least 1, got {a} and {b}",
-                                         a=self.steps, b=self.batch))
-        if not 0 < self.lr < math.inf:
-            found.append(setting_problem("{lr} must be positive and finite, got {value}", value=self.lr))
-        found += self._optimizer_problems()
-        if self.seed < 0:
-            found.append(setting_problem("{seed} must be >= 0, got {value}", value=self.seed))
-        if self.progress not in PROGRESS:
-            found.append(_choice("progress", PROGRESS, self.progress))
-        found += self._table_rows_problems()
-        if self.model_dir and self.mode != "ps":
-            found.append(setting_problem("{model_dir} (the model written sharded by its servers) applies to {mode} ps"))
-        if self.device not in DEVICE_KINDS:
-            found.append(_choice("device", DEVICE_KINDS, self.device))
-        elif self.device == "gpu" and self.mode == "sandblaster":
-            found.append(setting_problem("{device} gpu applies to {mode} ring and ps; {mode} sandblaster "
-                                         "computes on the host"))
-        if self.mode == "ring" and (self.consistency != "bsp" or self.staleness or self.servers != 1
-                                    or self.fetch_every != 1 or self.push_every != 1):
-            found.append(setting_problem("{servers}, {consistency}, {staleness}, {fetch_every} and "
-                                         "{push_every} belong to {mode} ps; ring mode is synchronous"))
-        if self.mode == "ps":
-            found += self._ps_problems(size, ft) + self._ps_membership_problems()
-        elif self.fault.grow_servers:
-            found.append(setting_problem("{grow_servers} adds parameter servers: it applies to {mode} ps"))
-        elif self.wire_dtype != "float32":
-            found.append(setting_problem("{wire_dtype} applies to {mode} ps"))
-        if self.mode == "sandblaster":
-            found += self._sandblaster_problems(size, ft)
-        else:
-            given = [name for name in SANDBLASTER_FIELDS if getattr(self, name) != DEFAULTS[name]]
-            if given:
-                found.append(setting_problem(", ".join("{%s}" % name for name in given)
-                                             + (" only apply" if len(given) > 1 else " only applies")
-                                             + " to {mode} sandblaster"))
-        return (found + self._slow_role_problems()
-                + self.fault.problems(self.steps, size, ft, self.mode == "ps"))
+        by field name; empty when fine. The same on every rank (output files: ``output_problems``)."""
+        found = field_problems(self) + field_problems(self.topology) + self._table_rows_problems()
+        found += self.topology.problems(self, size, ft) + self._slow_role_problems()
+        return found + self.fault.problems(self.steps, size, ft, self.mode == "ps")
 
     def _table_rows_problems(self) -> List[SettingProblem]:
         """``table_rows`` (logreg's hashed feature space): a power of two from 2 to 2**40."""
@@ -133,103 +171,28 @@ class TrainConfig:
     def _slow_role_problems(self) -> List[SettingProblem]:
         """Stragglers named among the ranks that compute no gradients: PS servers, and Sandblaster's
         servers and coordinator (slowing them would do nothing)."""
-        computing_from = {"ps": self.servers, "sandblaster": self.servers + 1}.get(self.mode, 0)
+        computing_from = self.servers + (self.mode == "sandblaster")
         return [setting_problem("{slow} %d:%g: rank %d is %s, which computes no gradients; slow a worker "
                                 "(rank %d or above)" % (rank, factor, rank, "a server" if rank < self.servers
                                                        else "the coordinator", computing_from))
                 for rank, factor in self.fault.slow if rank < computing_from]
 
-    def _ps_problems(self, size: int, ft: bool) -> List[SettingProblem]:
-        found = [servers_problem(self.servers, size)]
-        if self.wire_dtype not in WIRE_DTYPES:
-            found.append(_choice("wire_dtype", WIRE_DTYPES, self.wire_dtype))
-        elif self.wire_dtype != "float32" and ft:
-            found.append(setting_problem("{wire_dtype} %s is not yet supported with in-job fault tolerance "
-                                         "(--ft); use float32" % self.wire_dtype))
-        if self.consistency != "ssp" and self.staleness:
-            found.append(setting_problem("{staleness} only applies to {consistency} ssp"))
-        if self.consistency == "ssp" and self.staleness < 0:
-            found.append(setting_problem("{staleness} must be >= 0, got {value}", value=self.staleness))
-        if self.consistency != "asp" and (self.fetch_every != 1 or self.push_every != 1):
-            found.append(setting_problem("{fetch_every} and {push_every} only apply to {consistency} asp"))
-        if self.model_dir and self.model_dir == self.fault.checkpoint_dir:
-            found.append(setting_problem("{model_dir} and {checkpoint_dir} name one folder, {path}: give each its own",
-                                         path=self.model_dir))
-        if self.fetch_every < 1 or self.push_every < 1:
-            found.append(setting_problem("{fetch_every} and {push_every} must be at least 1"))
-        fault = self.fault
-        in_job = [name for name in IN_JOB_ONLY if getattr(fault, name)]
-        if not ft and in_job:
-            named = ["{%s}" % name for name in in_job]
-            found.append(setting_problem("in {mode} ps, " + " and ".join([", ".join(named[:-1]), named[-1]] if
-                                                                        len(named) > 1 else named)
-                                         + " need%s in-job fault tolerance: launch with ULFM (--ft)"
-                                         % ("" if len(named) > 1 else "s")))
-        elif not ft and fault.needs_ulfm() and not fault.hangs_only():
-            found.append(setting_problem(
-                "in {mode} ps, {kills} and {kill_random} need in-job fault tolerance (--ft, ULFM) or "
-                "{checkpoint_dir} with {checkpoint_every} and --restarts R: the job is then relaunched and "
-                "resumes from the latest checkpoint"))
-        if ft and self.servers == 1 and not fault.checkpoint_dir and not fault.accept_server_loss:
-            found.append(setting_problem(
-                "{mode} ps with in-job fault tolerance and {servers} 1 has no copy of the model but the "
-                "server's: its death would end the job. Give {servers} 2 or more (each shard replicated on "
-                "another server), or {checkpoint_dir} (a worker takes over from the latest checkpoint), or "
-                "{accept_server_loss} to run anyway"))
-        return [problem for problem in found if problem is not None]
-
-    def _ps_membership_problems(self) -> List[SettingProblem]:
-        """``--leave`` of every server (ids 0..K-1 while none is added): the shards need one."""
-        leaving = {identity for identity, _ in self.fault.leave}
-        if self.fault.leave and not self.fault.grow_servers and set(range(self.servers)) <= leaving:
-            return [setting_problem("{leave}: every parameter server (ids 0..%d) would leave; the last server "
-                                    "cannot leave (its shards need a home): keep one, or add servers with "
-                                    "{grow_servers}" % (self.servers - 1))]
-        return []
-
-    def _optimizer_problems(self) -> List[SettingProblem]:
-        if self.mode == "sandblaster" and self.optimizer not in METHODS:
-            return [setting_problem("{optimizer} {value!r} does not fit {mode} sandblaster, a batch method: "
-                                    "use one of {choices}", value=self.optimizer, choices=", ".join(METHODS))]
-        if self.mode != "sandblaster" and self.optimizer in METHODS:
-            return [setting_problem("{optimizer} {value!r} is a batch method of {mode} sandblaster; {mode} %s "
-                                    "takes one of {choices}" % self.mode, value=self.optimizer,
-                                    choices=", ".join(OPTIMIZERS))]
-        if self.mode != "sandblaster" and self.optimizer not in OPTIMIZERS:
-            return [_choice("optimizer", tuple(OPTIMIZERS), self.optimizer)]
-        return []
-
-    def _sandblaster_problems(self, size: int, ft: bool) -> List[SettingProblem]:
-        found = [roles_problem(self.servers, size)]
-        if self.consistency != "bsp" or self.staleness or self.fetch_every != 1 or self.push_every != 1:
-            found.append(setting_problem("{consistency}, {staleness}, {fetch_every} and {push_every} belong to "
-                                         "{mode} ps; sandblaster runs passes over the whole batch"))
-        if self.unit is not None and not 1 <= self.unit <= self.batch:
-            found.append(setting_problem("{unit} must be from 1 to {batch} ({size}), got {value}",
-                                         size=self.batch, value=self.unit))
-        for name in ("gtol", "ftol", "l2"):
-            value = getattr(self, name)
-            if not 0 <= value < math.inf:
-                found.append(setting_problem("{%s} must be >= 0 and finite, got {value}" % name, value=value))
-        if self.history < 1 or self.push_units < 1:
-            found.append(setting_problem("{history} and {push_units} must be at least 1, got {a} and {b}",
-                                         a=self.history, b=self.push_units))
-        return [problem for problem in found if problem is not None] + self._sandblaster_fault_problems(ft)
-
-    def _sandblaster_fault_problems(self, ft: bool) -> List[SettingProblem]:
-        """Sandblaster recovers in-job only (ULFM): no growth, no checkpoints; with one server
-        (no replica) a server's death cannot be recovered from, so killing it is refused."""
-        fault, found = self.fault, []
-        if fault.grow or fault.leave or fault.discover or fault.replace or fault.checkpoint_dir:
-            found.append(setting_problem("{mode} sandblaster recovers from failures in-job only (--ft): leave out "
-                                         "{grow}, {leave}, {discover}, {replace} and {checkpoint_dir}"))
-        if not ft and (fault.kills or fault.kill_random):
-            found.append(setting_problem("in {mode} sandblaster, {kills} and {kill_random} need in-job fault "
-                                         "tolerance: launch with ULFM (--ft)"))
-        if self.servers == 1 and any(kill.rank == 0 for kill in fault.kills):
-            found.append(setting_problem("{kills}: rank 0 is the only server of {mode} sandblaster with "
-                                         "{servers} 1, whose slice has no replica: nothing could recover it; "
-                                         "use {servers} 2 or more"))
+    def output_problems(self) -> List[SettingProblem]:
+        """What this rank's disk says against the outputs: files (json_path, metrics_path,
+        timeline_path) that cannot be written here (their folders are created) or that name
+        one file, and a checkpoint folder or model folder that cannot be one. Asked of the
+        rank that writes (rank 0), whose answer every rank takes."""
+        found = self._shared_outputs()
+        for name in OUTPUTS:
+            path = getattr(self, name)
+            why = path_problem(path) if path else None
+            if why:
+                found.append(setting_problem("{%s} {path}: {why}" % name, path=path, why=why))
+        for name, folder in (("checkpoint_dir", self.fault.checkpoint_dir),
+                             ("model_dir", getattr(self.topology, "model_dir", None))):
+            why = folder_problem(folder) if folder else None
+            if why:
+                found.append(setting_problem("{%s} {path}: {why}" % name, path=folder, why=why))
         return found
 
     def _shared_outputs(self) -> List[SettingProblem]:
@@ -244,31 +207,17 @@ class TrainConfig:
                                 "give each its own", path=getattr(self, names[0]))
                 for names in by_path.values() if len(names) > 1]
 
-    def output_problems(self) -> List[SettingProblem]:
-        """What this rank's disk says against the outputs: files (json_path, metrics_path,
-        timeline_path) that cannot be written here (their folders are created) or that name
-        one file, and a checkpoint folder that cannot be one. Asked of the rank that writes
-        (rank 0), whose answer every rank takes, so no two ranks decide differently."""
-        found = self._shared_outputs()
-        for name in OUTPUTS:
-            path = getattr(self, name)
-            why = path_problem(path) if path else None
-            if why:
-                found.append(setting_problem("{%s} {path}: {why}" % name, path=path, why=why))
-        for name, folder in (("checkpoint_dir", self.fault.checkpoint_dir), ("model_dir", self.model_dir)):
-            why = folder_problem(folder) if folder else None
-            if why:
-                found.append(setting_problem("{%s} {path}: {why}" % name, path=folder, why=why))
-        return found
+    def writes_files(self) -> bool:
+        """Whether the run writes any file (a result, metrics, a timeline, checkpoints, a model)."""
+        return (any(getattr(self, name) for name in OUTPUTS) or bool(self.fault.checkpoint_dir)
+                or bool(getattr(self.topology, "model_dir", None)))
 
     def as_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        """The settings as plain values, flat as the results JSON has them: ``mode`` and the
+        topology's fields beside the shared ones, ``fault`` nested."""
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("topology", "fault")}
+        return {"mode": self.mode, **shared, **dataclasses.asdict(self.topology),
+                "fault": dataclasses.asdict(self.fault)}
 
 
-SANDBLASTER_FIELDS = ("unit", "history", "backups", "gtol", "ftol", "l2", "push_units")
-DEFAULTS = {name: TrainConfig.__dataclass_fields__[name].default for name in SANDBLASTER_FIELDS}
-
-
-def _choice(name: str, choices: Sequence[str], value: object) -> SettingProblem:
-    return setting_problem("{%s} must be one of {choices}, got {value!r}" % name,
-                           choices=", ".join(choices), value=value)
+__all__ = ["TrainConfig", "Ring", "PS", "Sandblaster", "Topology", "TOPOLOGIES", "MODES"]

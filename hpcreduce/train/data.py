@@ -32,7 +32,7 @@ class Dataset:
 
     def problems(self, part: int, parts: int) -> List[Problem]:
         """What makes this data set unusable, found by checking part ``part`` of ``parts`` of it
-        (each rank checks one part; ``data_dir.agreed_problems`` joins them); none by default."""
+        (each rank checks one part; ``run_checks`` joins them); none by default."""
         return []
 
     def info(self) -> Dict[str, Any]:

@@ -17,7 +17,7 @@ array, each of ``rows`` examples). A batch is ``{array: rows}``, as the built-in
 Shards are memory-mapped (``np.load(mmap_mode="r")``) the first time a batch touches them,
 so a worker opens only the shards ``partition`` gives it; ``opened`` lists them.
 ``problems`` checks the manifest and the headers of a part of the files (existence, dtype,
-shape, length), and ``agreed_problems`` splits that check over the ranks and gives every
+shape, length), and ``run_checks`` splits that check over the ranks and gives every
 rank the whole list, before anything trains. ``write_data_dir`` writes such a directory
 from any data set whose batches are dicts of arrays (``hpcreduce data write``).
 """
@@ -30,7 +30,6 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 import numpy as np
 
 from ..errors import OutputFileError, Problem, setting_problem, worded
-from ..runtime.context import Context
 from .data import Dataset
 from .partition import even_shards, share_bounds, shard_layout
 
@@ -181,20 +180,6 @@ def _read_manifest(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         return None, f"{MANIFEST} is not format {FORMAT!r} version {VERSION}"
     return manifest, None
-
-
-def agreed_problems(ctx: Context, dataset: Dataset) -> List[Problem]:
-    """Collective: the data set's problems, each rank checking its part; the same list on every rank."""
-    try:
-        local = dataset.problems(ctx.rank, ctx.size)
-    except Exception as err:  # told to every rank: a rank raising alone would leave the others waiting
-        local = [f"checking data set {dataset.name!r} failed on rank {ctx.rank}: {type(err).__name__}: {err}"]
-    seen, found = set(), []
-    for problem in (p for part in ctx.comm.allgather(local) for p in part):
-        if worded(problem) not in seen:
-            seen.add(worded(problem))
-            found.append(problem)
-    return found
 
 
 def write_data_dir(dataset: Dataset, path: str, *, train_shards: int, test_shards: int,

@@ -27,6 +27,6 @@ def run_identity(config: TrainConfig, model: Model, optimizer: Optimizer) -> Dic
         "optimizer state": list(optimizer.state_names),
         "seed": config.seed, "batch": config.batch, "lr": config.lr}
     if config.mode == "ps":
-        identity.update({"consistency": config.consistency, "staleness": config.staleness,
-                         "fetch_every": config.fetch_every, "push_every": config.push_every})
+        identity.update({"consistency": config.topology.consistency, "staleness": config.topology.staleness,
+                         "fetch_every": config.topology.fetch_every, "push_every": config.topology.push_every})
     return identity

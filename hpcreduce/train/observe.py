@@ -40,7 +40,7 @@ from ..errors import OutputFileError
 from ..runtime.context import Context
 from ..runtime.environment import detect_launcher
 from ..runtime.files import LineStream, write_json
-from .config import OUTPUTS, TrainConfig
+from .config import TrainConfig
 from .results import StepLog
 from .timeline import Timeline
 
@@ -212,7 +212,7 @@ class Observer:
                 self.timeline.write(self.ctx.comm, self.config.timeline_path)
             if self.config.json_path and self.ctx.rank == 0:
                 write_json(self.config.json_path, result_json())
-        if not (self.config.fault.checkpoint_dir or any(getattr(self.config, name) for name in OUTPUTS)):
+        if not self.config.writes_files():
             return
         failures = self.ctx.comm.allgather(self.failure.parts if self.failure else None)
         for rank, parts in enumerate(failures):

@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 import hpcreduce
 from hpcreduce.errors import ConfigurationError
-from hpcreduce.train import TrainConfig, train
+from hpcreduce.train import PS, TrainConfig, train
 from hpcreduce.train.data_dir import DirDataset, shard_file, write_data_dir
 from hpcreduce.train.models import LogisticRegression, SyntheticCTR
 from hpcreduce.train.partition import owned_shards
@@ -73,7 +73,7 @@ if world.rank == 0:
 else:
     world.Split(MPI.UNDEFINED, world.rank)
 ps_data = DirDataset(good)
-ps = train(LogisticRegression(), ps_data, TrainConfig(mode="ps", servers=1, steps=8, batch=600, lr=0.2),
+ps = train(LogisticRegression(), ps_data, TrainConfig(steps=8, batch=600, lr=0.2, topology=PS(servers=1)),
            comm=ctx, verbose=False)
 if params_difference(ps.params, ring.params) > 1e-4:
     failures.append(f"ps vs ring: {params_difference(ps.params, ring.params):.2e}")

@@ -21,7 +21,7 @@ from mpi4py import MPI
 import hpcreduce
 from hpcreduce.ft.inject import Kill
 from hpcreduce.ft.faults import FaultConfig
-from hpcreduce.train import TrainConfig, train
+from hpcreduce.train import PS, TrainConfig, train
 from hpcreduce.train.models import MLP, digits_dataset
 
 def abort_on_error(kind, value, trace):
@@ -35,8 +35,8 @@ sys.excepthook = abort_on_error
 ctx = hpcreduce.init(ft=True)
 assert ctx.size == 6, "run with 6 ranks"
 model, data = MLP(hidden=300), digits_dataset(0)
-base = TrainConfig(mode="ps", model="mlp", servers=3, steps=20, batch=60, lr=0.01, optimizer="adam",
-                   progress="none")
+base = TrainConfig(model="mlp", steps=20, batch=60, lr=0.01, optimizer="adam", progress="none",
+                   topology=PS(servers=3))
 
 
 def exactly_once(result):
@@ -59,7 +59,7 @@ assert len(killed.ps["pieces"]["w1"]) == 2, "w1 is cut again over the two surviv
 assert killed.final.checksum == reference.final.checksum, (killed.final, reference.final)
 exactly_once(killed)
 
-asp = dataclasses.replace(base, servers=2, consistency="asp", fault=FaultConfig(kills=[Kill(1, 10)]))
+asp = dataclasses.replace(base, topology=PS(servers=2, consistency="asp"), fault=FaultConfig(kills=[Kill(1, 10)]))
 result = train(model, data, asp, comm=ctx, verbose=False)
 assert [e["lost_servers"] for e in result.recovery] == [[1]], result.recovery
 pushes = exactly_once(result)

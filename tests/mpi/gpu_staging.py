@@ -18,7 +18,7 @@ from hpcreduce.ft import checkpoint_files as checkpoint
 from hpcreduce.ps.optimizers import make_optimizer
 from hpcreduce.runtime.context import init
 from hpcreduce.runtime.devices import gpu_problem, open_device
-from hpcreduce.train import TrainConfig, train
+from hpcreduce.train import TOPOLOGIES, TrainConfig, train
 from hpcreduce.train.models import build
 from hpcreduce.train.ring.ring_state import TrainState
 from mpi_checks import run_checks
@@ -107,7 +107,7 @@ def check_gpu_refused_on_every_rank():
         if mode == "ps" and size < 2:
             continue
         try:
-            train(model, dataset, TrainConfig(mode=mode, model="mlp", steps=2, batch=8, device="gpu"),
+            train(model, dataset, TrainConfig(model="mlp", steps=2, batch=8, device="gpu", topology=TOPOLOGIES[mode]()),
                   comm=ctx, verbose=False)
         except GpuUnavailableError as err:
             assert "device gpu needs cupy and a GPU on every rank" in str(err), err

@@ -25,7 +25,7 @@ from hpcreduce.arrays import copy_into
 from hpcreduce.collectives.broadcast import broadcast_arrays
 from hpcreduce.collectives.transfer import transfer_kind
 from hpcreduce.ft import checkpoint_files as checkpoint
-from hpcreduce.train import TrainConfig, train
+from hpcreduce.train import TOPOLOGIES, TrainConfig, train
 from hpcreduce.train.models import build
 from mpi_checks import run_checks
 
@@ -50,7 +50,7 @@ def check_gpu_training_matches_cpu():
         results = {}
         for device in ("cpu", "gpu"):
             model, dataset = build(name, 0)
-            results[device] = train(model, dataset, TrainConfig(mode=mode, model=name, device=device, **settings),
+            results[device] = train(model, dataset, TrainConfig(model=name, device=device, topology=TOPOLOGIES[mode](), **settings),
                                     comm=context, verbose=False)
         cpu, gpu = results["cpu"].params, results["gpu"].params
         assert all(isinstance(value, np.ndarray) for value in gpu.values()), "result.params not on the host"

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import hpcreduce
 from hpcreduce.errors import PSTrainingError, TrainingError
 from hpcreduce.ps import Consistency, ParamSpec, PSInputError, PSRefusedError, Server, start
-from hpcreduce.train import ArrayDataset, Model, StepOutput, TrainConfig, train
+from hpcreduce.train import PS, ArrayDataset, Model, StepOutput, TrainConfig, train
 from hpcreduce.train.ring.ring_steps import RingTrainer
 
 ctx = hpcreduce.init()
@@ -220,8 +220,8 @@ class Linear(Model):
 def check_model_errors():
     data = linear_data()
     config = TrainConfig(model="linear", steps=4, batch=30, lr=0.01, seed=1)
-    ps_config = TrainConfig(model="linear", steps=4, batch=30, lr=0.01, seed=1, mode="ps", servers=1,
-                            consistency="bsp")
+    ps_config = TrainConfig(model="linear", steps=4, batch=30, lr=0.01, seed=1,
+                            topology=PS(servers=1, consistency="bsp"))
     missing = Linear(lambda step, grads: grads.pop("b"))
     expect(TrainingError, ["step 1", "rank 0", "rank 2", "ModelError", "'linear'", "['b']"],
            lambda: train(missing, data, config, comm=ctx, verbose=False))

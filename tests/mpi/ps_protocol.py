@@ -2,7 +2,6 @@
 
 Run under mpirun with 4 ranks (2 servers, 2 workers); every rank asserts.
 """
-import dataclasses
 
 import numpy as np
 from mpi4py import MPI
@@ -13,7 +12,7 @@ from hpcreduce.ps import (Consistency, Handle, ParamSpec, PSConfigError, PSInput
 from hpcreduce.ps.protocol import (DTYPES, HEADER_LEN, TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op,
                                    Rep, Status, request)
 from hpcreduce.ps.stats import merge_summaries
-from hpcreduce.train.config import TrainConfig
+from hpcreduce.train.config import PS, TrainConfig
 from hpcreduce.train.ps.ps_training import run_ps_training
 
 ctx = hpcreduce.init()
@@ -46,11 +45,11 @@ def check_bad_settings_fail_everywhere():
     expect(PSTrainingError,
            "setup failed on rank 0: PSConfigError: the initial values have no table 'bias'",
            lambda: start(SPECS, lacking, servers=2, consistency=Consistency("bsp"), comm=ctx))
-    config = TrainConfig(mode="ps", servers=1, consistency="ssp", staleness=1, fetch_every=2)
+    config = TrainConfig(topology=PS(servers=1, consistency="ssp", staleness=1, fetch_every=2))
     expect(PSConfigError, "fetch_every and push_every only apply to consistency asp",
            lambda: run_ps_training(ctx, config, None, None))
     expect(PSConfigError, "servers K needs", lambda: run_ps_training(
-        ctx, dataclasses.replace(config, servers=4, fetch_every=1), None, None))
+        ctx, TrainConfig(topology=PS(servers=4)), None, None))
     comm.Barrier()  # nothing hangs, nothing is left in flight
 
 

@@ -10,6 +10,7 @@
 - a table that cannot fit the servers' memory is refused on every rank before anything
   is allocated, naming the sizes, without a hang.
 """
+import dataclasses
 import os
 import sys
 import tempfile
@@ -23,8 +24,8 @@ from hpcreduce.ps.gather import gather_params
 from hpcreduce.ps.init import PartInit, counter_normal
 from hpcreduce.ps.layout import Layout
 from hpcreduce.ps.shard_state import ShardState
-from hpcreduce.ps.start import table_optimizers
-from hpcreduce.train import TrainConfig
+from hpcreduce.ps.roles import table_optimizers
+from hpcreduce.train import PS, TrainConfig
 from hpcreduce.train.models.ctr_data import SyntheticCTR
 from hpcreduce.train.models.logreg import LogisticRegression
 from hpcreduce.train.ps import final
@@ -64,11 +65,11 @@ def check_same_model_for_any_k():
 def check_sharded_end(scratch):
     model = LogisticRegression(hash_bits=12)
     data = SyntheticCTR(0, hash_bits=12, train_examples=20_000, test_examples=1_000)
-    config = TrainConfig(mode="ps", steps=6, batch=256, lr=0.1, optimizer="adagrad", servers=2,
-                         model_dir=os.path.join(scratch, "model"))
+    config = TrainConfig(steps=6, batch=256, lr=0.1, optimizer="adagrad",
+                         topology=PS(servers=2, model_dir=os.path.join(scratch, "model")))
     whole = run_ps_training(ctx, config, model, data)
     final.WHOLE_BYTES = 0  # every model is "large" now: no rank assembles it
-    parts = run_ps_training(ctx, TrainConfig(**{**config.__dict__, "model_dir": None}), model, data)
+    parts = run_ps_training(ctx, dataclasses.replace(config, topology=PS(servers=2)), model, data)
     final.WHOLE_BYTES = 64 << 20
     check(whole.final == parts.final, f"sharded end {parts.final} != whole {whole.final}")
     check(whole.final.checksum == checksum(whole.params), "checksum of the whole params differs")
@@ -76,7 +77,7 @@ def check_sharded_end(scratch):
     held = comm.allgather(len(rows.ids))
     check(sum(held) == 4096 and held[2:] == [0, 0], f"rows held by rank: {held}")
     check(np.array_equal(rows.values, whole.params["weights"][np.asarray(rows.ids, np.int64)]), "part != whole")
-    exported, about = whole_model(config.model_dir)
+    exported, about = whole_model(config.topology.model_dir)
     check(about["step"] == 6 and len(about["shards"]) == 2, about)
     check(all(np.array_equal(exported[n], whole.params[n]) for n in exported), "export differs from the model")
     memory = whole.memory

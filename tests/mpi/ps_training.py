@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 import hpcreduce
 from hpcreduce.ps import PSTrainingError
-from hpcreduce.train import Model, TrainConfig, train
+from hpcreduce.train import PS, Model, Ring, TrainConfig, train
 from hpcreduce.train.evaluation import evaluate
 from hpcreduce.train.models import build
 from hpcreduce.train.models.ctr_data import SyntheticCTR
@@ -60,10 +60,10 @@ def check_bsp_equals_ring_and_single_rank():
     parameters; every push is applied exactly once and nothing is stale."""
     for (model, data), servers, optimizer, batch in ((CTR, 1, "adagrad", 256),
                                                     ((MLP, DIGITS), 2, "adam", 64)):
-        config = TrainConfig(mode="ps", model=model.name, steps=20, batch=batch, lr=0.05,
-                             optimizer=optimizer, servers=servers, consistency="bsp")
+        config = TrainConfig(model=model.name, steps=20, batch=batch, lr=0.05, optimizer=optimizer,
+                             topology=PS(servers=servers, consistency="bsp"))
         ps = run_ps_training(ctx, config, model, data)
-        ring_config = dataclasses.replace(config, mode="ring", servers=1)
+        ring_config = dataclasses.replace(config, topology=Ring())
         ring = train(model, data, ring_config, comm=ctx, verbose=False)
         single = train(model, data, ring_config, comm=MPI.COMM_SELF, verbose=False)
         assert close(ps.params, single.params, 1e-5), model.name
@@ -91,8 +91,8 @@ def check_ssp_bound_holds_with_a_slow_worker():
     model = Wrapped(MLP, 1, slowed)
     found = {}
     for consistency, staleness in (("ssp", 1), ("asp", 0)):
-        config = TrainConfig(mode="ps", steps=12, batch=48, lr=0.1, optimizer="sgd", servers=1,
-                             consistency=consistency, staleness=staleness)
+        config = TrainConfig(steps=12, batch=48, lr=0.1, optimizer="sgd",
+                             topology=PS(servers=1, consistency=consistency, staleness=staleness))
         found[consistency] = run_ps_training(ctx, config, model, DIGITS).staleness
     assert found["ssp"]["read_max"] == 1 and found["ssp"]["read_hist"][1] > 0, found
     assert found["asp"]["read_max"] > 1, found
@@ -102,8 +102,8 @@ def check_ssp_bound_holds_with_a_slow_worker():
 def check_asp_trains():
     """ASP with fetch/push every 2 steps: the held-out loss falls well below its start."""
     start_loss, _ = evaluate(ctx, MLP, MLP.init_params(0), DIGITS)
-    config = TrainConfig(mode="ps", steps=60, batch=64, lr=0.1, optimizer="momentum", servers=2,
-                         consistency="asp", fetch_every=2, push_every=2)
+    config = TrainConfig(steps=60, batch=64, lr=0.1, optimizer="momentum",
+                         topology=PS(servers=2, consistency="asp", fetch_every=2, push_every=2))
     result = run_ps_training(ctx, config, MLP, DIGITS)
     assert result.final.loss < 0.5 * start_loss, (start_loss, result.final)
     pieces = sum(len(p) for p in result.ps["pieces"].values())
@@ -118,7 +118,7 @@ def poisoned(step, output):
 def check_a_refused_push_stops_every_rank():
     """A NaN gradient on one worker: refused by its server, and every rank raises
     PSTrainingError naming it once the servers have stopped; the job carries on."""
-    config = TrainConfig(mode="ps", steps=8, batch=32, lr=0.1, servers=1, consistency="bsp")
+    config = TrainConfig(steps=8, batch=32, lr=0.1, topology=PS(servers=1, consistency="bsp"))
     try:
         run_ps_training(ctx, config, Wrapped(MLP, 2, poisoned), DIGITS)
     except PSTrainingError as err:

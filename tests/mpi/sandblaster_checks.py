@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 import hpcreduce
-from hpcreduce.train import ArrayDataset, TrainConfig, train
+from hpcreduce.train import ArrayDataset, Sandblaster, TrainConfig, train
 from linear_model import LinearRegression
 from hpcreduce.train.models import LogisticRegression, SyntheticCTR
 from hpcreduce.train.partition import global_batch
@@ -39,15 +39,15 @@ def batch_indices(config, dataset):
 
 # 1. one iteration's gradient, exactly once, with backups and duplicates
 for servers in (1, 2):
-    config = TrainConfig(mode="sandblaster", optimizer="gd", steps=1, batch=2048, unit=16, servers=servers,
-                         progress="none", fault=FaultConfig(slow=[(4, 1000.0)]))
+    config = TrainConfig(optimizer="gd", steps=1, batch=2048, progress="none",
+                         topology=Sandblaster(servers=servers, unit=16), fault=FaultConfig(slow=[(4, 1000.0)]))
     result = train(model, data, config, comm=ctx, verbose=False)
     sb = result.sandblaster
     x = flatten(result.params, model.param_specs())
-    _, expected = full_batch_objective(model, data, batch_indices(config, data), config.l2)(x)
+    _, expected = full_batch_objective(model, data, batch_indices(config, data), config.topology.l2)(x)
     error = float(np.abs(result.gradient - expected).max())
     check(error <= 1e-5 * max(1.0, float(np.abs(expected).max())), f"K={servers}: gradient off by {error}")
-    per_pass = math.ceil(config.batch / config.unit)
+    per_pass = math.ceil(config.batch / config.topology.unit)
     check(sb["units"] == sb["evaluations"] * per_pass, f"K={servers}: units {sb['units']} vs "
           f"{sb['evaluations']} passes of {per_pass}")
     check(sum(sb["units_by_worker"].values()) == sb["units"], f"K={servers}: units_by_worker {sb}")
@@ -62,12 +62,12 @@ for servers in (1, 2):
 # 2. L-BFGS reaches scipy's optimum, K = 1, 2, 3
 reference = None
 for servers in (1, 2, 3):
-    config = TrainConfig(mode="sandblaster", optimizer="lbfgs", steps=100, batch=4096, servers=servers,
-                         progress="none")
+    config = TrainConfig(optimizer="lbfgs", steps=100, batch=4096, progress="none",
+                         topology=Sandblaster(servers=servers))
     result = train(model, data, config, comm=ctx, verbose=False)
     if reference is None:
         x0 = flatten(model.init_params(0), model.param_specs())
-        reference = scipy_lbfgs(model, data, batch_indices(config, data), config.l2, x0, tol=1e-9)[1]
+        reference = scipy_lbfgs(model, data, batch_indices(config, data), config.topology.l2, x0, tol=1e-9)[1]
     objective = result.sandblaster["objective"]
     gap = (objective - reference) / abs(reference)
     check(abs(gap) <= 1e-4, f"K={servers}: objective {objective} vs scipy {reference} (relative {gap:.2e})")
@@ -83,12 +83,12 @@ features = rng.standard_normal((3000, 16)).astype(np.float32)
 targets = (features @ rng.standard_normal(16) + 0.5 + 0.1 * rng.standard_normal(3000)).astype(np.float32)
 linear = ArrayDataset("mine", {"x": features[:2000], "y": targets[:2000]},
                       {"x": features[2000:], "y": targets[2000:]})
-config = TrainConfig(mode="sandblaster", optimizer="lbfgs", steps=50, batch=1024, servers=2, gtol=1e-5,
-                     progress="none")
+config = TrainConfig(optimizer="lbfgs", steps=50, batch=1024, progress="none",
+                     topology=Sandblaster(servers=2, gtol=1e-5))
 result = train(LinearRegression(), linear, config, comm=ctx, verbose=False)
 chosen = batch_indices(config, linear)
 design = np.hstack([features[chosen], np.ones((len(chosen), 1), np.float32)]).astype(np.float64)
-ridge = np.linalg.solve(design.T @ design / len(chosen) + config.l2 * np.eye(17),
+ridge = np.linalg.solve(design.T @ design / len(chosen) + config.topology.l2 * np.eye(17),
                         design.T @ targets[chosen].astype(np.float64) / len(chosen))
 found = np.concatenate([result.params["w"], result.params["b"]])
 check(result.params["w"].dtype == np.float32, "the user's dtype was not kept")

@@ -21,10 +21,10 @@ Every launch, before training:
    of each slot's last push, so a piece they already hold answers DUPLICATE (and is not counted
    as made again); with other servers or workers (a slot is then another share of the batch)
    every worker starts after the last step any slot had pushed into C, whose slower shares are
-   skipped, never applied twice.
+   skipped, never applied twice (``resume_point``).
 
 While training, servers write their shard every E steps in parallel and atomically, and kills
-fire as with ``--ft`` (``progress.StepHooks``; only in a launch's first attempt). A resume is
+fire as with ``--ft`` (``progress``; only in a launch's first attempt). A resume is
 a ``recovery`` event of kind ``resume``: ``checkpoint_step`` C, ``updates_lost``,
 ``ranks_before`` (of the run that wrote C), ``restore_s`` (until every server rebuilt its shard),
 ``next_step_at`` (wall clock: when every worker had completed a step after resuming) and
@@ -33,192 +33,82 @@ a ``recovery`` event of kind ``resume``: ``checkpoint_step`` C, ``updates_lost``
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Sequence, Union
 
-from ...errors import OutputFileError, SettingProblem, setting_problem
-from ...ft.checkpoint_files import UNREADABLE, print_warning
 from ...ft.events import EventLog
 from ...ft.membership import Membership
 from ...ft.watchdog import watchdog
-from ...ps.consistency import Consistency
-from ...ps.footprint import refuse_unfit
-from ...ps.layout import Layout
+from ...ps.roles import initial_layout, make_role
 from ...ps.server import Server
-from ...ps.start import everywhere, table_optimizers
-from ...ps.shard_state import ShardState
 from ...ps.worker import Worker
 from ...runtime.context import Context
-from ..config import TrainConfig
-from ..data import Dataset
-from ..identity import run_identity
-from ..model import Model
 from ..observe import Observer
 from ..partition import assignment
 from . import shard_checkpoints
-from .final import part_init
-from .ledger import PushLedger, count_lost, remove_ledgers
-from .loop import WorkerLoop
-from .progress import StepHooks
+from .final import initial_shards
+from .ledger import LedgeredLoop, PushLedger
+from .progress import PSKills, ShardCheckpoints, StepProgress
+from .ps_setup import PSSetup
 from .recovery import PSRecoveryEvent
-
-
-@dataclass
-class ResumePoint:
-    """Checkpoint ``step`` to resume from, written by ``servers`` servers and ``workers``
-    workers; ``updates_lost``: acknowledged pieces of the launches before that it lacks."""
-
-    step: int
-    servers: int
-    workers: int
-    updates_lost: int
-    pushed_until: int = 0  # 1 + the last step any slot had pushed into C (ASP/SSP)
-
-
-class LedgeredLoop(WorkerLoop):
-    """A worker loop that appends each acknowledged piece to its push ledger."""
-
-    ledger: PushLedger
-
-    duplicates_until = 0  # steps below it were pushed before the relaunch: DUPLICATE pieces are not made again
-
-    def push(self) -> None:
-        self.taking_over = self.step < self.duplicates_until
-        super().push()
-
-    def acknowledged(self, pieces) -> None:
-        step = self.outgoing.step
-        super().acknowledged(pieces)
-        self.ledger.record([(step, table, key) for table, key in pieces])
+from .resume_point import Resume
 
 
 class Fallback:
     """Checkpoints, kills and the resume of one rank of a PS run without ULFM (collective to make)."""
 
-    def __init__(self, ctx: Context, config: TrainConfig, model: Model, dataset: Dataset, observer: Observer):
-        self.ctx, self.config, self.model, self.dataset = ctx, config, model, dataset
-        self.directory = config.fault.checkpoint_dir
-        self.specs = model.param_specs()
-        self.optimizers = table_optimizers(self.specs, config.optimizer, config.lr)
-        self.consistency = Consistency(config.consistency, config.staleness)
+    def __init__(self, ctx: Context, setup: PSSetup, observer: Observer):
+        self.ctx, self.setup, self.echo = ctx, setup, observer.echo
         self.events = EventLog()
-        identity = run_identity(config, model, next(iter(self.optimizers.values())))
-        detected = time.time()
-        shard_checkpoints.refuse_foreign(ctx.comm, self.directory, identity)
-        self.point: Optional[ResumePoint] = self._find()
-        self.keep_pushes = self._same_run_shape(ctx.size - config.servers)
-        self.first_step = self._first_step()
-        self.hooks = StepHooks(ctx, config.fault, config.fault.schedule(config.seed, protected=(0, config.servers)),
-                               Membership.founding(ctx.size, ctx.rank), self.events, observer.echo,
-                               self.consistency.aggregates, ask=lambda: None, identity=identity,
-                               output_failed=observer.output_failed)
-        self.hooks.checkpointed = self.hooks.struck = self.hooks.resume_mark = self.first_step
-        self.event = PSRecoveryEvent("resume", self.first_step + 1, 0, detected) if self.point else None
-        self.echo = observer.echo
-
-    def _same_run_shape(self, workers: int) -> bool:
-        """ASP/SSP resuming with the servers and workers that wrote C: the shards keep C's
-        record of each slot's last push (the slots are the same shares of the batches)."""
-        point = self.point
-        return (point is not None and not self.consistency.aggregates
-                and (point.servers, point.workers) == (self.config.servers, workers))
-
-    def _first_step(self) -> int:
-        """The step every worker starts at (module docstring, step 4)."""
-        point = self.point
-        if point is None:
-            return 0
-        if self.consistency.aggregates or self.keep_pushes:
-            return point.step
-        return max(point.step, point.pushed_until)
-
-    def _find(self) -> Optional[ResumePoint]:
-        """Rank 0 finds the checkpoint to resume from and clears what is newer (step 2 of the
-        module docstring); every rank gets its answer, or the same ``OutputFileError``."""
-        found: Any = None
-        if self.ctx.rank == 0:
-            try:
-                found = _resume_point(self.directory)
-            except UNREADABLE as err:  # a file gone or damaged since it was read, a folder not writable
-                found = setting_problem("{checkpoint_dir} {path}: cannot resume from it: {why}", path=self.directory,
-                                        why=f"{type(err).__name__}: {err}")
-        found = self.ctx.comm.bcast(found, root=0)
-        if isinstance(found, SettingProblem):
-            raise OutputFileError(found)
-        return found
+        self.started = time.time()  # a resume's event counts from here
+        shard_checkpoints.refuse_foreign(ctx.comm, setup.fault.checkpoint_dir, setup.identity)
+        self.resume = Resume.find(ctx, setup)
+        self.first_step = self.resume.first_step
+        schedule = setup.fault.schedule(setup.config.seed, protected=(0, setup.ps.servers))
+        self.progress = StepProgress(PSKills(schedule, self.first_step),
+                                     ShardCheckpoints(setup, observer.output_failed, self.first_step),
+                                     self.events, observer.echo)
+        self.members = Membership.founding(ctx.size, ctx.rank)
 
     def start(self, nodes: Sequence[str]) -> Union[Server, Worker]:
         """This rank's server (its shard restored from the resume point, else initial) or worker."""
-        ctx, config, step = self.ctx, self.config, self.first_step
-        layout = Layout.initial(self.specs, ctx.size, config.servers)
-        refuse_unfit(ctx.comm, layout, self.optimizers, False, nodes)
+        ctx, setup, resume = self.ctx, self.setup, self.resume
+        layout = initial_layout(ctx, setup.tables, setup.ps.servers, nodes)
         restored = time.time()
 
-        def make() -> Union[Server, Worker]:
-            if not layout.is_server(ctx.rank):
-                return Worker(ctx.comm, layout, ctx.traffic, guard=watchdog.guard, clock=step)
-            key = layout.shard_of(ctx.rank)
-            if self.point is None:
-                state = ShardState.create(layout, key, part_init(self.model, config.seed, self.specs), self.optimizers)
-            else:
-                state = shard_checkpoints.restore_shard(self.directory, self.point.step, key, self.specs,
-                                                 layout.placement, self.optimizers, layout.slot_count)
-                _restart_at(state, step, self.keep_pushes)
-            return Server(ctx.comm, layout, state, self.optimizers, self.consistency, ctx.traffic,
-                          guard=watchdog.guard, on_progress=self.hooks.server_progress)
-        role = everywhere(ctx, make)
-        if self.point is not None:
-            self._resumed(layout, time.time() - restored)
+        def shard(key: int) -> List[Any]:
+            return [resume.shard(setup, layout, key)] if resume.point else initial_shards(setup, layout, [key])
+        role = make_role(ctx, layout, setup.tables, shard, guard=watchdog.guard, clock=self.first_step,
+                         on_progress=lambda server, slowest: self.progress.server_progress(
+                             server, slowest, self.first_step, self.members),
+                         wire_dtype=setup.ps.wire_dtype)
+        if resume.point is not None:
+            self._resumed(layout.worker_ranks, sorted(layout.shard_ranks), time.time() - restored)
         return role
 
-    def _resumed(self, layout: Layout, restore_s: float) -> None:
-        point, event = self.point, self.event
-        event.ranks_before, event.ranks_after = point.servers + point.workers, self.ctx.size
+    def _resumed(self, workers: Sequence[int], keys: List[int], restore_s: float) -> None:
+        point = self.resume.point
+        event = PSRecoveryEvent("resume", self.first_step + 1, point.servers + point.workers, self.started)
+        event.ranks_after = self.ctx.size
         event.restore_s = restore_s
         event.checkpoint_step, event.updates_lost = point.step, point.updates_lost
-        event.shards_restored = sorted(layout.shard_ranks)
-        event.restart_step = point.step + 1 if self.consistency.aggregates else None
-        event.data_shards = assignment(list(layout.worker_ranks), self.dataset.shard_sizes("train"))
+        event.shards_restored = keys
+        event.restart_step = point.step + 1 if self.setup.tables.consistency.aggregates else None
+        event.data_shards = assignment(list(workers), self.setup.train_shards)
         self.events.add(event)
         self.echo(f"resumed from the checkpoint of step {point.step} (written by {point.servers} server(s) and "
-                  f"{point.workers} worker(s), now {len(layout.shard_ranks)} and {layout.worker_count}); "
+                  f"{point.workers} worker(s), now {len(keys)} and {len(workers)}); "
                   f"{point.updates_lost} acknowledged updates lost")
 
-    def loop(self, worker: Worker) -> WorkerLoop:
+    def loop(self, worker: Worker) -> LedgeredLoop:
         """The worker's loop from the resume step, logging its acknowledged pushes."""
-        loop = LedgeredLoop(worker, self.config, self.model, self.dataset, self.ctx)
-        loop.ledger = PushLedger(self.directory, worker.slot, self.first_step)
+        setup, resume = self.setup, self.resume
+        loop = LedgeredLoop(worker, setup.config, setup.model, setup.dataset, self.ctx)
+        loop.ledger = PushLedger(setup.fault.checkpoint_dir, worker.slot, self.first_step)
         loop.step = self.first_step
-        loop.duplicates_until = self.point.pushed_until if self.keep_pushes else 0
-        loop.before_step = self.hooks.worker_step
+        loop.duplicates_until = resume.point.pushed_until if resume.keep_pushes else 0
+        loop.before_step = lambda step: self.progress.worker_step(step, self.members)
         return loop
 
     def recovery(self) -> List[Dict[str, Any]]:
         """The events as rank 0 (a server: it closed them) has them (collective)."""
         return self.ctx.comm.bcast(self.events.as_dicts(), root=0)
-
-
-def _resume_point(directory: str) -> Optional[ResumePoint]:
-    """Rank 0: the latest complete checkpoint and the pushes it lacks; removes the newer
-    checkpoints and the push ledgers."""
-    step = shard_checkpoints.latest_complete(directory) or 0
-    record = shard_checkpoints.saved_last_pushes(directory, step) if step else {}
-    lost = count_lost(directory, step, record, print_warning)
-    shard_checkpoints.remove_newer(directory, step)
-    remove_ledgers(directory)
-    if not step:
-        return None
-    metadata = shard_checkpoints.step_metadata(directory, step)
-    pushed = [int(last.max()) for tables in record.values() for last in tables.values() if last.size]
-    return ResumePoint(step, len(metadata["keys"]), int(metadata["slot_count"]), lost, max(pushed, default=-1) + 1)
-
-
-def _restart_at(state: ShardState, step: int, keep_pushes: bool) -> None:
-    """A restored shard ready for workers that all start at ``step``: their clocks at it;
-    unless ``keep_pushes`` (the same slots as the checkpoint's), no push of theirs taken yet."""
-    state.clocks[:] = step
-    state.applied_steps = step
-    for table in state.tables.values():
-        if not keep_pushes:
-            table.last_push[:] = step - 1
-        table.read_version[:] = table.version

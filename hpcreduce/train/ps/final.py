@@ -1,7 +1,7 @@
 """The end of a PS run without the whole model on any rank: initial values per shard,
 held-out evaluation, the checksum, the memory report.
 
-- ``part_init``: a server makes only its own elements when the model has
+- ``initial_shards``, ``part_init``: a server makes only its own elements when the model has
   ``init_elements(seed, name, flat)`` (logreg); otherwise the whole tables are made once
   and sliced (a model small enough for that).
 - ``evaluate_sharded``: every rank evaluates its share of the test split with the dense
@@ -34,8 +34,16 @@ from ..evaluation import EVAL_CHUNK, evaluate_examples
 from ..model import Model, SparseRows
 from ..partition import share_bounds
 from ..results import checksum_terms, exact_float, exact_sum
+from .ps_setup import PSSetup
 
 WHOLE_BYTES = 64 << 20
+
+
+def initial_shards(setup: PSSetup, layout: Layout, keys: Sequence[int]) -> List[ShardState]:
+    """The initial states of shards ``keys`` of ``layout`` (a server's own, and its replica)."""
+    tables = setup.tables
+    return ShardState.create_many(layout, keys, part_init(setup.model, setup.config.seed, tables.specs),
+                                  tables.optimizers)
 
 
 def part_init(model: Model, seed: int, specs: Sequence[ParamSpec]) -> PartInit:

@@ -19,6 +19,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 
 from ...ft.checkpoint_files import Warn
+from .loop import WorkerLoop
 from .worker_side import PushRecord, lost_pieces
 
 FOLDER = "ps-pushes"
@@ -84,3 +85,20 @@ def remove_ledgers(directory: str) -> None:
     folder = _folder(directory)
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
         os.unlink(os.path.join(folder, name))
+
+
+class LedgeredLoop(WorkerLoop):
+    """A worker loop that appends each acknowledged piece to its push ledger."""
+
+    ledger: PushLedger
+
+    duplicates_until = 0  # steps below it were pushed before the relaunch: DUPLICATE pieces are not made again
+
+    def push(self) -> None:
+        self.taking_over = self.step < self.duplicates_until
+        super().push()
+
+    def acknowledged(self, pieces) -> None:
+        step = self.outgoing.step
+        super().acknowledged(pieces)
+        self.ledger.record([(step, table, key) for table, key in pieces])

@@ -137,7 +137,7 @@ class WorkerLoop:
             stats, staleness = np.zeros(3), 0
             if len(indices):
                 batch = self.dataset.batch("train", indices)
-                fetch = step % config.fetch_every == 0 or self.refetch
+                fetch = step % config.topology.fetch_every == 0 or self.refetch
                 params, staleness = phases.read(batch, fetch_dense=fetch)
                 self.refetch = False
                 output = phases.compute(params, batch)
@@ -145,7 +145,7 @@ class WorkerLoop:
             self._current = (stats, staleness)
             self.stage = PUSH
         if self.stage == PUSH:
-            if (step + 1) % config.push_every == 0 or step + 1 == config.steps:
+            if (step + 1) % config.topology.push_every == 0 or step + 1 == config.steps:
                 phases.push()
             self.stage = CLOCK
         if worker.clock_value <= step:
@@ -206,7 +206,7 @@ class WorkerLoop:
             self.summed, self.summed_rows = {}, {}
         out = self.outgoing
         following = self.step + 1
-        fused = self.fused and following < self.config.steps and following % self.config.fetch_every == 0 \
+        fused = self.fused and following < self.config.steps and following % self.config.topology.fetch_every == 0 \
             and bool(self.dense) and out.dense.keys() == self.dense.keys()
         starts = [partial(self.worker.push_rows_async, name, ids, grads)
                   for name, (ids, grads) in out.rows.items()]

@@ -1,135 +1,105 @@
-"""What a fault-tolerant PS run does as its steps advance: kills, checkpoints, growth requests.
+"""What a PS run does as its steps advance: injected kills and periodic shard checkpoints.
 
-Workers call ``worker_step(step)`` at the start of each step; servers call
-``server_progress(server, slowest)`` whenever the slowest live worker's clock moves.
-Fault injection (``--kill ID@STEP``): a worker dies at the start of its step STEP, a
-server when the slowest clock reaches STEP - 1 (every worker is done with step STEP - 1);
-recovery-phase kills fire in the first recovery whose step is at least STEP
-(``strike_recovery``). Servers checkpoint their shard when the slowest clock reaches a
-multiple of ``checkpoint_every``, and rank 0 (a server) asks for growth due before the
-next step by revoking the communicator (the recovery that follows spawns the newcomers).
-The first steps after a recovery close its event (its time to the next step).
+Fault injection (``PSKills``; ``--kill ID@STEP``, ``--kill-node``, ``--kill-random``): a
+worker dies at the start of its step STEP, a server when the slowest clock reaches STEP - 1
+(every worker is done with step STEP - 1); recovery-phase kills fire in the first recovery
+whose step is at least STEP; checkpoint-phase kills half way through writing that step's
+checkpoint. Checkpoints (``ShardCheckpoints``): each server writes its shard when the
+slowest clock reaches a multiple of ``checkpoint_every``. ``StepProgress`` does both as the
+steps advance, and closes the recovery events (their time to the next step) once the slowest
+clock passes the step they resumed at. Growth and leaves are asked for elsewhere
+(``resize_requests``). The ids alive are the caller's current membership.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Sequence
 
 from ...errors import OutputFileError
-from ...ft.faults import FaultConfig
 from ...ft.events import EventLog
-from ...ft.resize import known_hosts
 from ...ft.inject import KillSchedule
 from ...ft.membership import Membership
 from ...ps.server import NOBODY_LIVE, Server
-from ...runtime.context import Context
+from .ps_setup import PSSetup
 from .shard_checkpoints import save_shard
 
-Echo = Callable[[str], None]
 
+class PSKills:
+    """The kill schedule of one rank, struck once per step and phase (``start``: the steps
+    before it were struck in an earlier launch or before this rank joined)."""
 
-class StepHooks:
-    """The step hooks of one rank (see the module docstring).
+    def __init__(self, schedule: KillSchedule, start: int = 0):
+        self.schedule = schedule
+        self.struck = self.struck_recovery = start
 
-    ``growth_wanted``/``servers_wanted``: (newcomer workers/servers, before step) rank 0 asked for;
-    ``leave_wanted``: (ids leaving, before step), from ``--leave`` and the discovery file; ``ask``: called when it
-    does (revokes the communicator); ``resume_mark``: the slowest clock right after the
-    last recovery; ``grown_before``: growth is done for steps up to it; ``identity``: the
-    run's, written into its checkpoints; ``output_failed``: told of a checkpoint that could
-    not be written (the run goes on without checkpoints and fails at the end, everywhere).
-    """
-
-    def __init__(self, ctx: Context, fault: FaultConfig, kills: KillSchedule, members: Membership,
-                 events: EventLog, echo: Echo, aggregates: bool, ask: Callable[[], None],
-                 identity: Mapping[str, object], output_failed: Callable[[OutputFileError], None]):
-        self.ctx, self.fault, self.kills, self.events, self.echo = ctx, fault, kills, events, echo
-        self.members, self.aggregates, self.ask, self.identity = members, aggregates, ask, identity
-        self.output_failed, self.saving = output_failed, True
-        self.struck = self.struck_recovery = self.checkpointed = self.resume_mark = 0
-        self.growth_wanted: Tuple[int, int] = (0, 0)
-        self.servers_wanted: Tuple[int, int] = (0, 0)
-        self.leave_wanted: Tuple[Tuple[int, ...], int] = ((), 0)
-        self.nodes: Dict[int, str] = {}  # stable id -> node, for a discovery file of hosts
-        self.warned: Optional[str] = None  # the last warning printed
-        self.grown_before = 0
-
-    def strike(self, phase: str, step: int) -> None:
-        self.kills.strike(phase, step, self.members.me, self.members.ids)
-
-    def worker_step(self, step: int) -> None:
+    def worker_step(self, step: int, me: int, alive: Sequence[int]) -> None:
         """A worker starts step ``step`` (from 1)."""
         if step > self.struck:
             self.struck = step
-            self.strike("step", step)
+            self.schedule.strike("step", step, me, alive)
 
-    def strike_recovery(self, step: int) -> None:
+    def server_progress(self, slowest: int, me: int, alive: Sequence[int]) -> None:
+        """A server saw the slowest clock reach ``slowest``: the server kills of the steps up to ``slowest + 1``."""
+        for step in range(self.struck + 1, slowest + 2):
+            self.struck = step
+            self.schedule.strike("step", step, me, alive)
+
+    def recovery(self, step: int, me: int, alive: Sequence[int]) -> None:
         """Recovery-phase kills at or before ``step`` not yet done."""
         for at in range(self.struck_recovery + 1, step + 1):
-            self.strike("recovery", at)
+            self.schedule.strike("recovery", at, me, alive)
         self.struck_recovery = max(self.struck_recovery, step)
 
-    def server_progress(self, server: Server, slowest: int) -> None:
-        """The slowest live worker's clock is now ``slowest`` (NOBODY_LIVE: all released)."""
-        if slowest > self.resume_mark:
+    def checkpoint(self, step: int, me: int, alive: Sequence[int]) -> None:
+        self.schedule.strike("checkpoint", step, me, alive)
+
+
+class ShardCheckpoints:
+    """A server's periodic checkpoints of its shard (``start``: the last step checkpointed).
+    A checkpoint that cannot be written is told to ``failed`` once (the run goes on without
+    checkpoints and fails at the end, on every rank)."""
+
+    def __init__(self, setup: PSSetup, failed: Callable[[OutputFileError], None], start: int = 0):
+        self.setup, self.failed = setup, failed
+        self.done, self.saving = start, True
+
+    def progress(self, server: Server, slowest: int, halfway: Callable[[int], None]) -> None:
+        """The slowest clock is ``slowest``: write the checkpoint due, if any (``halfway(step)``
+        runs half way through writing it: fault injection)."""
+        fault = self.setup.fault
+        if not (fault.checkpoint_every and fault.checkpoint_dir and self.saving):
+            return
+        step = slowest - slowest % fault.checkpoint_every
+        if step <= self.done:
+            return
+        self.done = step
+        try:
+            save_shard(fault.checkpoint_dir, step, server.state, sorted(server.layout.shard_ranks),
+                       self.setup.tables.consistency.aggregates, identity=self.setup.identity,
+                       keep=fault.checkpoint_keep, halfway=lambda: halfway(step))
+        except OutputFileError as err:
+            self.saving = False
+            self.failed(err)
+
+
+class StepProgress:
+    """One rank's kills, checkpoints and closing of recovery events as the steps advance
+    (``echo``: prints a line on rank 0)."""
+
+    def __init__(self, kills: PSKills, checkpoints: ShardCheckpoints, events: EventLog, echo: Callable[[str], None]):
+        self.kills, self.checkpoints, self.events, self.echo = kills, checkpoints, events, echo
+
+    def worker_step(self, step: int, members: Membership) -> None:
+        """A worker starts step ``step`` (from 1)."""
+        self.kills.worker_step(step, members.me, members.ids)
+
+    def server_progress(self, server: Server, slowest: int, resume_mark: int, members: Membership) -> bool:
+        """A server saw the slowest live clock move to ``slowest`` (NOBODY_LIVE: every worker
+        released it; then False, else True); ``resume_mark``: the clock the last recovery resumed at."""
+        if slowest > resume_mark:
             for event in self.events.step_completed():
                 self.echo(event.line())
         if slowest == NOBODY_LIVE:
-            return
-        for step in range(self.struck + 1, slowest + 2):
-            self.struck = step
-            self.strike("step", step)
-        self._checkpoint(server, slowest)
-        if self.ctx.rank == 0:
-            self._ask_growth(slowest + 1, server)
-
-    def _checkpoint(self, server: Server, slowest: int) -> None:
-        every, directory = self.fault.checkpoint_every, self.fault.checkpoint_dir
-        if not (every and directory and self.saving):
-            return
-        step = slowest - slowest % every
-        if step > self.checkpointed:
-            self.checkpointed = step
-            try:
-                save_shard(directory, step, server.state, sorted(server.layout.shard_ranks), self.aggregates,
-                           identity=self.identity, halfway=lambda: self.strike("checkpoint", step))
-            except OutputFileError as err:
-                self.saving = False
-                self.output_failed(err)
-
-    def _ask_growth(self, step: int, server: Server) -> None:
-        """Rank 0: growth due before ``step``? Then revoke, so that everyone recovers and grows."""
-        if self.growth_wanted[0] or self.servers_wanted[0] or self.leave_wanted[0] or step <= self.grown_before:
-            return
-        if step < 2:  # not before every rank is done starting: a revoke then has broken their start-up collectives
-            return
-        rule, ids = self.fault.growth, self.members.ids
-        hosts = [self.nodes.get(identity, "") for identity in ids]
-        wanted = rule.wanted(step, known_hosts(hosts, self.fault.hostfile)) if rule.discover else None
-        if isinstance(wanted, str):
-            self._warn(f"{wanted}; the job goes on unchanged (fix the file: it is read again)")
-            wanted = None
-        servers = [ids[rank] for rank in sorted(server.layout.shard_ranks.values())]
-        leaving, kept = kept_going(rule.leavers(self.grown_before, step, ids, hosts, wanted),
-                                   [servers, [ids[rank] for rank in server.layout.worker_ranks]])
-        for identity in kept:
-            self._warn(f"the last {'server' if identity in servers else 'worker'} (id {identity}) cannot leave; "
-                       "it stays")
-        count = rule.count(self.grown_before, step, self.ctx.size - len(leaving), wanted)
-        added = sum(n for n, at in self.fault.grow_servers if self.grown_before < at <= step)
-        if count or added or leaving:
-            self.growth_wanted, self.servers_wanted = (count, step), (added, step)
-            self.leave_wanted = (tuple(leaving), step)
-            self.ask()
-
-    def _warn(self, text: str) -> None:
-        """Print a warning, once until it changes (the discovery file is read every few steps)."""
-        if text != self.warned:
-            self.echo(f"warning: {text}")
-        self.warned = text
-
-
-def kept_going(leaving: List[int], roles: List[List[int]]) -> Tuple[List[int], List[int]]:
-    """``leaving`` (ids) without the first id of each role (``roles``: the ids of each, the
-    servers', the workers') that would lose every member, and the ids so kept: the run needs a
-    server and a worker (``--leave`` of every server is refused before launch)."""
-    kept = [members[0] for members in roles if members and set(members) <= set(leaving)]
-    return [identity for identity in leaving if identity not in kept], kept
+            return False
+        self.kills.server_progress(slowest, members.me, members.ids)
+        self.checkpoints.progress(server, slowest, lambda step: self.kills.checkpoint(step, members.me, members.ids))
+        return True

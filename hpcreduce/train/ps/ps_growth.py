@@ -1,14 +1,15 @@
 """Growth of a fault-tolerant PS run: newcomer workers (appended after every rank) and
 newcomer shard servers (``--grow-servers``; placed after the servers, so servers stay first).
 
-Rank 0 asks for growth (``progress.StepHooks``) by revoking the communicator; the recovery
-that follows carries the request in its plan, and once it is committed every rank calls
-``grow``: spawn and merge (``runtime.spawn``), a new layout with the newcomers' slots
-(never used before) and one broadcast of the layout to the newcomers, who ``join``: they
+Rank 0 asks for growth (``resize_requests``) by revoking the communicator; the recovery that
+follows carries the request in its plan, and once it is committed every rank calls
+``grow_workers``: spawn and merge (``runtime.spawn``), a new layout with the newcomers' slots
+(never used before) and one broadcast of a ``Welcome`` to the newcomers, who ``join``: they
 take the layout and become workers at the slowest clock (BSP: the restart step), pulling
 every dense table at their first step (even off the ``--fetch-every`` schedule). Shards
 make room for the new slots; the training shards are re-split over the grown set of workers
-(``partition.owned_shards``: the newcomers read their share), recorded in the event. Cost: one spawn and merge, one broadcast of a few hundred bytes.
+(``partition.owned_shards``: the newcomers read their share), recorded in the event. Cost:
+one spawn and merge, one broadcast of a few hundred bytes.
 
 Server growth (``grow_servers``), at the same quiescent point after the recovery round:
 spawn and merge, one broadcast, an ``MPI_Comm_split`` that puts the newcomers right after
@@ -17,175 +18,151 @@ all keys and the fragments that change owner moved in one alltoall (``ps.rebalan
 rendezvous hashing moves only the rows the new keys take; dense ranges are re-cut), the
 replicas rebuilt, the workers re-routed. Counters stay with the servers that counted them.
 Cost: a spawn, a split, the bytes that change owner, one shard per server to its backup.
+Each function takes the epoch before and returns the one after (and the event); the
+driver installs it.
 """
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+from dataclasses import replace
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
+from mpi4py import MPI
 
+from ...ft.membership import Membership
 from ...ft.watchdog import watchdog
+from ...ps.holdings import ShardHoldings
 from ...ps.layout import Layout
 from ...ps.rebalance import move_shards, rebuild_replica
-from ...ps.recovery_plan import Committed, Plan
 from ...ps.worker import Worker
+from ...runtime.context import Context
 from ...runtime.launch import this_program
 from ...runtime.nodes import rank_nodes
 from ...runtime.spawn import spawn_and_merge
-from .recovery import PSRecoveryEvent
-from .worker_side import Takeover, seat_newcomers, take_seat, takeover_points
 from ..partition import assignment
+from .epoch import Epoch, Welcome
+from .loop import WorkerLoop
+from .ps_setup import PSSetup
+from .recovery import PSRecoveryEvent
+from .worker_side import Takeover, WorkerSide, seat_newcomers, take_seat, takeover_points
 
-if TYPE_CHECKING:
-    from .ps_driver import ElasticPS
+NewLoop = Callable[[Worker], WorkerLoop]
 
 
-def grow(run: "ElasticPS", count: int, kind: str, plan: Plan, step: int, takeover: Sequence[Takeover] = ()) -> None:
-    """Spawn ``count`` workers and merge them in after every rank (collective); ``step``:
-    growth is done for steps up to it; ``takeover``: dead workers' seats the first newcomers
-    take (``--replace`` under ASP/SSP, see ``worker_side``)."""
-    ctx = run.ctx
-    event = run.events.add(PSRecoveryEvent(kind, plan.resume_step, ctx.size, time.time()))
-    seats = takeover_points(ctx.comm, run.holdings, takeover, run.config.push_every) if takeover else []
+def grow_workers(ctx: Context, setup: PSSetup, epoch: Epoch, count: int, kind: str, clock: int, at_step: int,
+                 done_before: int, seats: Sequence[Takeover] = ()) -> Tuple[Epoch, PSRecoveryEvent]:
+    """Spawn ``count`` workers and merge them in after every rank (collective); they start at
+    ``clock`` (``at_step``: the step of the event, from 1); growth is then done for steps up to
+    ``done_before``; ``seats``: dead workers' seats the first newcomers take (``--replace``
+    under ASP/SSP, see ``worker_side``)."""
+    event = PSRecoveryEvent(kind, at_step, ctx.size, time.time())
+    seats = takeover_points(ctx.comm, epoch.holdings, seats, setup.ps.push_every) if seats else []
     with watchdog.guard(f"{kind}: spawn and merge"):
         merged = spawn_and_merge(ctx.comm, count, this_program())
     ctx.replace_comm(merged)
-    event.joined = run.members.grow(count)
-    old = run.committed.layout
+    members = replace(epoch.members, ids=list(epoch.members.ids))
+    event.joined = members.grow(count)
     newcomers = list(range(ctx.size - count, ctx.size))
-    layout, slots = seat_newcomers(old, newcomers, seats)
-    clock = plan.restart if plan.restart is not None else min(plan.clocks.values())
-    run.committed = Committed(layout, run.committed.next_key)
-    run.hooks.grown_before = max(run.hooks.grown_before, step)
+    layout, slots = seat_newcomers(epoch.layout, newcomers, seats)
+    grown = epoch.but(comm=merged, members=members, resized_before=max(epoch.resized_before, done_before))
     started = time.time()
     with watchdog.guard(f"{kind}: the layout to the newcomers"):
-        ctx.comm.bcast({**_control(run, clock), "takeover": {rank: seat for rank, seat in zip(newcomers, seats)}},
-                       root=0)
-    for state in run.holdings.everything():
+        ctx.comm.bcast(Welcome.of(grown.but(layout=layout), clock, seats=dict(zip(newcomers, seats))), root=0)
+    for state in epoch.holdings.everything():
         state.grow(layout.slot_count)
         state.clocks[slots] = clock
         for seat in seats:
             state.clocks[seat.slot] = seat.step
-    run.worker_side.rejoin(ctx, layout)
-    event.data_shards = assignment([run.members.ids[rank] for rank in layout.worker_ranks],
-                                   run.dataset.shard_sizes("train"))
-    run.build_roles(layout)
+    grown = grown.but(layout=layout, worker=epoch.worker.rejoined(ctx, layout))
+    event.data_shards = assignment(grown.worker_ids(), setup.train_shards)
     event.ranks_after, event.restore_s = ctx.size, time.time() - started
-    run.hooks.growth_wanted = (0, 0)
-    _learn_nodes(run)
+    return _with_nodes(ctx, grown), event
 
 
-def _control(run: "ElasticPS", clock: int) -> Dict[str, Any]:
-    layout = run.committed.layout
-    return {**run.members.control(), "shard_ranks": layout.shard_ranks, "worker_ranks": layout.worker_ranks,
-            "worker_slots": layout.worker_slots, "slot_count": layout.slot_count, "ring": layout.ring,
-            "key_nodes": layout.key_nodes,
-            "next_key": run.committed.next_key, "grown_before": run.hooks.grown_before, "clock": clock}
-
-
-def grow_servers(run: "ElasticPS", count: int, step: int, requested_at: float) -> None:
+def grow_servers(ctx: Context, setup: PSSetup, epoch: Epoch, count: int, done_before: int,
+                 requested_at: float) -> Tuple[Epoch, PSRecoveryEvent]:
     """Spawn ``count`` shard servers and rebalance the shards over them (collective, at the
-    quiescent point after a committed round); ``step``: growth is done for steps up to it."""
-    ctx, old = run.ctx, run.committed.layout
-    event = run.events.add(PSRecoveryEvent("server-growth", run.hooks.resume_mark + 1, ctx.size, requested_at))
+    quiescent point after a committed round); growth is then done for steps up to ``done_before``."""
+    old = epoch.layout
+    event = PSRecoveryEvent("server-growth", epoch.resume_mark + 1, ctx.size, requested_at)
     event.requested_at = requested_at
     with watchdog.guard("server growth: spawn and merge"):
         merged = spawn_and_merge(ctx.comm, count, this_program())
     size = ctx.size
     ctx.replace_comm(merged)
-    event.joined = run.members.grow(count)
+    members = replace(epoch.members, ids=list(epoch.members.ids))
+    event.joined = members.grow(count)
     servers = sorted(old.shard_ranks.values())
     order = servers + list(range(size, size + count)) + [r for r in range(size) if r not in servers]
-    keys = list(range(run.committed.next_key, run.committed.next_key + count))
-    new_rank = {rank: position for position, rank in enumerate(order)}
-    layout = old.rebuilt({**{key: new_rank[rank] for key, rank in old.shard_ranks.items()},
-                          **{key: len(servers) + i for i, key in enumerate(keys)}},
-                         [new_rank[rank] for rank in old.worker_ranks], old.worker_slots, old.slot_count)
-    run.hooks.grown_before = max(run.hooks.grown_before, step)
+    keys = list(range(epoch.next_key, epoch.next_key + count))
+    grown = epoch.but(comm=merged, members=members, resized_before=max(epoch.resized_before, done_before))
+    layout = Layout.with_servers(setup.tables.specs, old.wire(), order, keys)
     started = time.time()
-    own = run.holdings.own  # rank 0 is a server: its clocks and applied steps are everybody's
+    own = epoch.holdings.own  # rank 0 is a server: its clocks and applied steps are everybody's
     with watchdog.guard("server growth: the layout to the newcomers"):
-        control = ctx.comm.bcast({**_control(run, run.hooks.resume_mark), "order": order, "server_keys": keys,
-                                  "clocks": own.clocks, "applied": own.applied_steps} if ctx.rank == 0 else None,
-                                 root=0)
-    run.committed = Committed(layout, keys[-1] + 1)
-    _reorder(run, order)
+        welcome = ctx.comm.bcast(Welcome.of(grown, epoch.resume_mark, order=order, server_keys=keys,
+                                            clocks=own.clocks, applied=own.applied_steps)
+                                 if ctx.rank == 0 else None, root=0)
+    comm, members = _in_order(ctx, members, order)
+    grown = grown.but(comm=comm, members=members, layout=layout, next_key=keys[-1] + 1)
     moving = time.time()
-    event.moved_bytes = _rebalance(run, control["clocks"].copy(), control["applied"], run.holdings.own_key)
+    grown, event.moved_bytes = _rebalanced(ctx, setup, grown, welcome, epoch.holdings.own_key)
     event.rebalance_s = time.time() - moving
-    run.worker_side.rejoin(ctx, layout)
-    run.build_roles(layout)
+    grown = grown.but(worker=grown.worker.rejoined(ctx, grown.layout))
     event.ranks_after, event.restore_s = ctx.size, time.time() - started
-    run.hooks.servers_wanted = (0, 0)
-    _learn_nodes(run)
+    return _with_nodes(ctx, grown), event
 
 
-def _learn_nodes(run: "ElasticPS") -> None:
-    """Collective, the job's last step of growth, newcomers too: every rank's node, by stable id
-    (for a discovery file of hosts)."""
-    run.hooks.nodes.update(zip(run.members.ids, rank_nodes(run.ctx.comm)))
-
-
-def _reorder(run: "ElasticPS", order: List[int]) -> None:
-    """Collective over the merged communicator: renumber the ranks in ``order`` (servers first)."""
-    ctx = run.ctx
-    with watchdog.guard("server growth: the split that keeps servers first"):
-        ordered = ctx.comm.Split(0, order.index(ctx.rank))
-    ctx.replace_comm(ordered)
-    run.members.ids = [run.members.ids[rank] for rank in order]
-
-
-def _rebalance(run: "ElasticPS", clocks: np.ndarray, applied: int, own_key) -> int:
-    """Move the shards to the committed layout, rebuild the replicas; returns the bytes moved."""
-    ctx, layout = run.ctx, run.committed.layout
-    with watchdog.guard("server growth: moving shard fragments"):
-        state, moved = move_shards(ctx.comm, run.holdings, layout, run.optimizers, applied, rows_stay=False)
-        replica = rebuild_replica(ctx.comm, layout, state, None)
-        total = ctx.comm.allreduce(moved)
-    if state is not None:
-        state.clocks[:] = clocks
-    run.holdings.settle(own_key, state, replica)
-    return total
-
-
-def join(run: "ElasticPS", control: Dict[str, Any]) -> None:
-    """A spawned newcomer, with the job's broadcast ``control``: take the layout, become a
-    worker, or (``server_keys`` given) a shard server."""
-    ctx = run.ctx
-    if "server_keys" in control:
-        _join_as_server(run, control)
-        return
-    layout = Layout(run.specs, control["shard_ranks"], control["worker_ranks"], control["worker_slots"],
-                    control["slot_count"], control["ring"], control["key_nodes"])
-    run.committed = Committed(layout, control["next_key"])
-    run.hooks.grown_before = control["grown_before"]
-    run.hooks.struck = run.hooks.struck_recovery = control["clock"]
-    seat = control.get("takeover", {}).get(ctx.rank)
-    loop = run.new_loop(Worker(ctx.comm, layout, ctx.traffic, guard=watchdog.guard,
-                               clock=control["clock"] if seat is None else seat.step))
+def join(ctx: Context, setup: PSSetup, welcome: Welcome, new_loop: NewLoop) -> Epoch:
+    """A spawned newcomer, with the job's ``welcome``: take the layout and become a worker, or
+    (``server_keys`` given) a shard server."""
+    members = Membership.from_control(welcome.members, ctx.rank)
+    if welcome.server_keys:  # the split first: the job's ranks wait in it
+        key = welcome.server_keys[list(welcome.order).index(ctx.rank) - len(welcome.layout["shard_ranks"])]
+        comm, members = _in_order(ctx, members, welcome.order)
+        layout = Layout.with_servers(setup.tables.specs, welcome.layout, welcome.order, welcome.server_keys)
+        epoch = Epoch(comm, layout, members, welcome.server_keys[-1] + 1, resized_before=welcome.resized_before,
+                      resume_mark=welcome.clock)
+        epoch, _ = _rebalanced(ctx, setup, epoch, welcome, key)
+        return _with_nodes(ctx, epoch)
+    layout = Layout.from_wire(setup.tables.specs, welcome.layout)
+    seat = welcome.seats.get(ctx.rank)
+    loop = new_loop(Worker(ctx.comm, layout, ctx.traffic, guard=watchdog.guard,
+                           clock=welcome.clock if seat is None else seat.step))
     if seat is not None:
         take_seat(loop, seat)
     loop.refetch = True  # its first step reads every dense table, whatever --fetch-every says
-    run.worker_side.loop = loop
-    run.observer.reporter = layout.worker_ranks[0]
-    _learn_nodes(run)
+    epoch = Epoch(ctx.comm, layout, members, welcome.next_key, resized_before=welcome.resized_before)
+    return _with_nodes(ctx, epoch.but(worker=WorkerSide(loop)))
 
 
-def _join_as_server(run: "ElasticPS", control: Dict[str, Any]) -> None:
-    """A newcomer shard server: renumber with the job, receive its shard and replica."""
-    ctx, order = run.ctx, control["order"]
-    key = control["server_keys"][order.index(ctx.rank) - len(control["shard_ranks"])]
-    _reorder(run, order)
-    new_rank = {rank: position for position, rank in enumerate(order)}
-    layout = Layout(run.specs, {**{k: new_rank[r] for k, r in control["shard_ranks"].items()},
-                                **{k: len(control["shard_ranks"]) + i for i, k in enumerate(control["server_keys"])}},
-                    [new_rank[r] for r in control["worker_ranks"]], control["worker_slots"], control["slot_count"],
-                    control["ring"], control["key_nodes"])
-    run.committed = Committed(layout, control["server_keys"][-1] + 1)
-    run.hooks.grown_before = control["grown_before"]
-    run.hooks.struck = run.hooks.struck_recovery = run.hooks.checkpointed = control["clock"]
-    run.hooks.resume_mark = control["clock"]
-    _rebalance(run, control["clocks"], control["applied"], key)
-    run.build_roles(layout)
-    _learn_nodes(run)
+def _in_order(ctx: Context, members: Membership, order: Sequence[int]) -> Tuple[MPI.Intracomm, Membership]:
+    """Collective over the merged communicator: the ranks renumbered in ``order`` (servers
+    first), and the membership in that order."""
+    with watchdog.guard("server growth: the split that keeps servers first"):
+        ordered = ctx.comm.Split(0, list(order).index(ctx.rank))
+    ctx.replace_comm(ordered)
+    return ordered, replace(members, ids=[members.ids[rank] for rank in order])
+
+
+def _rebalanced(ctx: Context, setup: PSSetup, epoch: Epoch, welcome: Welcome,
+                own_key: Optional[int]) -> Tuple[Epoch, int]:
+    """Move the shards to the epoch's layout, rebuild the replicas; returns the epoch holding
+    them and the bytes every rank moved."""
+    layout, tables = epoch.layout, setup.tables
+    with watchdog.guard("server growth: moving shard fragments"):
+        state, moved = move_shards(ctx.comm, epoch.holdings, layout, tables.optimizers, welcome.applied,
+                                   rows_stay=False)
+        replica = rebuild_replica(ctx.comm, layout, state, None)
+        total = ctx.comm.allreduce(moved)
+    if state is not None:
+        state.clocks[:] = np.asarray(welcome.clocks).copy()
+    return epoch.but(holdings=ShardHoldings.serving(own_key, state, replica)), total
+
+
+def _with_nodes(ctx: Context, epoch: Epoch) -> Epoch:
+    """Collective, the job's last step of growth, newcomers too: every rank's node, by stable id
+    (for a discovery file of hosts)."""
+    return epoch.but(nodes={**epoch.nodes, **dict(zip(epoch.members.ids, rank_nodes(ctx.comm)))})
+

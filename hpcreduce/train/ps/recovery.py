@@ -14,8 +14,9 @@ After a rank died (or the communicator was revoked to grow the job), every survi
    (``ps.rebalance``). After this the system is quiescent;
 4. rebalances: the placement is recomputed over the live shard keys and fragments move
    to their new owners; replicas are rebuilt (each server sends its shard to its backup);
-5. commits with ``Agree``: only then is anything installed (``ElasticPS.install``); a
-   failure anywhere in 1-5 starts the round again on what is left.
+5. commits with ``Agree``: only then is anything installed (``settle`` gives the next epoch,
+   the driver installs it); a failure anywhere in 1-5 starts the round again on what is left,
+   from what the failed round had taken over.
 
 Cost: two small allgathers, one alltoall of the re-pushed gradients (ASP), one alltoall
 of the bytes that change owner, one shard per server to its backup, one agreement.
@@ -23,21 +24,28 @@ of the bytes that change owner, one shard per server to its backup, one agreemen
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from ...errors import PSTrainingError
 from ...ft.events import RecoveryEvent
 from ...ft.rounds import Shrunk, shrink_until_restored
+from ...ps.holdings import ShardHoldings
 from ...ps.layout import Layout
 from ...ps.rebalance import deliver_repushes, rebalance, rebuild_replica, settle_bsp
-from ...ps.recovery_plan import Plan, make_plan
+from ...ps.recovery_plan import Plan, Report, make_plan
 from ...ps.shard_state import ShardState
+from ...runtime.context import Context
 from . import shard_checkpoints
 from ..partition import assignment
+from .epoch import Departed, Epoch
+from .progress import PSKills
+from .ps_setup import PSSetup
+from .worker_side import PushRecord
 
 if TYPE_CHECKING:
-    from .ps_driver import ElasticPS
+    from .resize_requests import Resize
 
 
 @dataclass
@@ -86,29 +94,39 @@ class PSRecoveryEvent(RecoveryEvent):
 
 @dataclass
 class Settled:
-    """A round's result, installed at the commit."""
+    """A round's result, installed at the commit: ``epoch``: the survivors' epoch with the
+    shards taken over (not yet settled); ``restored``: the restored shards' record of pushes."""
 
     plan: Plan
     layout: Layout
+    epoch: Epoch
     state: Optional[ShardState] = None
     replica: Optional[ShardState] = None
     repushed: List[Tuple[int, int]] = field(default_factory=list)   # (table, key) of my pieces
-    departed: List[Tuple[int, int, int]] = field(default_factory=list)  # leaving workers' (slot, made, lost)
+    departed: List[Departed] = field(default_factory=list)           # leaving workers' (slot, made, lost)
+    restored: PushRecord = field(default_factory=dict)
 
 
-def recover(run: "ElasticPS") -> Tuple[PSRecoveryEvent, Settled]:
-    """Collective: recover ``run``; returns the event and what to install."""
-    ctx, layout = run.ctx, run.committed.layout
-    server_ids = {run.members.ids[rank] for rank in layout.shard_ranks.values()}
-    event = PSRecoveryEvent("failure", 0, ctx.size, run.detected or time.time())
+def recover(ctx: Context, setup: PSSetup, epoch: Epoch, asked: "Resize", kills: PSKills,
+            detected: float) -> Tuple[PSRecoveryEvent, Settled]:
+    """Collective: recover from a failure (or a revoke asking for a change) seen first at
+    ``detected``; ``asked``: the changes this rank asked for (rank 0). Returns the event and
+    what to install (``settle``)."""
+    report = partial(_report, ctx, setup, asked, detected)
+    server_ids = set(epoch.server_ids)
+    event = PSRecoveryEvent("failure", 0, ctx.size, detected)
+    working = [epoch, {}]  # what the rounds so far took over (a later round sees it as held)
 
     def restore(shrunk: Shrunk) -> Settled:
-        for identity in run.members.shrink(shrunk):
+        current = working[0]
+        members = replace(current.members, ids=list(current.members.ids))
+        for identity in members.shrink(shrunk):
             event.lost.append(identity)
             (event.lost_servers if identity in server_ids else event.lost_workers).append(identity)
+        working[0] = current.but(comm=ctx.comm, members=members)
         event.rounds += shrunk.rounds
         event.shrink_s = time.time() - event.detected_at
-        return _round(run, event)
+        return _round(ctx, setup, working, report, kills, event)
 
     settled = shrink_until_restored(ctx, restore, "PS recovery")
     event.ranks_after = ctx.size
@@ -116,72 +134,107 @@ def recover(run: "ElasticPS") -> Tuple[PSRecoveryEvent, Settled]:
     return event, settled
 
 
-def _round(run: "ElasticPS", event: PSRecoveryEvent) -> Settled:
-    comm, committed = run.ctx.comm, run.committed
-    plan = make_plan(comm.allgather(run.report()), committed, run.consistency.aggregates, time.time())
+def _report(ctx: Context, setup: PSSetup, asked: "Resize", detected: float, epoch: Epoch) -> Report:
+    """What this rank holds, for the recovery plan (rank 0 also names the latest complete checkpoint)."""
+    slot, clock, outgoing = epoch.worker.slot_and_clock()
+    folder = setup.fault.checkpoint_dir
+    return Report(epoch.members.me, epoch.holdings.own_key, epoch.holdings.applied_steps(),
+                  epoch.holdings.replica_applied(), slot, clock, outgoing, detected, asked.growth,
+                  shard_checkpoints.latest_complete(folder) if ctx.rank == 0 else None,
+                  server_growth=asked.server_growth, leaving=asked.leave)
+
+
+def _round(ctx: Context, setup: PSSetup, working: List[Any], report: Callable[[Epoch], Report], kills: PSKills,
+           event: PSRecoveryEvent) -> Settled:
+    comm, tables, start = ctx.comm, setup.tables, working[0]
+    plan = make_plan(comm.allgather(report(start)), start.committed, tables.consistency.aggregates, time.time())
     if plan.fatal:
         raise PSTrainingError("parameter-server recovery failed: ", plan.fatal)
     event.detected_at = min(event.detected_at, plan.detected_at)
     event.step = plan.resume_step
-    run.hooks.strike_recovery(plan.step)
-    _take_over(run, plan)
-    settled = Settled(plan, plan.layout(committed.layout))
+    kills.recovery(plan.step, start.members.me, start.members.ids)
+    working[0] = current = _take_over(ctx, setup, start, plan, working[1])
+    holdings, committed = current.holdings, current.layout
+    settled = Settled(plan, plan.layout(committed), current, restored=working[1])
     if plan.restart is not None:
-        settle_bsp(run.holdings, plan.restart, run.optimizers, run.consistency)
+        settle_bsp(holdings, plan.restart, tables.optimizers, tables.consistency)
     else:
-        items = run.worker_side.repushes(committed.layout, plan.holders)
-        event.repushed = deliver_repushes(comm, run.holdings, items, run.optimizers, run.consistency)
+        items = current.worker.repushes(committed, plan.holders)
+        event.repushed = deliver_repushes(comm, holdings, items, tables.optimizers, tables.consistency)
         settled.repushed = [(item.table, item.key) for _, item in items]
     started = time.time()
-    settled.state, moved = rebalance(comm, run.holdings, plan, committed.layout, settled.layout, run.optimizers)
+    settled.state, moved = rebalance(comm, holdings, plan, committed, settled.layout, tables.optimizers)
     event.moved_bytes = comm.allreduce(moved) if moved >= 0 else 0
-    kept = run.holdings.replica if moved < 0 and plan.restart is not None else None
+    kept = holdings.replica if moved < 0 and plan.restart is not None else None
     settled.replica = rebuild_replica(comm, settled.layout, settled.state, kept)
     event.rebalance_s = time.time() - started if moved >= 0 else 0.0
     event.shards_adopted, event.shards_restored = plan.adopted, plan.restored
     event.checkpoint_step = plan.checkpoint if plan.restored else None
     event.restart_step = plan.restart + 1 if plan.restart is not None else None
-    event.promoted = run.members.ids[plan.promoted] if plan.promoted is not None else None
-    event.updates_lost = comm.allreduce(run.worker_side.count_lost(plan))
-    event.data_shards = assignment([run.members.ids[rank] for rank in settled.layout.worker_ranks],
-                                   run.dataset.shard_sizes("train"))
+    event.promoted = current.members.ids[plan.promoted] if plan.promoted is not None else None
+    event.updates_lost = comm.allreduce(current.worker.count_lost(plan, settled.restored))
+    event.data_shards = assignment(current.worker_ids(settled.layout), setup.train_shards)
     if plan.leaving:
-        settled.departed = list(filter(None, comm.allgather(_departing(run, plan, len(settled.repushed)))))
+        settled.departed = list(filter(None, comm.allgather(_departing(ctx, current, settled))))
     return settled
 
 
-def _departing(run: "ElasticPS", plan: Plan, repushed: int) -> Optional[Tuple[int, int, int]]:
+def _departing(ctx: Context, epoch: Epoch, settled: Settled) -> Optional[Departed]:
     """A leaving worker's (slot, pieces acknowledged, updates lost), its re-pushed ones
     counted; None on other ranks."""
-    loop = run.worker_side.loop
-    if run.ctx.rank not in plan.leaving or loop is None:
+    plan, side = settled.plan, epoch.worker
+    loop = side.loop
+    if ctx.rank not in plan.leaving or loop is None:
         return None
     made = sum(1 for entry in loop.pushed if plan.restart is None or entry[0] < plan.restart)
-    return loop.worker.slot, made + repushed, run.worker_side.lost_updates + run.worker_side.count_lost(plan)
+    return (loop.worker.slot, made + len(settled.repushed),
+            side.lost_updates + side.count_lost(plan, settled.restored))
 
 
-def _take_over(run: "ElasticPS", plan: Plan) -> None:
-    """Adopt replicas, promote a worker, rebuild lost shards from the checkpoint (in place:
-    a later round sees them as held)."""
-    rank, holdings, layout = run.ctx.rank, run.holdings, run.committed.layout
+def _take_over(ctx: Context, setup: PSSetup, epoch: Epoch, plan: Plan, restored: PushRecord) -> Epoch:
+    """Adopt replicas, promote a worker, rebuild lost shards from the checkpoint; the restored
+    shards' record of pushes goes into ``restored``. Returns the epoch holding them."""
+    rank, holdings, worker, layout = ctx.rank, epoch.holdings, epoch.worker, epoch.layout
     replica = holdings.replica
     if replica is not None and replica.shard in plan.adopted and plan.holders[replica.shard] == rank:
-        holdings.adopt_replica()
+        holdings = holdings.with_replica_adopted()
     if plan.promoted == rank:
-        run.promote(plan.own_keys[rank])
+        worker = worker.promoted()
+        holdings = replace(holdings, own_key=plan.own_keys[rank])
     if not plan.restored:
-        return
+        return epoch.but(holdings=holdings, worker=worker)
     mine = [key for key, holder in plan.holders.items() if holder == rank]
     rebuild = mine if plan.rollback else [key for key in plan.restored if key in mine]
     saved = None
     if rebuild:
-        saved = shard_checkpoints.load_states(run.fault.checkpoint_dir, plan.checkpoint, run.specs, run.optimizers)
+        tables = setup.tables
+        saved = shard_checkpoints.load_states(setup.fault.checkpoint_dir, plan.checkpoint, tables.specs,
+                                              tables.optimizers)
         first = min(layout.shard_ranks)
+        rebuilt = {}
         for key in rebuild:
             counted = [key] + ([s.shard for s in saved if s.shard not in layout.shard_ranks]
                                if plan.rollback and key == first else [])
-            holdings.states[key] = shard_checkpoints.restore(saved, key, run.specs, layout.placement, run.optimizers,
-                                                      layout.slot_count, counted)
+            rebuilt[key] = shard_checkpoints.restore(saved, key, tables.specs, layout.placement, tables.optimizers,
+                                                     layout.slot_count, counted)
+        holdings = holdings.with_states(rebuilt)
     holder = plan.holders[plan.restored[0]]
     pushes = shard_checkpoints.last_pushes(saved) if rank == holder else None
-    run.worker_side.note_restore(plan, run.ctx.comm.bcast(pushes, root=holder))
+    record = ctx.comm.bcast(pushes, root=holder)
+    restored.update({key: record.get(key, {}) for key in plan.restored})
+    return epoch.but(holdings=holdings, worker=worker)
+
+
+def settle(ctx: Context, settled: Settled, layout: Layout) -> Epoch:
+    """The epoch a committed round leaves (``layout``: the round's, in the ranks of
+    ``ctx.comm``, after any leave): loops settled, this server's shard and replica held, the
+    plan's clocks set, the layout and next key committed."""
+    plan, epoch = settled.plan, settled.epoch
+    holdings = ShardHoldings()
+    if layout.is_server(ctx.rank):
+        holdings = ShardHoldings.serving(epoch.holdings.own_key, settled.state, settled.replica)
+        for slot, clock in plan.clocks.items():
+            settled.state.clocks[slot] = clock
+    return epoch.but(comm=ctx.comm, layout=layout, next_key=plan.next_key, holdings=holdings,
+                     worker=epoch.worker.settled(ctx, plan, layout, settled.repushed, settled.restored),
+                     resume_mark=min(plan.clocks.values()))

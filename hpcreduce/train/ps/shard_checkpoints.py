@@ -1,8 +1,8 @@
 """Checkpoints of parameter-server shards, and restoring a shard from them.
 
 Each server writes its own shard to ``DIR/ps-shard-KEY/ckpt-STEP.npz`` (atomically, the
-last two kept: ``ft.checkpoint_files.save``) when the slowest worker's clock reaches a multiple
-of ``checkpoint_every``: the values and optimizer state of its pieces, their exactly-once
+newest ``checkpoint_keep`` kept: ``ft.checkpoint_files.save``) when the slowest worker's
+clock reaches a multiple of ``checkpoint_every``: the values and optimizer state of its pieces, their exactly-once
 bookkeeping and the shard's push counters. Under BSP a checkpoint of step C holds
 exactly the steps below C (gradients buffered for step C are left out, and with them
 the record of their pushes), so the shards written at C form one consistent state.
@@ -47,9 +47,9 @@ def folder(directory: str, key: int) -> str:
 
 
 def save_shard(directory: str, step: int, state: ShardState, keys: Sequence[int], bsp: bool, *,
-               identity: Mapping[str, object], halfway: Callable[[], None] = lambda: None) -> str:
+               identity: Mapping[str, object], keep: int = 2, halfway: Callable[[], None] = lambda: None) -> str:
     """Write shard ``state`` as checkpoint ``step`` (``keys``: the shards of the placement;
-    ``identity``: the run's)."""
+    ``identity``: the run's), keeping the newest ``keep``."""
     arrays: Dict[str, np.ndarray] = {}
     tables = {}
     for t, table in state.tables.items():
@@ -66,7 +66,7 @@ def save_shard(directory: str, step: int, state: ShardState, keys: Sequence[int]
                 "tables": tables, "refusals": dict(state.refusals),
                 "read_staleness": _plain(state.read_staleness), "update_lag": _plain(state.update_lag),
                 "identity": dict(identity)}
-    return checkpoint_files.save(folder(directory, state.shard), step, arrays, metadata, halfway=halfway)
+    return checkpoint_files.save(folder(directory, state.shard), step, arrays, metadata, keep=keep, halfway=halfway)
 
 
 def _plain(histogram: Counter) -> Dict[str, int]:

@@ -22,7 +22,7 @@ the replacements of lost servers (extra workers: the batches are re-split from t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -40,24 +40,23 @@ from .loop import CLOCK, PUSH, WorkerLoop
 PushRecord = Dict[int, Dict[int, np.ndarray]]  # shard key -> table -> last step pushed, per slot
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorkerSide:
     """``loop``: this rank's worker loop (None on a server); ``former``: the loop it ran
-    before it was promoted; ``restored_pushes``: the restored shards' record of pushes,
-    during a recovery; ``lost_updates``: acknowledged pieces lost to checkpoint restores."""
+    before it was promoted; ``lost_updates``: acknowledged pieces lost to checkpoint restores.
+    A value: every change gives a new one (the loops themselves are the worker's own)."""
 
     loop: Optional[WorkerLoop] = None
     former: Optional[WorkerLoop] = None
-    restored_pushes: PushRecord = field(default_factory=dict)
     lost_updates: int = 0
 
     @property
     def loop_or_former(self) -> Optional[WorkerLoop]:
         return self.loop or self.former
 
-    def promote(self) -> None:
+    def promoted(self) -> "WorkerSide":
         """This worker becomes a server: its loop stops (it is kept as ``former``)."""
-        self.former, self.loop = self.loop, None
+        return replace(self, loop=None, former=self.loop)
 
     def slot_and_clock(self) -> Tuple[Optional[int], int, bool]:
         """(slot, clock, whether a push is unacknowledged) of the running loop, for the report."""
@@ -74,32 +73,29 @@ class WorkerSide:
         out = loop.outgoing
         return repush_items(layout, holders, loop.worker.slot, out.step, out.dense, out.rows)
 
-    def note_restore(self, plan: Plan, pushes: PushRecord) -> None:
-        """Remember the restored shards' record of pushes (to count the lost updates)."""
-        for key in plan.restored:
-            self.restored_pushes[key] = pushes.get(key, {})
-
-    def count_lost(self, plan: Plan) -> int:
-        """Acknowledged pieces of this rank's pushes that the restored state lacks."""
+    def count_lost(self, plan: Plan, restored: PushRecord) -> int:
+        """Acknowledged pieces of this rank's pushes that the restored state lacks (``restored``:
+        the restored shards' record of pushes)."""
         loop = self.loop_or_former
         if loop is None:
             return 0
         if plan.rollback:
             return sum(1 for entry in loop.pushed if entry[0] >= plan.restart)
-        return len(lost_pieces(loop.pushed, loop.worker.slot, self.restored_pushes))
+        return len(lost_pieces(loop.pushed, loop.worker.slot, restored))
 
-    def settle(self, ctx: Context, plan: Plan, layout: Layout, repushed: List[Tuple[int, int]]) -> None:
+    def settled(self, ctx: Context, plan: Plan, layout: Layout, repushed: List[Tuple[int, int]],
+                restored: PushRecord) -> "WorkerSide":
         """Every loop after a committed recovery (``layout``: the new one; ``repushed``: the
-        (table, shard key) of this worker's re-pushed pieces)."""
-        self.lost_updates += self.count_lost(plan)
+        (table, shard key) of this worker's re-pushed pieces; ``restored``: as ``count_lost``)."""
+        lost = self.lost_updates + self.count_lost(plan, restored)
         for loop in filter(None, (self.loop, self.former)):
-            self._settle(loop, ctx, plan, layout, repushed)
-        self.restored_pushes = {}
+            self._settle(loop, ctx, plan, layout, repushed, restored)
+        return replace(self, lost_updates=lost)
 
     def _settle(self, loop: WorkerLoop, ctx: Context, plan: Plan, layout: Layout,
-                repushed: List[Tuple[int, int]]) -> None:
-        if not plan.rollback and self.restored_pushes:
-            lost = set(lost_pieces(loop.pushed, loop.worker.slot, self.restored_pushes))
+                repushed: List[Tuple[int, int]], restored: PushRecord) -> None:
+        if not plan.rollback and restored:
+            lost = set(lost_pieces(loop.pushed, loop.worker.slot, restored))
             loop.pushed = [entry for entry in loop.pushed if entry not in lost]
         if loop is self.former:
             if plan.restart is not None:
@@ -116,11 +112,12 @@ class WorkerSide:
                 loop.stage = CLOCK
         loop.refetch = True
 
-    def rejoin(self, ctx: Context, layout: Layout) -> None:
+    def rejoined(self, ctx: Context, layout: Layout) -> "WorkerSide":
         """After growth: the running loop's worker over the new communicator and layout."""
         if self.loop is not None:
             self.loop.worker = Worker(ctx.comm, layout, ctx.traffic, guard=watchdog.guard,
                                       clock=self.loop.worker.clock_value)
+        return self
 
 
 def lost_pieces(pushed: List[Tuple[int, int, int]], slot: int, restored: PushRecord) -> List[Tuple[int, int, int]]:

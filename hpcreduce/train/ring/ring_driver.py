@@ -40,16 +40,17 @@ TRACKED = ("step", "params", "optimizer_state")
 
 @dataclass(frozen=True)
 class Saving:
-    """Checkpoints every ``every`` steps into ``folder`` (none without one), marked ``identity``
-    (``train.identity``: a checkpoint of another run is refused)."""
+    """Checkpoints every ``every`` steps into ``folder`` (none without one), the newest ``keep``
+    kept, marked ``identity`` (``train.identity``: a checkpoint of another run is refused)."""
 
     folder: Optional[str]
     every: int
+    keep: int
     identity: Dict[str, Any]
 
     @classmethod
     def of(cls, trainer: RingTrainer, fault: FaultConfig) -> "Saving":
-        return cls(fault.checkpoint_dir, fault.checkpoint_every,
+        return cls(fault.checkpoint_dir, fault.checkpoint_every, fault.checkpoint_keep,
                    run_identity(trainer.config, trainer.model, trainer.optimizer))
 
     def due(self, step: int) -> bool:
@@ -105,4 +106,4 @@ def _train_steps(state: elastic.State, trainer: RingTrainer, steps: int, on_step
         state.commit(check_resize=False)
         if saving.due(state.step):
             elastic.save_checkpoint(state, saving.folder, state.step, dict(now.arrays()),
-                                    {"identity": saving.identity})
+                                    {"identity": saving.identity}, saving.keep)

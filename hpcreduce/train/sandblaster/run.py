@@ -16,37 +16,31 @@ Cost while nothing fails: one ``Agree`` at the end (plus the replicas: see ``pla
 """
 from __future__ import annotations
 
-import math
 import time
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import numpy as np
 from mpi4py import MPI
 
-from ...errors import TrainingError
-from ...ft.events import EventLog, RecoveryEvent
+from ...ft.events import EventLog
 from ...ft.membership import Membership
-from ...ft.rounds import Shrunk, attempt, shrink_until_restored
+from ...ft.rounds import attempt
 from ...ft.watchdog import watchdog
 from ...runtime.context import Context
 from ...runtime.failures import abandon
-from ...sandblaster import Roles, unit_size
-from ...sandblaster.coordinator import Coordinator
-from ...sandblaster.lbfgs import BatchOptimizer, Iteration, Settings
-from ...sandblaster.placement import Placement
-from ...sandblaster.protocol import VectorNames
-from ...sandblaster.record import Committed
-from ...sandblaster.server import ServerState, SliceVectors, serve
-from ...sandblaster.worker import Worker
+from ...sandblaster.server import ServerState, serve
 from ..config import TrainConfig
 from ..data import Dataset
 from ..model import Model
 from ..observe import Observer
-from ..partition import global_batch
 from ..results import StepLog
-from ..straggler import factor_for
+from . import sandblaster_roles
 from .flat import FlatParams
-from .units import ModelUnits
+from .sandblaster_recovery import Lineup, recover
+
+if TYPE_CHECKING:
+    from ...sandblaster.lbfgs import Iteration
+    from ...sandblaster.worker import Worker
 
 
 class SandblasterRun:
@@ -59,24 +53,21 @@ class SandblasterRun:
             ctx, config, model, dataset, observer, log
         self.comm = ctx.comm if ctx.ft else ctx.comm.Dup()
         self.flat = FlatParams(model)
-        self.roles = Roles(config.servers, ctx.size)
-        self.placement = Placement.initial(self.flat.length, config.servers, replicate=ctx.ft)
-        self.unit = unit_size(config.batch, config.unit, len(self.roles.workers))
+        lineup = Lineup.initial(config.servers, ctx.size, self.flat.length, replicate=ctx.ft)
+        self.roles, self.placement = lineup.roles, lineup.placement
+        self.unit = lineup.unit(config.batch, config.topology.unit)
         self.members = Membership.founding(ctx.size, ctx.rank)
         # random kills never pick rank 0 (the schedule's default): with K = 1 its slice has no replica
         self.kills = config.fault.schedule(config.seed)
         self.events = EventLog()
-        self.records: List[np.ndarray] = []
+        self.records: List[np.ndarray] = lineup.records
         self.iteration = 0
         self.c, self.summary = 0, None
         self.server: Optional[ServerState] = None
-        self.worker: Optional[Worker] = None
+        self.worker: Optional["Worker"] = None
         watchdog.deadline_s = config.fault.deadline_s
         if ctx.rank < config.servers:
-            initial = self.flat.flatten(model.init_params(config.seed))
-            self.server = ServerState({s: SliceVectors(VectorNames(config.history), initial[lo:hi])
-                                       for s in self.placement.held_by(ctx.rank)
-                                       for lo, hi in [self.placement.bounds[s]]})
+            self.server = sandblaster_roles.initial_slices(self.flat, model, config, self.placement, ctx.rank)
 
     def run(self) -> None:
         """Play the role to the end of the run, recovering from failures with ``--ft``."""
@@ -95,45 +86,21 @@ class SandblasterRun:
         self.kills.strike("step", iteration, self.members.me, self.members.ids)
 
     def _play(self) -> None:
-        rank, roles, config = self.comm.Get_rank(), self.roles, self.config
+        rank, roles, ctx = self.comm.Get_rank(), self.roles, self.ctx
         if rank < roles.servers:
-            serve(self.comm, self.server, self.placement, self.ctx.traffic, on_begin=self._strike)
+            serve(self.comm, self.server, self.placement, ctx.traffic, on_begin=self._strike)
         elif rank == roles.coordinator:
-            self._coordinate()
+            ends = sandblaster_roles.coordinate(self.comm, roles, self.config, self.unit, self.records,
+                                                len(self.log.rows), self._log, self.members.ids, ctx.traffic,
+                                                on_begin=self._strike)
+            self.c, self.summary = ends["c"], ends["summary"]
         else:
-            indices = global_batch(0, config.batch, self.dataset.size("train"), config.seed)
-            compute = ModelUnits(self.model, self.dataset, self.flat, indices, self.unit,
-                                 factor_for(config.fault, self.members.me))
-            self.worker = Worker(self.comm, roles.coordinator, self.placement.for_workers(), self.flat.length,
-                                 compute, config.push_units, self.ctx.traffic, on_unit=self._strike)
+            self.worker = sandblaster_roles.work(self.comm, roles, self.placement, self.flat, self.model,
+                                                 self.dataset, self.config, self.unit, self.members.me, ctx.traffic,
+                                                 on_unit=self._strike)
             self.worker.run()
 
-    def _coordinate(self) -> None:
-        config, log = self.config, self.log
-        coordinator = Coordinator(self.comm, range(self.roles.servers), self.roles.workers,
-                                  math.ceil(config.batch / self.unit), config.backups, self.ctx.traffic,
-                                  on_begin=self._strike)
-        for record in map(Committed.from_array, self.records):
-            if record.iteration > len(log.rows):  # iterations a dead coordinator did
-                count = max(record.stats[2], 1.0)
-                self._log(Iteration(record.iteration, record.f, record.stats[1] / count, math.sqrt(record.gg),
-                                    record.step, record.evaluations))
-        optimizer = BatchOptimizer(coordinator, Settings(config.optimizer, config.history, config.gtol, config.ftol,
-                                                         config.steps, config.batch, config.l2), self._log,
-                                   resume=Committed.from_array(self.records[-1]) if self.records else None)
-        final = optimizer.run()
-        coordinator.stop()
-        self.c = optimizer.c
-        self.summary = {
-            "units": coordinator.counted, "backups_issued": coordinator.backups_issued,
-            "duplicates_discarded": coordinator.duplicates, "iterations": optimizer.iterations,
-            "evaluations": coordinator.passes, "pass_s": coordinator.pass_s,
-            "units_by_worker": {str(self.members.ids[w]): n for w, n in coordinator.units_by_worker.items()},
-            "units_per_pass": coordinator.units, "optimizer": config.optimizer, "history": config.history,
-            "unit": self.unit, "backups": config.backups, "stopped_by": optimizer.stopped_by,
-            "final_gradient_norm": math.sqrt(final.gg), "objective": final.f}
-
-    def _log(self, it: Iteration) -> None:
+    def _log(self, it: "Iteration") -> None:
         self.log.record(it.iteration, it.f, it.accuracy, self.config.batch * it.evaluations,
                         gradient_norm=it.gradient_norm, step_size=it.step, evaluations=it.evaluations)
         self.observer.step_done(self.log)
@@ -146,40 +113,18 @@ class SandblasterRun:
 
     def _recover(self, detected: float) -> None:
         """Shrink to the survivors, re-derive roles and placement, share the newest record."""
-        ctx = self.ctx
-        event = RecoveryEvent("failure", self.iteration, ctx.size, detected)
-
-        def restore(shrunk: Shrunk) -> List[np.ndarray]:
-            event.lost += self.members.shrink(shrunk)
-            event.rounds += shrunk.rounds
-            event.shrink_s = time.time() - event.detected_at
-            self.comm = ctx.comm
-            self.placement = self.placement.after_loss(shrunk.new_rank)
-            servers = sum(new is not None for new in shrunk.new_rank[:self.roles.servers])
-            self.roles = Roles(servers, ctx.size)
-            if not self.roles.workers:
-                raise TrainingError("sandblaster: no worker is left (%d ranks for %d servers and the coordinator): "
-                                    "nothing left to recover from" % (ctx.size, servers))
-            return self._newest_records()
-
-        self.records = shrink_until_restored(
-            ctx, restore, f"sandblaster recovery at iteration {self.iteration}",
-            before_shrink=lambda: self.kills.strike("recovery", self.iteration, self.members.me, self.members.ids))
+        members = self.members
+        survivors, event = recover(self.ctx, members, Lineup(self.roles, self.placement, self.records), self.server,
+                                   self.iteration, detected, lambda: self.kills.strike(
+                                       "recovery", self.iteration, members.me, members.ids))
+        self.comm, self.roles, self.placement, self.records = self.ctx.comm, survivors.roles, survivors.placement, \
+            survivors.records
         if self.server:
             self.server.records = list(self.records)
         self.worker = None
-        event.step = Committed.from_array(self.records[-1]).iteration + 1 if self.records else 1
-        event.ranks_after = ctx.size
-        event.restore_s = time.time() - event.detected_at - event.shrink_s
         self.events.add(event)
         self.observer.reporter = self.roles.coordinator
         self.observer.echo(event.line())
-
-    def _newest_records(self) -> List[np.ndarray]:
-        """Every server's records replaced by the longest list any server holds (collective)."""
-        counts = self.comm.allgather(len(self.server.records) if self.server else -1)
-        best = int(np.argmax(counts))
-        return self.comm.bcast(self.server.records if self.comm.Get_rank() == best else None, root=best)
 
     def results(self) -> Dict[str, Any]:
         """What the end of the run needs on every rank (collective): the coordinator's c, summary,
@@ -193,14 +138,4 @@ class SandblasterRun:
 
     def gather(self, c: int) -> List[np.ndarray]:
         """The committed x[c] and g[c], whole, on every rank (each served slice from its primary)."""
-        names, me = VectorNames(1), self.comm.Get_rank()
-        found = []
-        for ids in (names.X, names.G):
-            whole = np.zeros(self.flat.length)
-            for s, vectors in (self.server.slices.items() if self.server else ()):
-                if self.placement.primary[s] == me:
-                    lo, hi = self.placement.bounds[s]
-                    whole[lo:hi] = vectors.vectors[ids[c]]
-            self.comm.Allreduce(MPI.IN_PLACE, whole, op=MPI.SUM)
-            found.append(whole)
-        return found
+        return sandblaster_roles.gather(self.comm, self.server, self.placement, self.flat.length, c)

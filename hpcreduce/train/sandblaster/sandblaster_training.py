@@ -19,7 +19,7 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
-from ...errors import ConfigurationError, TrainingError
+from ...errors import TrainingError
 from ...ps.stats import staleness_summary
 from ...runtime.context import Context
 from ..config import TrainConfig
@@ -33,13 +33,10 @@ from .run import SandblasterRun
 
 def run_sandblaster_training(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset,
                              observer: Observer) -> TrainResult:
-    """Train on every rank of ``ctx`` (collective); the result on every rank. Bad settings
-    raise ``ConfigurationError`` on every rank before anything starts; a failure that cannot
+    """Train on every rank of ``ctx`` (collective; ``config`` checked by ``train``); the result
+    on every rank. A failure that cannot
     be recovered from raises ``TrainingError`` on every survivor; any other error on one rank
     (a model's) ends the whole job (MPI_Abort) rather than leave the others waiting."""
-    problems = config.problems(ctx.size, ctx.ft)
-    if problems:
-        raise ConfigurationError(problems)
     started = time.perf_counter()
     log = StepLog(ctx, config.steps)
     try:

@@ -1,0 +1,101 @@
+"""Settings declared once: a config's dataclass fields carry their command-line form.
+
+    steps: int = option(200, "--steps", "training steps", metavar="S", bound=AT_LEAST_ONE)
+
+``option`` makes a dataclass field whose metadata is an ``Option``: the flag, its help and
+metavar, how its text becomes a value (``parse``; a ValueError is the flag's problem), whether
+it repeats or is a switch, and the range its value must lie in (``bound``) or the values it may
+take (``choices``). The command line builds its flags from these declarations (``declared``)
+and the config checks its values with them (``field_problems``), so a new setting is one edit.
+Fields that share one ``Bound`` object are checked together and worded as one problem
+(``{steps} and {batch} must be at least 1``); give each field its own ``Bound`` otherwise.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import SettingProblem, setting_problem
+
+
+@dataclass(frozen=True, eq=False)
+class Bound:
+    """What a value must satisfy (``accepts``), worded as ``must be ...`` (``wording``)."""
+
+    accepts: Callable[[Any], bool]
+    wording: str
+
+
+@dataclass(frozen=True)
+class Option:
+    """A setting's command-line form. ``parse``: text to value (None: the field's own type);
+    ``repeatable``: each use appends; ``switch``: a flag without a value (True when given)."""
+
+    flag: str
+    help: str
+    metavar: Optional[str] = None
+    parse: Optional[Callable[[str], Any]] = None
+    repeatable: bool = False
+    switch: bool = False
+    bound: Optional[Bound] = None
+    choices: Optional[Sequence[str]] = None
+
+
+def option(default: Any, flag: str, help: str, **form: Any) -> Any:
+    """A dataclass field with ``default`` (a new empty list per instance when ``repeatable``)
+    and its ``Option``."""
+    declared = Option(flag, help, **form)
+    if declared.repeatable:
+        return dataclasses.field(default_factory=list, metadata={"option": declared})
+    return dataclasses.field(default=default, metadata={"option": declared})
+
+
+def declared(cls: type) -> List[Tuple[dataclasses.Field, Option]]:
+    """The fields of dataclass ``cls`` that have an ``Option``, in declaration order."""
+    return [(f, f.metadata["option"]) for f in dataclasses.fields(cls) if "option" in f.metadata]
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's default value (a fresh one for a default factory)."""
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def field_problems(config: Any) -> List[SettingProblem]:
+    """What ``config``'s values say against their declared bounds and choices, by field name."""
+    found: List[SettingProblem] = []
+    grouped: Dict[Bound, List[str]] = {}
+    for f, declared_option in declared(type(config)):
+        value = getattr(config, f.name)
+        if value is None:
+            continue
+        if declared_option.choices is not None and value not in declared_option.choices:
+            found.append(setting_problem("{%s} must be one of {choices}, got {value!r}" % f.name,
+                                         choices=", ".join(declared_option.choices), value=value))
+        if declared_option.bound is not None:
+            grouped.setdefault(declared_option.bound, []).append(f.name)
+    for bound, names in grouped.items():
+        values = [getattr(config, name) for name in names]
+        if not all(bound.accepts(value) for value in values if value is not None):
+            found.append(setting_problem(_joined(["{%s}" % name for name in names]) + " " + bound.wording
+                                         + ", got " + _joined(["{v%d}" % i for i in range(len(names))]),
+                                         **{f"v{i}": value for i, value in enumerate(values)}))
+    return found
+
+
+def _joined(parts: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def at_least(lowest: float) -> Bound:
+    return Bound(lambda value: value >= lowest, f"must be at least {lowest:g}")
+
+
+def positive_finite() -> Bound:
+    return Bound(lambda value: 0 < value < math.inf, "must be positive and finite")
+
+
+def non_negative_finite() -> Bound:
+    return Bound(lambda value: 0 <= value < math.inf, "must be >= 0 and finite")

@@ -1,0 +1,87 @@
+"""Every check a run makes inside its job before it trains, agreed by all ranks in one allgather.
+
+What each rank can only see for itself travels in that one message: rank 0's disk against the
+output files and the checkpoint folder (rank 0 writes them), the node a rank runs on (a
+``--kill-node`` naming no node of the job can never fire), its part of the data set's files
+(``Dataset.problems``: each rank checks one part), and whether it has a GPU (``device="gpu"``).
+Every rank then words the same problems. A rank that joined a running job checks only the
+settings and its own GPU: the job it joins made the other checks, and it takes part in no
+collective the job does not make. ``hpcreduce train`` runs this once per launch, then trains
+without checking again (``api.run_checked``); ``train()`` runs both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from ..errors import Problem, SettingProblem, setting_problem, worded
+from ..ft.inject import unknown_node_problem
+from ..runtime.context import Context
+from ..runtime.devices import gpu_verdict, local_gpu_problem
+from ..runtime.nodes import this_node
+from .config import TrainConfig
+from .data import Dataset
+
+
+@dataclass
+class RunProblems:
+    """``settings``: what stops the run (a ``ConfigurationError``); ``device``: a GPU missing
+    somewhere (a ``GpuUnavailableError``)."""
+
+    settings: List[Problem] = field(default_factory=list)
+    device: Optional[SettingProblem] = None
+
+    def all(self) -> List[Problem]:
+        return self.settings + ([self.device] if self.device else [])
+
+
+@dataclass
+class _Seen:
+    """What one rank sees for itself (pickled into the allgather)."""
+
+    outputs: List[SettingProblem]
+    node: str
+    data: List[Problem]
+    gpu: Optional[str]
+
+
+def run_problems(config: TrainConfig, ctx: Context, dataset: Optional[Dataset]) -> RunProblems:
+    """The problems of running ``config`` on ``ctx``'s ranks with ``dataset`` (None: no data
+    set to check); the same on every rank. Collective: one allgather (none on a newcomer)."""
+    found = RunProblems(list(config.problems(ctx.size, ctx.ft)))
+    gpu = local_gpu_problem() if config.device == "gpu" else None
+    if ctx.joined:
+        found.device = gpu_verdict([gpu], agreed=False)
+        return found
+    mine = _Seen(config.output_problems() if ctx.rank == 0 and config.writes_files() else [],
+                 this_node() if config.fault.node_kills else "", _data_problems(dataset, ctx), gpu)
+    seen: List[_Seen] = ctx.comm.allgather(mine)
+    found.settings += seen[0].outputs
+    if config.fault.node_kills:
+        unknown = unknown_node_problem(config.fault.node_kills, [rank.node for rank in seen])
+        found.settings += [setting_problem("{node_kills}: %s" % unknown)] if unknown else []
+    found.settings += _distinct(problem for rank in seen for problem in rank.data)
+    if config.device == "gpu":
+        found.device = gpu_verdict([rank.gpu for rank in seen], agreed=True)
+    return found
+
+
+def _data_problems(dataset: Optional[Dataset], ctx: Context) -> List[Problem]:
+    """This rank's part of the data set's check; an error in it is a problem, told to every rank
+    (a rank raising alone would leave the others waiting)."""
+    if dataset is None:
+        return []
+    try:
+        return dataset.problems(ctx.rank, ctx.size)
+    except Exception as err:
+        return [f"checking data set {dataset.name!r} failed on rank {ctx.rank}: {type(err).__name__}: {err}"]
+
+
+def _distinct(problems) -> List[Problem]:
+    """``problems`` without repeats (several ranks may find the same), in order."""
+    seen, found = set(), []
+    for problem in problems:
+        if worded(problem) not in seen:
+            seen.add(worded(problem))
+            found.append(problem)
+    return found
