@@ -26,7 +26,7 @@ from typing import Callable, Generic, List, Optional, TypeVar
 from mpi4py import MPI
 
 from ..runtime.context import Context
-from ..runtime.failures import free_quietly, is_process_failure, revoke
+from ..runtime.failures import release, is_process_failure, revoke
 from .watchdog import watchdog
 
 T = TypeVar("T")
@@ -109,7 +109,7 @@ def shrink_and_rebuild(comm: MPI.Intracomm, *, before_shrink: Callable[[], None]
             continue
         survivors.Set_errhandler(MPI.ERRORS_RETURN)
         if current is not original:
-            free_quietly(current)
+            release(current)
         current = survivors
         try:
             current.Agree(1)

@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from ..errors import FaultToleranceUnavailableError, UnsupportedInputError
 from . import environment
-from .failures import free_quietly
+from .failures import release
 from .spawn import merge_with_parent
 
 
@@ -58,13 +58,13 @@ class Context:
         return self.comm.Get_size()
 
     def replace_comm(self, comm: MPI.Intracomm) -> None:
-        """Make ``comm`` this context's communicator (after shrink or growth), and free
-        the old one (revoked or not) and everything cached for it."""
+        """Make ``comm`` this context's communicator (after shrink or growth), and drop the old
+        one (freed, or kept when revoked: ``failures.release``) and everything cached for it."""
         if self.ft:
             comm.Set_errhandler(MPI.ERRORS_RETURN)
         old, self.comm = self.comm, comm
         self.cache.clear()
-        free_quietly(old)
+        release(old)
 
     def __repr__(self) -> str:
         return (f"Context(rank={self.rank}, size={self.size}, launcher={self.launcher!r}, "

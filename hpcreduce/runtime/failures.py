@@ -64,10 +64,27 @@ def abandon(comm: MPI.Comm, requests: Iterable[MPI.Request]) -> None:
             pass
 
 
-def free_quietly(comm: MPI.Comm) -> None:
-    """Free ``comm``; a revoked one, or one whose peers are gone, may refuse: it is dropped all
-    the same."""
+def release(comm: MPI.Comm) -> None:
+    """Free ``comm``, unless it is revoked: a revoked communicator is kept for the life of the
+    process. Open MPI 5.0.11 completes a receive that had already matched on a revoked
+    communicator (its cancel denied) with an error when the communicator is freed, and an error
+    on a request already released ends the whole job ("Recv error after request freed"). One
+    that refuses Free (its peers are gone) is dropped all the same."""
     try:
+        if _is_revoked(comm):
+            _REVOKED.append(comm)
+            return
         comm.Free()
     except MPI.Exception:
         pass
+
+
+def _is_revoked(comm: MPI.Comm) -> bool:
+    try:
+        return bool(comm.Is_revoked())
+    except NotImplementedError:  # an MPI without ULFM: nothing is ever revoked
+        return False
+
+
+_REVOKED: List[MPI.Comm] = []
+"""The revoked communicators ``release`` kept (a few per recovery)."""

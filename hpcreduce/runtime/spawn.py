@@ -18,7 +18,7 @@ from typing import NoReturn, Optional, Sequence
 from mpi4py import MPI
 
 from ..errors import LaunchError
-from .failures import free_quietly
+from .failures import release
 from .settings import Setting, text_value
 
 SPAWN_INFO = Setting("HPCREDUCE_SPAWN_INFO", text_value, "map_by=slot:oversubscribe",
@@ -94,7 +94,7 @@ def leave_job(comm: MPI.Intracomm, finalize: bool = False) -> NoReturn:
     mpirun then fails); it then stays, idle, until the job ends."""
     sys.stdout.flush()
     sys.stderr.flush()
-    free_quietly(comm)
+    release(comm)
     if finalize:
         MPI.Finalize()
     os._exit(0)
