@@ -11,7 +11,9 @@ Every error hpcreduce raises on purpose (``hpcreduce.errors``) is exported here 
 below load on first use, so the ``hpcreduce`` command can relaunch itself under mpirun
 before MPI is initialised.
 """
+import sys
 from importlib import import_module
+from typing import Any, Callable, Mapping
 
 __version__ = "0.1.0"
 
@@ -33,9 +35,16 @@ _EXPORTS = {
 __all__ = [*_EXPORTS, "__version__"]
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(import_module(_EXPORTS[name]), name)
-        globals()[name] = value
+def _lazy_exports(package: str, names: Mapping[str, str]) -> Callable[[str], Any]:
+    """The module ``__getattr__`` (PEP 562) of ``package``, whose name ``name`` loads on first
+    use from module ``names[name]`` and is then kept on the package (``hpcreduce.train`` too)."""
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(import_module(names[name]), name)
+        setattr(sys.modules[package], name, value)
         return value
-    raise AttributeError(f"module 'hpcreduce' has no attribute {name!r}")
+    return __getattr__
+
+
+__getattr__ = _lazy_exports(__name__, _EXPORTS)

@@ -8,7 +8,7 @@ training over ``hpcreduce.ps`` and its elastic driver; ``sandblaster/``: batch t
 ``hpcreduce.sandblaster``. The names below load on first use, so reading the settings'
 declarations (``train.config``, as the command line does to build its flags) loads no trainer.
 """
-from importlib import import_module
+from .. import _lazy_exports
 
 _EXPORTS = {
     "train": "hpcreduce.train.api",
@@ -22,9 +22,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'hpcreduce.train' has no attribute {name!r}")
+__getattr__ = _lazy_exports(__name__, _EXPORTS)
