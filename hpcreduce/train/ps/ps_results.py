@@ -22,8 +22,8 @@ from .loop import WorkerLog
 from .ps_setup import PSSetup
 
 
-def ps_result(ctx: Context, setup: PSSetup, layout: Layout, state: Optional[ShardState], run: Optional[WorkerLog],
-              started: float, *,
+def ps_result(ctx: Context, setup: PSSetup, layout: Layout, state: Optional[ShardState],
+              worker_log: Optional[WorkerLog], started: float, *,
               placement: List[Dict[str, Any]], recovery: Optional[List[Dict[str, Any]]] = None,
               pushes_extra: Optional[Dict[str, Any]] = None, ps_extra: Optional[Dict[str, Any]] = None,
               load: Optional[RequestLoad] = None, first_step: int = 0) -> TrainResult:
@@ -33,12 +33,12 @@ def ps_result(ctx: Context, setup: PSSetup, layout: Layout, state: Optional[Shar
     per-step rows and traffic start after it."""
     config, model, dataset, ps = setup.config, setup.model, setup.dataset, setup.ps
     steps = config.steps
-    if run is None:
+    if worker_log is None:
         failure, stats, wall = None, np.zeros((steps, 3)), np.zeros(steps + 1)
         traffic = server_traffic(state, steps) if state is not None else [[0, 0]] * steps
     else:
-        failure, stats = run.failure, run.stats.copy()
-        traffic, wall = _worker_traffic_and_wall(run.log, steps, first_step)
+        failure, stats = worker_log.failure, worker_log.stats.copy()
+        traffic, wall = _worker_traffic_and_wall(worker_log.log, steps, first_step)
         wall[-1] = time.perf_counter() - started
     failures = [text for text in ctx.comm.allgather(failure) if text]
     if failures:
