@@ -6,7 +6,7 @@ communicator, the layout (who serves which shard, who works in which slot), the 
 (``Membership``), the next unused shard key, this rank's roles (the shards it holds, its
 worker loop), how far growth and leaves are done, the node of every id, and the push records
 of workers that left. Recovery, worker growth, server growth, leave and replacement are each
-a function from an epoch (and what is asked) to the next one (``recovery``, ``ps_growth``,
+a function from an epoch (and what is asked) to the next one (``ps_recovery``, ``ps_growth``,
 ``scale_in``); only the driver installs one (``ps_driver.PSDriver.install``). The shards'
 arrays and the worker loops inside are the running roles' own, changed as they run.
 """

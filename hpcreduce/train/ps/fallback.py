@@ -49,7 +49,7 @@ from .final import initial_shards
 from .ledger import LedgeredLoop, PushLedger
 from .progress import PSKills, ShardCheckpoints, StepProgress
 from .ps_setup import PSSetup
-from .recovery import PSRecoveryEvent
+from .ps_recovery import PSRecoveryEvent
 from .resume_point import Resume
 
 

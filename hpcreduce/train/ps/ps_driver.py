@@ -2,7 +2,7 @@
 
 Each rank runs its role (the server loop, or the worker loop) until the run ends with an
 ``Agree`` of every rank, or until MPI reports a failure: then it abandons what it has in
-flight, revokes, and joins the collective recovery (``recovery``), after which roles,
+flight, revokes, and joins the collective recovery (``ps_recovery``), after which roles,
 layout and communicator are new and the loop goes on where it was (BSP: from the restart
 step). The driver owns the run's state as one value, its ``Epoch``: a recovery, a leave
 (``scale_in``), worker or server growth and replacements (``ps_growth``) each give the next
@@ -31,9 +31,9 @@ from .first_epoch import founding_epoch, newcomer_epoch
 from .loop import WorkerLoop
 from .progress import PSKills, ShardCheckpoints, StepProgress
 from .ps_setup import PSSetup
-from .recovery import recover
+from .ps_recovery import recover
 from .resize_requests import Resize, ResizeRequests
-from .resizing import carry_out
+from .ps_resizing import carry_out
 
 if TYPE_CHECKING:
     from ...ps.server import Server
@@ -133,7 +133,7 @@ class PSDriver:
             self.ctx.comm.Revoke()
 
     def _recover(self) -> None:
-        """The recovery round, then what its plan asks for (``resizing``), installed at the end."""
+        """The recovery round, then what its plan asks for (``ps_resizing``), installed at the end."""
         before = self.epoch
         event, settled = recover(self.ctx, self.setup, before, self.requests.pending, self.progress.kills,
                                  self.detected or time.time())

@@ -44,7 +44,7 @@ from ..partition import assignment
 from .epoch import Epoch, Welcome
 from .loop import WorkerLoop
 from .ps_setup import PSSetup
-from .recovery import PSRecoveryEvent
+from .ps_recovery import PSRecoveryEvent
 from .worker_side import Takeover, WorkerSide, seat_newcomers, take_seat, takeover_points
 
 NewLoop = Callable[[Worker], WorkerLoop]

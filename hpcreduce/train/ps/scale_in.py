@@ -22,7 +22,7 @@ from ...ft.watchdog import watchdog
 from ...ps.layout import Layout
 from ...runtime.context import Context
 from ...runtime.spawn import leave_job, split_off
-from .recovery import PSRecoveryEvent, Settled
+from .ps_recovery import PSRecoveryEvent, Settled
 
 
 def leave(ctx: Context, settled: Settled, event: PSRecoveryEvent, requested: float,

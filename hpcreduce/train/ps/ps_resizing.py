@@ -1,5 +1,5 @@
 """What a committed recovery round leads to, as one function from epoch to epoch: the round's
-leavers gone (``scale_in``), the survivors settled (``recovery.settle``), then the growth,
+leavers gone (``scale_in``), the survivors settled (``ps_recovery.settle``), then the growth,
 server growth and replacements its plan asks for (``ps_growth``), in that order.
 
 Each step is collective over the ranks of that moment and gives the next epoch; the events
@@ -15,7 +15,7 @@ from ...runtime.context import Context
 from . import ps_growth, scale_in
 from .epoch import Epoch
 from .ps_setup import PSSetup
-from .recovery import PSRecoveryEvent, Settled, settle
+from .ps_recovery import PSRecoveryEvent, Settled, settle
 from .worker_side import dead_seats
 
 
