@@ -36,9 +36,10 @@ there, with no copy in or out;
 broadcast and an allgather of verdicts, then one ``MPI_Bcast`` per tensor (any dtype, as bytes);
 ``pull``/``push``: one PS pull or push per parameter, all in flight together.
 """
+from .ddp import DistributedDataParallel
 from .gradients import allreduce_gradients, bucket_gradients
 from .parameters import broadcast_parameters
 from .ps_worker import TorchPSWorker, start_parameter_server
 
-__all__ = ["allreduce_gradients", "bucket_gradients", "broadcast_parameters", "start_parameter_server",
+__all__ = ["DistributedDataParallel", "allreduce_gradients", "bucket_gradients", "broadcast_parameters", "start_parameter_server",
            "TorchPSWorker"]

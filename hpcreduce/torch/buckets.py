@@ -1,0 +1,79 @@
+"""The gradient buckets of a wrapped module: persistent flat buffers, gradients as views of them.
+
+Parameters that take a gradient are bucketed in reverse registration order (the order
+backward tends to produce their gradients, as DDP does), a new bucket starting at a change of
+dtype or device or when the next parameter would take the bucket past ``cap_bytes``. Every
+rank builds the same plan from the same module; ``signature`` is what the ranks compare.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Sequence, Tuple
+
+import torch
+
+REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""Gradient dtypes the wrapper reduces (16-bit ones accumulate in float32)."""
+
+
+@dataclass
+class Bucket:
+    """One flat buffer and the parameters whose gradients live in it (``views``, in order)."""
+
+    index: int
+    flat: torch.Tensor
+    names: List[str]
+    params: List[torch.nn.Parameter]
+    views: List[torch.Tensor]
+    spans: List[Tuple[int, int]]
+    waiting: int = field(default=0, init=False)  # gradients not yet ready in this backward
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel() * self.flat.element_size()
+
+
+def plan(named: Sequence[Tuple[str, torch.nn.Parameter]], cap_bytes: int) -> List[List[int]]:
+    """Indices into ``named`` grouped into buckets: reverse order, one dtype and device per bucket."""
+    groups: List[List[int]] = []
+    size, key = 0, None
+    for index in reversed(range(len(named))):
+        param = named[index][1]
+        nbytes = param.numel() * param.element_size()
+        this = (param.dtype, param.device)
+        if not groups or this != key or (size + nbytes > cap_bytes and size > 0):
+            groups.append([])
+            size, key = 0, this
+        groups[-1].append(index)
+        size += nbytes
+    return groups
+
+
+def build(named: Sequence[Tuple[str, torch.nn.Parameter]], cap_bytes: int) -> List[Bucket]:
+    """The buckets of ``named``, each parameter's gradient becoming a view of its bucket (current
+    gradients kept; none: zeros)."""
+    buckets = []
+    for number, members in enumerate(plan(named, cap_bytes)):
+        first = named[members[0]][1]
+        flat = torch.zeros(sum(named[i][1].numel() for i in members), dtype=first.dtype, device=first.device)
+        bucket = Bucket(number, flat, [], [], [], [])
+        offset = 0
+        for i in members:
+            name, param = named[i]
+            view = flat[offset:offset + param.numel()].view_as(param)
+            if param.grad is not None:
+                view.copy_(param.grad)
+            param.grad = view
+            bucket.names.append(name)
+            bucket.params.append(param)
+            bucket.views.append(view)
+            bucket.spans.append((offset, offset + param.numel()))
+            offset += param.numel()
+        buckets.append(bucket)
+    return buckets
+
+
+def signature(buckets: Sequence[Bucket]) -> List[Tuple[int, str, Tuple[int, ...], str]]:
+    """What must be the same on every rank: each bucket's parameters, shapes and dtypes, in order."""
+    return [(bucket.index, name, tuple(param.shape), str(param.dtype))
+            for bucket in buckets for name, param in zip(bucket.names, bucket.params)]

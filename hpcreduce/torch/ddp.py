@@ -1,0 +1,123 @@
+"""``DistributedDataParallel``: torch DDP's interface over MPI ranks, reductions overlapping backward.
+
+    model = hpcreduce.torch.DistributedDataParallel(model)     # rank 0's weights everywhere
+    for x, y in shard:
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()                       # gradients averaged when it returns
+        optimizer.step()
+
+Construction (collective): every rank's parameters must bucket the same way (names, shapes,
+dtypes, bucket size, compression), else every rank raises ``InputMismatchError`` naming the
+first difference; then rank 0's parameters and buffers are broadcast. A rank spawned into a
+running elastic job (``context.joined``) skips both: the job's ``elastic.State`` sync gives
+it the values, and a collective of its own would wait for ranks that are not in it.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, List, Optional, Tuple
+
+import torch
+
+from ..collectives.broadcast import broadcast_tensor
+from ..collectives.validate import InputProblem, ProblemKind, agree, raise_local, stable_hash
+from ..runtime.context import resolve
+from .buckets import REDUCIBLE, build, plan
+from .parameters import broadcast_parameters
+from .reducer import Reducer, guard_optimizer_steps
+from .wire import COMPRESSIONS
+
+DEFAULT_BUCKET_CAP_MB = 25.0
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """Wrap ``module`` for data-parallel training over the ranks of ``comm`` (default: the
+    default context, whose communicator a recovery swaps underneath).
+
+    ``bucket_cap_mb``: the most bytes of gradients per bucket; ``compression``: None, "bf16"
+    or "fp16" (float32 gradients travel as 16 bits, sums in float32; bfloat16 and float16
+    gradients always do); ``check_finite``: raise ``TrainingError`` on every rank when a
+    reduced gradient holds a NaN or an Inf (one summing pass per bucket; pass False under
+    loss scaling); ``overlap``: reduce on a thread while backward goes on (needs
+    ``MPI_THREAD_MULTIPLE``; else, or False, at the end of backward); ``broadcast_buffers``:
+    rank 0's buffers before every forward, as DDP does."""
+
+    def __init__(self, module: torch.nn.Module, *, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, comm=None,
+                 compression: Optional[str] = None, check_finite: bool = True, overlap: bool = True,
+                 broadcast_buffers: bool = True):
+        super().__init__()
+        self.module = module
+        context = resolve(comm)
+        named = [(name, param) for name, param in module.named_parameters() if param.requires_grad]
+        cap = int(bucket_cap_mb * 2 ** 20)
+        problem = _problem(module, named, compression, cap)
+        layout = [(number, named[i][0], tuple(named[i][1].shape), str(named[i][1].dtype))
+                  for number, members in enumerate(plan(named, max(cap, 1))) for i in members]
+        if context.joined:
+            raise_local("DistributedDataParallel", problem, context.rank)
+        else:
+            agree(context, "DistributedDataParallel",
+                  [("buckets", stable_hash(layout), lambda: layout),
+                   ("bucket_cap_mb, compression", stable_hash([cap, compression]), lambda: [cap, compression])],
+                  problem)
+            broadcast_parameters(module, comm=context)
+        self.comm = comm
+        self.broadcast_buffers = broadcast_buffers and any(True for _ in module.buffers())
+        self._named = named
+        self._shapes = [param.shape for _, param in named]
+        self.reducer = Reducer(build(named, cap), comm=comm, compression=compression, check_finite=check_finite,
+                               overlap=overlap)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._check_parameters()
+        if self.broadcast_buffers and self.reducer.syncing:
+            context = resolve(self.comm)
+            for buffer in self.module.buffers():
+                with torch.no_grad():
+                    broadcast_tensor(context, buffer, 0)
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backwards inside accumulate gradients in place without reducing them; the first
+        backward after it reduces what accumulated."""
+        before, self.reducer.syncing = self.reducer.syncing, False
+        try:
+            yield
+        finally:
+            self.reducer.syncing = before
+
+    def wire_bytes(self) -> int:
+        """Bytes this rank sends per synchronised step (all buckets)."""
+        return self.reducer.wire_bytes()
+
+    def _check_parameters(self) -> None:
+        """A parameter replaced or reshaped since wrapping goes to the reduction as NaN (every rank stops)."""
+        current = [param for param in self.module.parameters() if param.requires_grad]
+        if len(current) == len(self._named) and all(
+                now is then and now.shape == shape for now, (_, then), shape in zip(current, self._named, self._shapes)):
+            return
+        for (name, then), shape in zip(self._named, self._shapes):
+            owner, _, leaf = name.rpartition(".")
+            now = getattr(self.module.get_submodule(owner) if owner else self.module, leaf, None)
+            if now is not then or now.shape != shape:
+                self.reducer.note_problem(name, "it was replaced or changed shape after wrapping "
+                                                "(wrap the module after its last change)")
+
+def _problem(module: torch.nn.Module, named: List[Tuple[str, torch.nn.Parameter]], compression: Optional[str],
+             cap: int) -> Optional[InputProblem]:
+    """What this rank cannot wrap: a dtype, a sparse-gradient layer, a compression, a bucket size."""
+    reasons = [f"parameter {name!r} is {param.dtype} (reducible: {', '.join(map(str, REDUCIBLE))})"
+               for name, param in named if param.dtype not in REDUCIBLE]
+    reasons += [f"module {name!r} makes sparse gradients (sparse=True; use a dense one, or the parameter "
+                f"server's rows)" for name, sub in module.named_modules() if getattr(sub, "sparse", False) is True]
+    if compression is not None and compression not in COMPRESSIONS:
+        reasons.append(f"compression {compression!r} is not one of None, {', '.join(map(repr, COMPRESSIONS))}")
+    if cap <= 0:
+        reasons.append(f"bucket_cap_mb must be above 0, got {cap / 2 ** 20:g}")
+    if not named:
+        reasons.append("the module has no parameter that takes a gradient")
+    return InputProblem(ProblemKind.UNUSABLE_ARRAY, "; ".join(reasons)) if reasons else None
+
+
+guard_optimizer_steps()
