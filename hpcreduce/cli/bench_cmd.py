@@ -16,6 +16,7 @@ from ..benchmarks import recovery as recovery_bench
 from ..benchmarks import scaling as scaling_bench
 from ..benchmarks import soak as soak_bench
 from ..benchmarks import stragglers as stragglers_bench
+from ..benchmarks import torch_ddp as torch_bench
 from ..runtime.files import write_json
 from .bench_flags import FLAGS, PROBLEMS
 from .checks import launch_problems, output_problems, refuse, setting_problems
@@ -23,7 +24,7 @@ from .flags import flag_names
 from .ranks import add_rank_options, outside_mpi, relaunch
 
 BENCHMARKS = (allreduce_bench, ps_bench, ps_memory_bench, scaling_bench, recovery_bench, stragglers_bench,
-              soak_bench)
+              soak_bench, torch_bench)
 
 
 def register(subcommands) -> None:

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 from typing import Callable, Dict, List, Sequence
 
-from ..benchmarks import allreduce, ps, ps_memory, recovery, scaling, soak, soak_plan, stragglers
+from ..benchmarks import allreduce, ps, ps_memory, recovery, scaling, soak, soak_plan, stragglers, torch_ddp
 from ..benchmarks.timing import sizes_argument
 from ..runtime.environment import detect_launcher
 from ..runtime.files import path_problem
@@ -105,6 +106,23 @@ def ps_memory_flags(parser: argparse.ArgumentParser) -> None:
                         help="logreg table rows R to compare, powers of two (default 1M,64M)")
     parser.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
     launcher_flags(parser, timeout=900)
+
+
+def torch_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", default="mlp,cnn", help="models to time, comma-separated (mlp, cnn)")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                        help="bucket size of both DDPs in MB (default 25, torch DDP's)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
+    parser.add_argument("--iterations", type=int, default=30, help="timed rounds (default 30)")
+
+
+def torch_problems(args: argparse.Namespace) -> List[str]:
+    unknown = sorted(set(args.models.split(",")) - {"mlp", "cnn"})
+    problems = [f"--models: unknown model(s) {', '.join(unknown)} (known: mlp, cnn)"] if unknown else []
+    if importlib.util.find_spec("torch") is None:
+        problems.append("bench torch needs torch: pip install 'hpcreduce[torch]'")
+    return problems + at_least(args, 1, "--warmup", "--iterations") + \
+        ([] if args.bucket_cap_mb > 0 else [f"--bucket-cap-mb must be above 0, got {args.bucket_cap_mb:g}"])
 
 
 def launcher_flags(parser: argparse.ArgumentParser, *, timeout: float) -> None:
@@ -256,9 +274,10 @@ def _outside_jobs(name: str) -> List[str]:
 FLAGS: Dict[str, Callable[[argparse.ArgumentParser], None]] = {
     allreduce.NAME: allreduce_flags, ps.NAME: ps_flags, scaling.NAME: scaling_flags, recovery.NAME: recovery_flags,
     stragglers.NAME: stragglers_flags, ps_memory.NAME: ps_memory_flags, soak.NAME: soak_flags,
+    torch_ddp.NAME: torch_flags,
 }
 PROBLEMS: Dict[str, Callable[[argparse.Namespace], List[str]]] = {
     allreduce.NAME: allreduce_problems, ps.NAME: ps_problems, scaling.NAME: scaling_problems,
     recovery.NAME: recovery_problems, stragglers.NAME: stragglers_problems, ps_memory.NAME: ps_memory_problems,
-    soak.NAME: soak_problems,
+    soak.NAME: soak_problems, torch_ddp.NAME: torch_problems,
 }

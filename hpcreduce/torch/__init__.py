@@ -1,40 +1,26 @@
 """PyTorch interop (``pip install 'hpcreduce[torch]'``): data-parallel torch models over MPI ranks.
 
     import hpcreduce.torch as hpt
-    hpt.broadcast_parameters(model)          # every rank starts from rank 0's weights
+    model = hpt.DistributedDataParallel(model)     # torch DDP's interface: rank 0's weights everywhere
     for x, y in my_shard:
         optimizer.zero_grad()
-        loss_fn(model(x), y).backward()
-        hpt.allreduce_gradients(model)       # mean gradient over all ranks, in place
+        loss_fn(model(x), y).backward()          # buckets reduced while backward goes on
         optimizer.step()
 
-or with parameter servers (the servers run hpcreduce's optimizer, see docs/parameter-server.md):
-
-    role = hpt.start_parameter_server(model, servers=1, optimizer="sgd", lr=0.1)
-    if isinstance(role, hpcreduce.ps.Server):
-        role.serve()
-    else:
-        for x, y in my_shard:
-            role.pull()                      # the servers' parameters into the model
-            model.zero_grad(); loss_fn(model(x), y).backward()
-            role.push()                      # gradients to the servers
-            role.clock()
-        role.release()
-
+``DistributedDataParallel`` (``ddp``): gradients live in persistent buckets (reverse
+registration order); each bucket's mean is started from autograd hooks as soon as its last
+gradient is ready and runs on a reduction thread (``reducer``, ``comm_thread``), at full
+precision or 16 bits on the wire with float32 sums (``wire``); every reduced bucket gets a
+one-pass NaN/Inf check (``finite``); ``no_sync()`` accumulates. Without the wrapper:
+``allreduce_gradients(model)`` after ``backward()`` (one ``allreduce_many``, after one summing
+pass per gradient for ``check_finite``; ``bucket_gradients(model)`` first keeps gradients in
+persistent fusion buffers), ``broadcast_parameters(model)`` (a small signature check, then one
+``MPI_Bcast`` per tensor), and parameter servers (``start_parameter_server``: ``pull``/``push``,
+one PS request per parameter, all in flight together; see docs/parameter-server.md).
 Tensors are not copied where it can be helped: a CPU tensor is reduced through its numpy
-view (``tensor.numpy()`` shares its memory), a CUDA tensor through a cupy view
-(DLPack, zero-copy; needs cupy). Every rank must pass the same parameters in the same
-order; a parameter without a gradient counts as zeros (as Horovod does). Bad input
-(different models on different ranks, a dtype hpcreduce does not reduce, sparse or
-non-finite gradients, a root outside the communicator) raises on every rank, naming the
-parameters and ranks, before any data moves.
-Cost: ``allreduce_gradients`` is one ``allreduce_many`` of all gradients (see
-docs/algorithms.md) after one ``isfinite`` pass over them (``check_finite``); after
-``bucket_gradients(model)`` the gradients live in persistent fusion buffers and are reduced
-there, with no copy in or out;
-``broadcast_parameters`` one small allreduce (the root), one small pickled signature
-broadcast and an allgather of verdicts, then one ``MPI_Bcast`` per tensor (any dtype, as bytes);
-``pull``/``push``: one PS pull or push per parameter, all in flight together.
+view, a CUDA tensor through a cupy view (DLPack; staged through host memory unless MPI is
+CUDA-aware). Bad input (different models on different ranks, a dtype hpcreduce does not
+reduce, sparse or non-finite gradients) raises on every rank, naming the parameter.
 """
 from .ddp import DistributedDataParallel
 from .gradients import allreduce_gradients, bucket_gradients

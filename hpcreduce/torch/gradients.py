@@ -2,6 +2,7 @@
 fusion buffers (``bucket_gradients``, DDP's ``gradient_as_bucket_view``)."""
 from __future__ import annotations
 
+import math
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -89,14 +90,15 @@ def restore_view(param: torch.Tensor, view: torch.Tensor) -> None:
 
 
 def all_finite(tensors: Sequence[torch.Tensor]) -> List[bool]:
-    """Whether each tensor is free of NaN and Inf, read back once per device (not once per
-    tensor: each read of a CUDA result waits for the GPU)."""
+    """Whether each tensor is free of NaN and Inf: one summing pass per tensor (a NaN or an Inf
+    survives a sum; a sum that overflowed is looked at closely), read back once per device."""
     finite = [True] * len(tensors)
     by_device: Dict[torch.device, List[int]] = {}
     for index, tensor in enumerate(tensors):
         by_device.setdefault(tensor.device, []).append(index)
     for indices in by_device.values():
-        flags = torch.stack([torch.isfinite(tensors[i]).all() for i in indices]).tolist()
-        for index, flag in zip(indices, flags):
-            finite[index] = bool(flag)
+        sums = torch.stack([torch.sum(tensors[i], dtype=torch.float64 if tensors[i].dtype == torch.float64
+                                      else torch.float32) for i in indices]).tolist()
+        for index, total in zip(indices, sums):
+            finite[index] = math.isfinite(total) or bool(torch.isfinite(tensors[index]).all())
     return finite

@@ -1,0 +1,111 @@
+"""The models and the per-step candidates of ``hpcreduce bench torch``, each on its own copy of the model.
+
+A candidate is one training step (zero_grad, forward, backward, the gradient mean, SGD step)
+on the same batch every call: ``compute`` (no communication), ``torch_ddp`` (torch's
+DistributedDataParallel over gloo, the peer), ``hpcreduce_ddp`` (the wrapper, reductions on
+the reduction thread), ``hpcreduce_ddp_no_overlap`` (the same, reduced at the end of backward),
+``hpcreduce_ddp_bf16`` (16-bit wire), ``allreduce_gradients`` (after backward) and
+``mpi4py_loop`` (one ``MPI_Allreduce`` per gradient after backward, the plain loop).
+"""
+from __future__ import annotations
+
+import socket
+from typing import Callable, Dict, Tuple
+
+import torch
+from mpi4py import MPI
+
+import hpcreduce.torch as hpt
+
+Step = Callable[[], None]
+
+
+def mlp() -> torch.nn.Module:
+    """Six 512-wide linear layers (6.3 MB of float32 gradients)."""
+    layers = []
+    for index in range(6):
+        layers += [torch.nn.Linear(512, 512)] + ([torch.nn.ReLU()] if index < 5 else [])
+    return torch.nn.Sequential(*layers)
+
+
+def cnn() -> torch.nn.Module:
+    """Four 3x3 convolutions and two linear layers on 32x32 images (backward longer than its reduction)."""
+    def conv(inputs: int, outputs: int) -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Conv2d(inputs, outputs, 3, padding=1), torch.nn.ReLU())
+    return torch.nn.Sequential(conv(3, 16), conv(16, 32), torch.nn.MaxPool2d(2), conv(32, 64), torch.nn.MaxPool2d(2),
+                               conv(64, 64), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                               torch.nn.Linear(64 * 4 * 4, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+
+MODELS = {"mlp": (mlp, lambda g, batch: torch.randn(batch, 512, generator=g), 512),
+          "cnn": (cnn, lambda g, batch: torch.randn(batch, 3, 32, 32, generator=g), 10)}
+
+
+def batch_of(model: str, batch: int, rank: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """This rank's fixed batch for ``model``."""
+    _, inputs, classes = MODELS[model]
+    g = torch.Generator().manual_seed(rank + 1)
+    return inputs(g, batch), torch.randint(0, classes, (batch,), generator=g)
+
+
+def start_gloo(comm: MPI.Intracomm) -> None:
+    """torch.distributed over gloo on the same ranks (rank 0's address and a free port, sent by MPI)."""
+    if torch.distributed.is_initialized():
+        return
+    address = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        same_node = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size() == comm.Get_size()
+        address = ("127.0.0.1" if same_node else socket.gethostbyname(socket.gethostname()), port)
+    else:
+        comm.Split_type(MPI.COMM_TYPE_SHARED)
+    host, port = comm.bcast(address, root=0)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=comm.Get_rank(),
+                                         world_size=comm.Get_size())
+
+
+def candidates(model: str, comm: MPI.Intracomm, batch: int, initial: Dict[str, torch.Tensor],
+               cap_mb: float) -> Tuple[Dict[str, Step], Dict[str, torch.nn.Module], Dict[str, int]]:
+    """Every candidate's step, the module each trains (all start from ``initial``) and the bytes
+    each wrapper sends per step."""
+    x, y = batch_of(model, batch, comm.Get_rank())
+    size = comm.Get_size()
+    steps: Dict[str, Step] = {}
+    modules: Dict[str, torch.nn.Module] = {}
+    wire: Dict[str, int] = {}
+
+    def fresh() -> torch.nn.Module:
+        module = MODELS[model][0]()
+        module.load_state_dict(initial)
+        return module
+
+    def add(name: str, wrapped: torch.nn.Module, params: torch.nn.Module, after: Callable[[], None] = lambda: None):
+        optimizer = torch.optim.SGD(params.parameters(), lr=0.01)
+
+        def step() -> None:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(wrapped(x), y).backward()
+            after()
+            optimizer.step()
+        steps[name], modules[name] = step, params
+
+    add("compute", plain := fresh(), plain)
+    module = fresh()
+    add("torch_ddp", torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=cap_mb), module)
+    for name, options in (("hpcreduce_ddp", {}), ("hpcreduce_ddp_no_overlap", {"overlap": False}),
+                          ("hpcreduce_ddp_bf16", {"compression": "bf16"})):
+        module = fresh()
+        wrapped = hpt.DistributedDataParallel(module, bucket_cap_mb=cap_mb, **options)
+        add(name, wrapped, module)
+        wire[name] = wrapped.wire_bytes()
+    module = fresh()
+    add("allreduce_gradients", module, module, lambda m=module: hpt.allreduce_gradients(m))
+    module = fresh()
+
+    def loop(m: torch.nn.Module = module) -> None:
+        for param in m.parameters():
+            comm.Allreduce(MPI.IN_PLACE, param.grad.numpy(), op=MPI.SUM)
+            param.grad.div_(size)
+    add("mpi4py_loop", module, module, loop)
+    return steps, modules, wire
