@@ -6,7 +6,8 @@ in turn, interleaved round by round, one torch thread per rank, the same batch a
 starting parameters: median step times, each relative to torch DDP's and to the plain loop's,
 and the share of the plain loop's communication (its step minus ``compute``) that the
 wrapper hides. Then torch DDP and the wrapper train 30 steps more from the same parameters:
-the largest parameter difference (target: 1e-6). Bytes each rank sends per step are the
+the largest parameter difference (target: 1e-6). The NaN/Inf check's cost is the step with
+it against the same wrapper without it. Bytes each rank sends per step are the
 wrapper's own count (float32 and bf16 wires).
 """
 from __future__ import annotations
@@ -48,11 +49,14 @@ def derived(medians: Dict[str, float]) -> Dict[str, float]:
     """Ratios to the peers and the share of the loop's communication the wrapper hides."""
     loop_comm = medians["mpi4py_loop"] - medians["compute"]
     out = {}
-    for name in ("hpcreduce_ddp", "hpcreduce_ddp_no_overlap", "hpcreduce_ddp_bf16", "allreduce_gradients",
-                 "mpi4py_loop"):
+    for name in medians:
+        if name in ("compute", "torch_ddp"):
+            continue
         out[f"{name}_vs_torch_ddp"] = medians[name] / medians["torch_ddp"]
         out[f"{name}_vs_loop"] = medians[name] / medians["mpi4py_loop"]
     exposed = medians["hpcreduce_ddp"] - medians["compute"]
+    out["check_share_of_step"] = 1 - medians["hpcreduce_ddp_no_check"] / medians["hpcreduce_ddp"]
+    out["allreduce_gradients_check_share"] = 1 - medians["allreduce_gradients_no_check"] / medians["allreduce_gradients"]
     out["hidden_share_of_loop_comm"] = 1 - exposed / loop_comm if loop_comm > 0 else float("nan")
     return out
 
@@ -84,6 +88,8 @@ def render(result: Dict[str, object]) -> str:
         sent = row["bytes_sent_per_step"]
         lines.append(f"  bytes each rank sends per step: {sent['hpcreduce_ddp'] / 2 ** 20:.2f} MiB (float32 wire), "
                      f"{sent['hpcreduce_ddp_bf16'] / 2 ** 20:.2f} MiB (bf16 wire)")
+        lines.append(f"  the NaN/Inf check's share of the step: {row['check_share_of_step']:.3f} (wrapper), "
+                     f"{row['allreduce_gradients_check_share']:.3f} (allreduce_gradients)")
         lines.append(f"  share of the loop's communication hidden by the wrapper: {row['hidden_share_of_loop_comm']:.2f}; "
                      f"largest parameter difference vs torch DDP after 30 steps: "
                      f"{row['max_difference_vs_torch_ddp']:.2e}")

@@ -4,7 +4,8 @@ A candidate is one training step (zero_grad, forward, backward, the gradient mea
 on the same batch every call: ``compute`` (no communication), ``torch_ddp`` (torch's
 DistributedDataParallel over gloo, the peer), ``hpcreduce_ddp`` (the wrapper, reductions on
 the reduction thread), ``hpcreduce_ddp_no_overlap`` (the same, reduced at the end of backward),
-``hpcreduce_ddp_bf16`` (16-bit wire), ``allreduce_gradients`` (after backward) and
+``hpcreduce_ddp_no_check`` (no NaN/Inf check), ``hpcreduce_ddp_bf16`` (16-bit wire),
+``allreduce_gradients`` (after backward; ``_no_check`` without its NaN/Inf check) and
 ``mpi4py_loop`` (one ``MPI_Allreduce`` per gradient after backward, the plain loop).
 """
 from __future__ import annotations
@@ -94,6 +95,7 @@ def candidates(model: str, comm: MPI.Intracomm, batch: int, initial: Dict[str, t
     module = fresh()
     add("torch_ddp", torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=cap_mb), module)
     for name, options in (("hpcreduce_ddp", {}), ("hpcreduce_ddp_no_overlap", {"overlap": False}),
+                          ("hpcreduce_ddp_no_check", {"check_finite": False}),
                           ("hpcreduce_ddp_bf16", {"compression": "bf16"})):
         module = fresh()
         wrapped = hpt.DistributedDataParallel(module, bucket_cap_mb=cap_mb, **options)
@@ -101,6 +103,9 @@ def candidates(model: str, comm: MPI.Intracomm, batch: int, initial: Dict[str, t
         wire[name] = wrapped.wire_bytes()
     module = fresh()
     add("allreduce_gradients", module, module, lambda m=module: hpt.allreduce_gradients(m))
+    module = fresh()
+    add("allreduce_gradients_no_check", module, module,
+        lambda m=module: hpt.allreduce_gradients(m, check_finite=False))
     module = fresh()
 
     def loop(m: torch.nn.Module = module) -> None:

@@ -146,6 +146,8 @@ class Reducer:
                 ready.synchronize()
             try:
                 wire.reduce(comm)
+                if ready is not None:
+                    torch.cuda.current_stream(bucket.flat.device).synchronize()
             except MPI.Exception:
                 if resolve(self.comm_arg).ft:
                     comm.Revoke()  # peers still waiting in this bucket's reduction learn of it

@@ -3,7 +3,8 @@
 On this launch's path (HPCREDUCE_CUDA_AWARE=0: staged through host copies; CUDA-aware MPI:
 device memory handed to MPI): ``broadcast_parameters`` gives every rank rank 0's CUDA
 parameters bit for bit; ``allreduce_gradients`` averages CUDA gradients in place to the
-CPU computation's values; the PS adapter pulls into and pushes from CUDA parameters and
+CPU computation's values, and so does ``DistributedDataParallel`` (float32, a bf16 wire, a
+bfloat16 model); the PS adapter pulls into and pushes from CUDA parameters and
 matches full-batch gradient descent computed on the CPU. GPU_TEST_PATH as gpu_allreduce.py.
 """
 import os
@@ -61,6 +62,20 @@ for (name, got), want in zip(on_gpu.named_parameters(), on_cpu.parameters()):
     check(got.grad.is_cuda, f"gradients: {name}'s gradient left the GPU")
     difference = float((got.grad.cpu() - want.grad).abs().max() / want.grad.abs().max())
     check(difference < 1e-5, f"gradients: {name} differs from the CPU's by {difference:.2e}")
+
+for compression, dtype, tolerance in ((None, torch.float32, 1e-5), ("bf16", torch.float32, 2e-2),
+                                     (None, torch.bfloat16, 3e-2)):
+    torch.manual_seed(5)
+    reference = torch.nn.Linear(FEATURES, OUTPUTS)
+    wrapped = torch.nn.Linear(FEATURES, OUTPUTS).to(device, dtype)
+    wrapped.load_state_dict(reference.state_dict())
+    ddp = hpt.DistributedDataParallel(wrapped, bucket_cap_mb=1e-4, compression=compression)
+    ((ddp(x_all[shard].to(device, dtype)) - y_all[shard].to(device, dtype)) ** 2).mean().backward()
+    ((reference(x_all) - y_all) ** 2).mean().backward()
+    for (name, got), want in zip(wrapped.named_parameters(), reference.parameters()):
+        check(got.grad.is_cuda and got.grad.dtype == dtype, f"DDP {compression} {dtype}: {name}'s gradient moved")
+        difference = float((got.grad.float().cpu() - want.grad).abs().max() / want.grad.abs().max())
+        check(difference < tolerance, f"DDP {compression} {dtype}: {name} differs from the CPU's by {difference:.2e}")
 
 torch.manual_seed(11)
 start = torch.nn.Linear(FEATURES, OUTPUTS)
