@@ -40,7 +40,7 @@ def _host() -> str:
 
 
 @contextmanager
-def _as_output_error(path: str) -> Iterator[None]:
+def as_output_error(path: str) -> Iterator[None]:
     """An OSError in the block becomes an OutputFileError naming ``path`` (and where it leads)."""
     try:
         yield
@@ -110,7 +110,7 @@ def _text(mode: str) -> dict:
 def atomic_file(path: str, mode: str = "w") -> Iterator[IO]:
     """Write ``path`` as the module docstring says; ``mode``: ``"w"`` (UTF-8 text) or ``"wb"``."""
     target = os.path.realpath(path)
-    with _as_output_error(path):
+    with as_output_error(path):
         if written_through(path):
             with _open_through(path, mode, **_text(mode)) as out:
                 yield out
@@ -155,7 +155,7 @@ class LineStream:
 
     def __init__(self, path: str, *, fresh: bool):
         self.path = path
-        with _as_output_error(path):
+        with as_output_error(path):
             through = written_through(path)
             if not through:
                 _make_folders(path)
@@ -165,7 +165,7 @@ class LineStream:
     def write_line(self, line: str) -> None:
         """Write ``line`` and a newline (flushed); a failure closes the stream and raises."""
         try:
-            with _as_output_error(self.path):
+            with as_output_error(self.path):
                 self._out.write(line + "\n")
         except OutputFileError:
             self.abandon()
@@ -174,7 +174,7 @@ class LineStream:
     def close(self) -> None:
         if self._out is not None:
             out, self._out = self._out, None
-            with _as_output_error(self.path):
+            with as_output_error(self.path):
                 out.close()
 
     def abandon(self) -> None:
