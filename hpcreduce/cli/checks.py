@@ -60,7 +60,8 @@ def growth_slots_problem(args: argparse.Namespace, grown: int) -> Optional[str]:
     """Growth by ``grown`` ranks past --hostfile's slots: a hostfile says how many ranks its
     hosts take, so spawning past them is refused unless ``HPCREDUCE_SPAWN_INFO`` is set to
     allow ``oversubscribe`` (its default allows it only for runs without a hostfile)."""
-    if not (grown and args.hostfile) or (SPAWN_INFO.is_set() and "oversubscribe" in SPAWN_INFO.value()):
+    if not (grown and args.hostfile) or (SPAWN_INFO.is_set() and SPAWN_INFO.problem() is None
+                                         and any("oversubscribe" in value for _, value in SPAWN_INFO.value())):
         return None
     try:
         slots = hostfile_slots(args.hostfile)
