@@ -28,7 +28,7 @@ _EXPORTS = {
         "HpcreduceError", "InputMismatchError", "UnsupportedInputError", "ConfigurationError",
         "CheckpointMismatchError", "FaultToleranceUnavailableError", "LaunchError",
         "DeadlineExceededError", "GpuUnavailableError", "ModelError", "TrainingError",
-        "OutputFileError", "PSConfigError", "PSInputError", "PSRefusedError", "PSTrainingError",
+        "OutputFileError", "InputFileError", "PSConfigError", "PSInputError", "PSRefusedError", "PSTrainingError",
         "PlottingUnavailableError", "UnknownResultError")},
 }
 

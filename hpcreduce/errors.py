@@ -191,6 +191,15 @@ class OutputFileError(HpcreduceError, RuntimeError):
     """
 
 
+class InputFileError(HpcreduceError, ValueError):
+    """A file hpcreduce reads is missing, truncated or damaged (a shard of ``--data``, a model
+    folder's shard or manifest); the message names the file and what is wrong with it.
+
+    Nothing was written from it. In training it stops the run with ``TrainingError`` on every
+    rank, naming the rank and the file. Restore or rewrite the file and rerun.
+    """
+
+
 class CheckpointMismatchError(ConfigurationError):
     """The checkpoint folder holds checkpoints of another run (another model, seed, batch,
     optimizer...); the message names the first difference. Nothing was restored.

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Mapping
 import numpy as np
 
 from .errors import PlottingUnavailableError
+from .runtime.files import atomic_file
 
 COLORS = {"ring": "tab:blue", "ps": "tab:orange"}
 
@@ -33,10 +34,13 @@ def pyplot():
 
 
 def save(figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """``figure`` as a PNG at ``path``, replaced whole like every output (``OutputFileError`` naming it)."""
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    pyplot().close(figure)
+    try:
+        with atomic_file(str(path), "wb") as out:
+            figure.savefig(out, dpi=100, format="png")
+    finally:
+        pyplot().close(figure)
     return path
 
 

@@ -48,6 +48,8 @@ def test_train_refuses_every_bad_flag_at_once_before_launching(tmp_path):
     ({"HPCREDUCE_DEADLINE": "abc"}, "HPCREDUCE_DEADLINE='abc' is not a number of seconds"),
     ({"HPCREDUCE_FUSION_BYTES": "abc"}, "HPCREDUCE_FUSION_BYTES='abc' is not a number of bytes"),
     ({"HPCREDUCE_AUTO_TABLE": "inf:bogus"}, "HPCREDUCE_AUTO_TABLE='inf:bogus' is not a table"),
+    ({"HPCREDUCE_SPAWN_INFO": "map_by"}, "HPCREDUCE_SPAWN_INFO='map_by' is not spawn info as key=value;key=value "
+                                         "('map_by' needs a key and a value"),  # MPI refused it at the first growth
 ])
 def test_bad_settings_are_refused_like_flags(env, message):
     assert_refused(hpcreduce_cli("train", "-n", "2", timeout=60, env=env), message)

@@ -3,7 +3,10 @@
 PS workers die or join, under real mpirun with a SIGKILL."""
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -194,3 +197,51 @@ def test_a_broken_data_directory_is_refused_once_with_status_2_from_the_launcher
     plan = build_mpirun(2, [sys.executable, "-m", "hpcreduce", "train", "--data", str(tmp_path)])
     job = run_job(plan.argv, timeout=60, env=plan.env)
     assert job.returncode == 2 and job.output.count(f"--data {tmp_path}: has no manifest.json") == 1, job
+
+
+CUT_WHILE_READ = """
+import os, sys
+import numpy as np
+from hpcreduce.errors import InputFileError
+from hpcreduce.train.data_dir import DirDataset, shard_file
+data = DirDataset(sys.argv[1], ("ids", "label"))
+data.batch("train", np.arange(0, 10))  # shard 0 mapped
+os.truncate(os.path.join(sys.argv[1], shard_file("train", 0, "ids")), 1000)  # a read past the end: SIGBUS
+os.truncate(os.path.join(sys.argv[1], shard_file("train", 3, "label")), 100)  # not mapped yet
+for first in (0, 3 * 143):
+    try:
+        data.batch("train", np.arange(first, first + 10))
+    except InputFileError as err:
+        print(err)
+"""
+
+
+def test_a_shard_cut_while_the_run_reads_it_is_named_not_a_sigbus(written, tmp_path):
+    _, path = written
+    copy = broken_copy(path, tmp_path, "cut", lambda d: None)
+    job = run_job([sys.executable, "-c", CUT_WHILE_READ, copy], timeout=60)
+    assert job.returncode == 0, job
+    cut, unmapped = job.output.strip().splitlines()
+    assert cut.startswith(f"data shard file {copy}/train-00000.ids.npy was cut to 1000 bytes while the run read it")
+    assert unmapped.startswith(f"data directory {copy}: shard file train-00003.label.npy is not a readable .npy")
+
+
+def test_a_shard_cut_during_training_stops_every_rank_naming_it(tmp_path):
+    data = tmp_path / "ctr"
+    assert hpcreduce_cli("data", "write", str(data), "--examples", "4000", "--shards", "4", timeout=60).returncode == 0
+    metrics = tmp_path / "metrics.jsonl"
+    job = [sys.executable, "-m", "hpcreduce", "train", "-n", "2", "--data", str(data), "--steps", "2000",
+           "--batch", "64", "--quiet", "--metrics", str(metrics)]
+    process = subprocess.Popen(job, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2) and process.poll() is None:
+            time.sleep(0.05)
+        for shard in range(4):  # every shard the next batches touch, mapped or not
+            os.truncate(data / shard_file("train", shard, "ids"), 200)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 1 and "Traceback" not in output and "SIGBUS" not in output, output
+    stopped = [line for line in output.splitlines() if "training stopped at step" in line]
+    assert len(stopped) == 2 and all(f"{data}" in line and "train-0000" in line for line in stopped), output

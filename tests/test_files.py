@@ -152,10 +152,10 @@ def test_identity_problem_names_the_first_difference(tmp_path):
 
 def test_folder_problem(tmp_path):
     (tmp_path / "file").write_text("x")
-    assert checkpoint.folder_problem(str(tmp_path / "file")) == "is a file, not a folder"
-    assert checkpoint.folder_problem(str(tmp_path / "file" / "sub")).startswith("cannot be created:")
-    assert checkpoint.folder_problem(str(tmp_path / "new" / "deeper")) is None
-    assert checkpoint.folder_problem(str(tmp_path)) is None
+    assert files.folder_problem(str(tmp_path / "file")) == "is a file, not a folder"
+    assert files.folder_problem(str(tmp_path / "file" / "sub")).startswith("cannot be created:")
+    assert files.folder_problem(str(tmp_path / "new" / "deeper")) is None
+    assert files.folder_problem(str(tmp_path)) is None
     with pytest.raises(OutputFileError, match="ckpt-000000001.npz"):
         _save(tmp_path / "file", 1)
 

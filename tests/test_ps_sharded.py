@@ -114,6 +114,15 @@ def test_cli_refuses_bad_table_rows_and_export_input():
     assert missing.returncode == 2 and "is not a folder" in missing.output, missing
 
 
+def test_a_ring_model_too_large_for_the_node_is_refused_on_every_rank_before_allocating():
+    # each rank would hold 16 B a row (weight, Adagrad's accumulator, the gradient, its buffer): past the node's memory
+    rows = 1 << (available_bytes() // 16).bit_length()
+    job = hpcreduce_cli("train", "-n", "2", "--table-rows", str(rows), "--steps", "3", timeout=60)
+    assert job.returncode == 1 and "Traceback" not in job.output, job
+    assert job.output.count("does not fit the ranks' memory: the 2 rank(s) on node") == 2, job.output
+    assert f"would hold {2 * 16 * rows / (1 << 30):.2f} GiB" in job.output and "--mode ps" in job.output, job.output
+
+
 def test_a_checkpoint_of_three_shards_restores_into_two_exports_whole_and_refuses_another_model(tmp_path):
     from hpcreduce.train.ps.shard_checkpoints import foreign_problem, load_states, restore, save_shard
     from hpcreduce.train.ps.export import whole_model

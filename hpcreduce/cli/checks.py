@@ -11,11 +11,11 @@ from typing import List, Mapping, Optional, Sequence
 from ..collectives.allreduce import CHECK
 from ..collectives.fusion import FUSION_BYTES
 from ..collectives.selection import TABLE
-from ..errors import LaunchError, Problem, worded
+from ..errors import LaunchError, Problem, SettingProblem, worded
 from ..ft.inject import ATTEMPT, KILL_LOG
 from ..ft.watchdog import DEADLINE
 from ..runtime import settings
-from ..runtime.files import path_problem
+from ..runtime.places import Place, place_problems
 from ..runtime.launch import DONE_FILE, hostfile_slots, unknown_hosts
 from ..runtime.spawn import SPAWN_INFO
 
@@ -50,21 +50,18 @@ def launch_problems(args: argparse.Namespace) -> List[str]:
     return found
 
 
-def output_problems(paths: Mapping[str, Optional[str]]) -> List[str]:
-    """The files that could not be written, by flag (``{"--json": path}``); unset ones skipped."""
-    found = []
-    for flag, path in paths.items():
-        why = path_problem(path) if path else None
-        if why:
-            found.append(f"{flag} {path}: {why}")
-    return found
+def output_problems(paths: Mapping[str, Optional[str]]) -> List[SettingProblem]:
+    """The files that could not be written, by flag (``{"--json": path}``), or that name one
+    file (``runtime.places``); unset ones skipped."""
+    return place_problems([Place(flag, path) for flag, path in paths.items()])
 
 
 def growth_slots_problem(args: argparse.Namespace, grown: int) -> Optional[str]:
     """Growth by ``grown`` ranks past --hostfile's slots: a hostfile says how many ranks its
     hosts take, so spawning past them is refused unless ``HPCREDUCE_SPAWN_INFO`` is set to
     allow ``oversubscribe`` (its default allows it only for runs without a hostfile)."""
-    if not (grown and args.hostfile) or (SPAWN_INFO.is_set() and "oversubscribe" in SPAWN_INFO.value()):
+    if not (grown and args.hostfile) or (SPAWN_INFO.is_set() and SPAWN_INFO.problem() is None
+                                         and any("oversubscribe" in value for _, value in SPAWN_INFO.value())):
         return None
     try:
         slots = hostfile_slots(args.hostfile)

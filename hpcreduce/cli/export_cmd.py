@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
+from typing import List
+
+from ..errors import Problem
+from .checks import refuse
 
 
 def register(subcommands) -> None:
@@ -21,14 +24,11 @@ def register(subcommands) -> None:
 
 
 def run(args: argparse.Namespace, argv) -> int:
-    from ..runtime.files import path_problem
-    problems = [] if os.path.isdir(args.directory) else [f"DIR {args.directory} is not a folder"]
-    why = path_problem(args.out)
-    problems += [f"--out {args.out}: {why}"] if why else []
+    from ..runtime.places import Place, place_problems
+    problems: List[Problem] = [] if os.path.isdir(args.directory) else [f"DIR {args.directory} is not a folder"]
+    problems += place_problems([Place("DIR", args.directory, folder=True, output=False), Place("--out", args.out)])
     if problems:
-        for problem in problems:
-            print(f"hpcreduce export: {problem}", file=sys.stderr)
-        return 2
+        return refuse("export", problems)
     from ..train.ps.export import whole_model, write_whole
     params, about = whole_model(args.directory)
     write_whole(args.out, params)

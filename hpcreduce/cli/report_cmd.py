@@ -6,8 +6,10 @@ What is drawn depends on the file:
 - ``hpcreduce bench allreduce --json``: allreduce_busbw.png (busbw against message size);
 - ``hpcreduce bench scaling`` (scaling.json): scaling.png, and nodes.png (the two-link model).
 
-``--out`` defaults to ``<file name without .json>-report`` beside the file. Runs on
-one process, no MPI job.
+``--out`` defaults to ``<file name without .json>-report`` beside the file; a folder that
+cannot be one (a file in the way) or that is FILE.json, or inside a folder named by it, is refused
+before anything is drawn (exit 2); figures already there are replaced, as every output is. Runs
+on one process, no MPI job.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import Any, List, Mapping
 
 from ..errors import UnknownResultError
+from ..runtime.places import Place, place_problems
+from .checks import refuse
 
 
 def register(subcommands) -> None:
@@ -78,6 +82,9 @@ def run(args: argparse.Namespace, _argv) -> int:
     if not isinstance(result, dict):
         raise UnknownResultError(f"{source} holds a JSON {type(result).__name__}, not a result object")
     folder = Path(args.out) if args.out else source.with_name(f"{source.stem}-report")
+    problems = place_problems([Place("FILE", str(source), output=False), Place("--out", str(folder), folder=True)])
+    if problems:
+        return refuse("report", problems)
     for path in draw(result, folder):
         print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import struct
 import sys
 import zipfile
 import zlib
@@ -30,7 +31,7 @@ from ..runtime.files import atomic_file, remove_stale_temporaries
 NAME = re.compile(r"^ckpt-(\d{9})\.npz$")
 METADATA_KEY = "__metadata__"
 # what a torn, corrupted or foreign file raises when read
-UNREADABLE = (OSError, ValueError, KeyError, EOFError, TypeError, zipfile.BadZipFile, zlib.error)
+UNREADABLE = (OSError, ValueError, KeyError, EOFError, TypeError, struct.error, zipfile.BadZipFile, zlib.error)
 Warn = Callable[[str], None]
 Arrays = Dict[str, np.ndarray]
 
@@ -41,20 +42,6 @@ def print_warning(text: str) -> None:
 
 def path_for(directory: str, step: int) -> str:
     return os.path.join(directory, f"ckpt-{step:09d}.npz")
-
-
-def folder_problem(directory: str) -> Optional[str]:
-    """Why checkpoints could not be written in ``directory`` (checked before training), or None."""
-    if os.path.isdir(directory):
-        return None if os.access(directory, os.W_OK | os.X_OK) else "is a folder this user cannot write"
-    if os.path.lexists(directory):
-        return "is a file, not a folder" if os.path.exists(directory) else "is a broken symlink"
-    parent = os.path.dirname(os.path.abspath(directory))
-    while not os.path.isdir(parent):
-        if os.path.lexists(parent):
-            return f"cannot be created: {parent} is not a folder"
-        parent = os.path.dirname(parent)
-    return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot be created: {parent} is not writable"
 
 
 def save(directory: str, step: int, arrays: Mapping[str, object], metadata: Dict[str, object], *,

@@ -42,25 +42,38 @@ def node_problem(layout: Layout, optimizers: Mapping[int, Optimizer], replicated
                  nodes: Sequence[str], available: Optional[int]) -> Optional[str]:
     """Why the servers on ``rank``'s node would not fit in its ``available`` memory, or None."""
     here = [key for key, server in sorted(layout.shard_ranks.items()) if nodes[server] == nodes[rank]]
-    if not here or available is None:
+    if not here:
         return None
     copies = 2 if replicated and len(layout.shard_ranks) > 1 else 1
     need = sum(shard_bytes(layout, key, optimizers) for key in here) * copies
-    if need <= available:
-        return None
     what = "its shard and a replica" if copies == 2 else "its shard"
-    return (f"the model does not fit the servers' memory: the {len(here)} server(s) on node {nodes[rank]} "
-            f"would hold {need / GiB:.2f} GiB ({what} each: values, optimizer state and row ids of "
-            f"{len(layout.specs)} table(s)), and the node has {available / GiB:.2f} GiB available; "
-            f"use more servers (--servers) or nodes, or fewer table rows (--table-rows)")
+    return unfit_problem(f"the servers' memory: the {len(here)} server(s)", nodes[rank], need, available,
+                         f"{what} each: values, optimizer state and row ids of {len(layout.specs)} table(s)",
+                         "use more servers (--servers) or nodes, or fewer table rows (--table-rows)")
+
+
+def unfit_problem(holders: str, node: str, need: int, available: Optional[int], held: str,
+                  advice: str) -> Optional[str]:
+    """Why ``holders`` on ``node`` holding ``need`` bytes (``held``: of what) would not fit its
+    ``available`` memory (None: unknown, taken as fitting), or None. The one wording of the
+    check, for PS servers and ring ranks alike."""
+    if available is None or need <= available:
+        return None
+    return (f"the model does not fit {holders} on node {node} would hold {need / GiB:.2f} GiB ({held}), "
+            f"and the node has {available / GiB:.2f} GiB available; {advice}")
+
+
+def refuse_unfit_problems(comm: MPI.Intracomm, problem: Optional[str], error: type = PSConfigError) -> None:
+    """``error`` on every rank with the first rank's ``problem`` there is (collective: one allgather)."""
+    problems = [text for text in comm.allgather(problem) if text]
+    if problems:
+        raise error(problems[0])
 
 
 def refuse_unfit(comm: MPI.Intracomm, layout: Layout, optimizers: Mapping[int, Optimizer],
                  replicated: bool, nodes: Sequence[str]) -> None:
     """``PSConfigError`` on every rank if the servers of some node would not fit its memory."""
     rank = comm.Get_rank()
-    mine = nodes[rank] if layout.is_server(rank) else None
-    problem = node_problem(layout, optimizers, replicated, rank, nodes, available_bytes()) if mine else None
-    problems = [text for text in comm.allgather(problem) if text]
-    if problems:
-        raise PSConfigError(problems[0])
+    problem = node_problem(layout, optimizers, replicated, rank, nodes, available_bytes()) \
+        if layout.is_server(rank) else None
+    refuse_unfit_problems(comm, problem)

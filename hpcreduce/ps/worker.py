@@ -31,6 +31,7 @@ from ..runtime.context import Traffic
 from ..runtime.failures import abandon
 from . import protocol
 from .handles import Handle, Part, PushResult, push_result
+from .inbox import all_finite
 from .layout import Layout
 from .key_cache import SentKeys
 from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op, Req
@@ -164,7 +165,7 @@ class Worker:
         if np.any(ids[1:] == ids[:-1]):
             raise PSInputError(f"push_rows to {table!r}: ids must be unique "
                                f"(sum the gradients of repeated rows)")
-        grads = grads.astype(self._wire(spec), copy=False)
+        grads = self._on_wire(f"push_rows to {table!r}: gradients", grads, spec)
         parts = []
         for rank, where in self._by_shard(t, ids):
             parts.append(self._rows_request(Op.PUSH_ROWS, t, spec, rank, ids[where], [grads[where]], []))
@@ -283,7 +284,20 @@ class Worker:
         """A dense gradient checked, on the host, flat, in the wire dtype."""
         grad = to_host(grad) if is_device_array(grad) else grad  # a GPU's gradient goes through the host
         _check_array(f"push to {table!r}: gradient", grad, spec.shape, spec.dtype)
-        return np.ascontiguousarray(grad).reshape(-1).astype(self._wire(spec), copy=False)
+        return self._on_wire(f"push to {table!r}: gradient", np.ascontiguousarray(grad).reshape(-1), spec)
+
+    def _on_wire(self, what: str, values: np.ndarray, spec: ParamSpec) -> np.ndarray:
+        """``values`` cast to the wire dtype; ``PSInputError`` when the cast makes finite values
+        Inf (past float16's largest), which the server would refuse as a non-finite gradient
+        without saying why. Cost: one finiteness pass over the cast values, only on a narrower wire."""
+        wire = self._wire(spec)
+        sent = values.astype(wire, copy=False)
+        if sent.dtype != values.dtype and not all_finite(sent) and all_finite(values):
+            raise PSInputError(f"{what} has values up to {float(np.abs(values).max()):.6g}, past {wire}'s largest, "
+                               f"{float(np.finfo(wire).max):.0f}: they overflow to Inf on the {wire} wire "
+                               "(wire_dtype); the gradient was finite before the cast. Use a float32 wire "
+                               "(--wire-dtype float32) or scale the loss down")
+        return sent
 
     def _rows_request(self, op: Op, table: int, spec: ParamSpec, rank: int, ids: np.ndarray,
                       payloads: List[np.ndarray], into: List[np.ndarray]) -> Part:

@@ -10,11 +10,14 @@ file intact and, at worst, a hidden ``.NAME.HOST.PID.XXXX.partial`` beside it, w
 ``remove_stale_temporaries`` deletes once its writer (HOST, PID) is gone; an error in the
 block removes the temporary at once. ``LineStream`` is a file written line by line as a
 run goes (JSON lines), by the same rules. Every failure to write is an ``OutputFileError``
-naming the path and the system's reason. Parent folders are created. ``write_json`` is
-the common case.
+naming the path and the system's reason. Parent folders are created, along the path as
+written, never through a symlink: a link whose target's folder is missing is refused, not
+followed into folders made for it. ``write_json`` is the common case. ``path_problem`` and
+``folder_problem`` say before a run why a file or folder could not be written.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -37,7 +40,7 @@ def _host() -> str:
 
 
 @contextmanager
-def _as_output_error(path: str) -> Iterator[None]:
+def as_output_error(path: str) -> Iterator[None]:
     """An OSError in the block becomes an OutputFileError naming ``path`` (and where it leads)."""
     try:
         yield
@@ -75,6 +78,18 @@ def written_through(path: str) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
+def _make_folders(path: str) -> str:
+    """Create the missing folders of ``path`` as written (``makedirs`` never creates a folder
+    through a symlink, dangling or not) and return the folder of the file it leads to;
+    ``FileNotFoundError`` if ``path`` is a symlink whose target's folder does not exist."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    target = os.path.realpath(path)
+    if not os.path.isdir(os.path.dirname(target)):
+        raise FileNotFoundError(errno.ENOENT, f"it is a symlink to {target}, whose folder does not exist "
+                                "(folders are never created through a link)")
+    return os.path.dirname(target)
+
+
 def _open_through(path: str, mode: str, **options: Any) -> IO:
     """``path`` opened to write through it: this process's descriptor itself when it names
     one (sharing its offset: what the shell redirected stdout to is continued, not
@@ -95,13 +110,12 @@ def _text(mode: str) -> dict:
 def atomic_file(path: str, mode: str = "w") -> Iterator[IO]:
     """Write ``path`` as the module docstring says; ``mode``: ``"w"`` (UTF-8 text) or ``"wb"``."""
     target = os.path.realpath(path)
-    with _as_output_error(path):
+    with as_output_error(path):
         if written_through(path):
             with _open_through(path, mode, **_text(mode)) as out:
                 yield out
             return
-        folder = os.path.dirname(target)
-        os.makedirs(folder, exist_ok=True)
+        folder = _make_folders(path)
         prefix = f".{os.path.basename(target)}.{_host()}.{os.getpid()}."
         handle, temporary = tempfile.mkstemp(prefix=prefix, suffix=SUFFIX, dir=folder)
         try:
@@ -141,17 +155,17 @@ class LineStream:
 
     def __init__(self, path: str, *, fresh: bool):
         self.path = path
-        with _as_output_error(path):
+        with as_output_error(path):
             through = written_through(path)
             if not through:
-                os.makedirs(os.path.dirname(os.path.realpath(path)), exist_ok=True)
+                _make_folders(path)
             self._out: Optional[IO[str]] = (_open_through(path, "w", encoding="utf-8", buffering=1) if through else
                                             open(path, "w" if fresh else "a", encoding="utf-8", buffering=1))
 
     def write_line(self, line: str) -> None:
         """Write ``line`` and a newline (flushed); a failure closes the stream and raises."""
         try:
-            with _as_output_error(self.path):
+            with as_output_error(self.path):
                 self._out.write(line + "\n")
         except OutputFileError:
             self.abandon()
@@ -160,7 +174,7 @@ class LineStream:
     def close(self) -> None:
         if self._out is not None:
             out, self._out = self._out, None
-            with _as_output_error(self.path):
+            with as_output_error(self.path):
                 out.close()
 
     def abandon(self) -> None:
@@ -218,15 +232,28 @@ def remove_stale_temporaries(folder: str) -> List[str]:
 
 def path_problem(path: str) -> Optional[str]:
     """Why a file could not be written at ``path`` (symlinks followed; its folder is created
-    if missing), or None. A device or FIFO is written through, so it passes when writable."""
+    if missing, as ``atomic_file`` would), or None. A device or FIFO is written through, so it
+    passes when writable."""
     if written_through(path):
         return None if os.access(path, os.W_OK) else "not writable"
-    target = os.path.realpath(path)
-    folder = os.path.dirname(target)
     try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as err:
-        return f"cannot create its folder: {err.strerror}"
-    if os.path.isdir(target) or not os.access(folder, os.W_OK):
+        folder = _make_folders(path)
+    except OSError as err:  # from makedirs (naming the folder), or a symlink to a missing folder
+        return f"cannot create its folder {err.filename}: {err.strerror}" if err.filename else err.strerror
+    if os.path.isdir(os.path.realpath(path)) or not os.access(folder, os.W_OK):
         return "not a writable file path"
     return None
+
+
+def folder_problem(directory: str) -> Optional[str]:
+    """Why files could not be written in folder ``directory`` (checked before a run), or None."""
+    if os.path.isdir(directory):
+        return None if os.access(directory, os.W_OK | os.X_OK) else "is a folder this user cannot write"
+    if os.path.lexists(directory):
+        return "is a file, not a folder" if os.path.exists(directory) else "is a broken symlink"
+    parent = os.path.dirname(os.path.abspath(directory))
+    while not os.path.isdir(parent):
+        if os.path.lexists(parent):
+            return f"cannot be created: {parent} is not a folder"
+        parent = os.path.dirname(parent)
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot be created: {parent} is not writable"

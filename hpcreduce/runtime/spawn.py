@@ -13,29 +13,40 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NoReturn, Optional, Sequence
+from typing import NoReturn, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
 from ..errors import LaunchError
 from .failures import release
-from .settings import Setting, text_value
+from .settings import Setting
 
-SPAWN_INFO = Setting("HPCREDUCE_SPAWN_INFO", text_value, "map_by=slot:oversubscribe",
+
+def info_items(text: str) -> Tuple[Tuple[str, str], ...]:
+    """``key=value;key=value`` as (key, value) pairs; ValueError naming an item without a key
+    or a value (MPI refuses it only at the first spawn, after training began)."""
+    items = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        key, _, value = (part.strip() for part in item.partition("="))
+        if not key or not value:
+            raise ValueError(f"{item!r} needs a key and a value, as key=value")
+        items.append((key, value))
+    return tuple(items)
+
+
+SPAWN_INFO = Setting("HPCREDUCE_SPAWN_INFO", info_items, info_items("map_by=slot:oversubscribe"),
                      "spawn info as key=value;key=value")
 
 
-def spawn_info(text: Optional[str] = None) -> MPI.Info:
+def spawn_info() -> MPI.Info:
     """``MPI_Info`` for the spawn, from ``HPCREDUCE_SPAWN_INFO`` ("key=value;key=value").
 
     The default lets a node take more ranks than cores (a single-node job); on a
     cluster name the hosts instead, e.g. ``host=node7`` or ``hostfile=/path``.
     """
-    text = SPAWN_INFO.value() if text is None else text
     info = MPI.Info.Create()
-    for item in filter(None, (part.strip() for part in text.split(";"))):
-        key, _, value = item.partition("=")
-        info.Set(key.strip(), value.strip())
+    for key, value in SPAWN_INFO.value():
+        info.Set(key, value)
     return info
 
 
@@ -53,9 +64,10 @@ def spawn_and_merge(comm: MPI.Intracomm, count: int, command: Sequence[str]) -> 
     try:
         inter = comm.Spawn(command[0], list(command[1:]), maxprocs=count, info=info, root=0)
     except MPI.Exception as err:  # every rank of ``comm`` gets the spawn's error
+        now = ";".join("=".join(item) for item in SPAWN_INFO.value())
         raise LaunchError(f"cannot start {count} more rank(s): MPI_Comm_spawn failed ({err.Get_error_string()}); "
                           f"most often the hosts have no free slot left: give more slots (--hostfile) "
-                          f"or hosts ({SPAWN_INFO.name}, now {SPAWN_INFO.value()!r})") from None
+                          f"or hosts ({SPAWN_INFO.name}, now {now!r})") from None
     finally:
         info.Free()
     merged = inter.Merge(high=False)

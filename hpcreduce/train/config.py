@@ -12,15 +12,13 @@ cannot be given at all. Every field declares its command-line form (``runtime.op
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ..arrays import DEVICE_KINDS
 from ..errors import SettingProblem, setting_problem
-from ..ft.checkpoint_files import folder_problem
 from ..ft.faults import FaultConfig
-from ..runtime.files import path_problem, written_through
+from ..runtime.places import Place, place_problems
 from ..runtime.options import Option, at_least, field_problems, non_negative_finite, option, positive_finite
 from .topology_checks import ps_problems, ring_problems, sandblaster_problems
 
@@ -178,34 +176,14 @@ class TrainConfig:
                 for rank, factor in self.fault.slow if rank < computing_from]
 
     def output_problems(self) -> List[SettingProblem]:
-        """What this rank's disk says against the outputs: files (json_path, metrics_path,
-        timeline_path) that cannot be written here (their folders are created) or that name
-        one file, and a checkpoint folder or model folder that cannot be one. Asked of the
-        rank that writes (rank 0), whose answer every rank takes."""
-        found = self._shared_outputs()
-        for name in OUTPUTS:
-            path = getattr(self, name)
-            why = path_problem(path) if path else None
-            if why:
-                found.append(setting_problem("{%s} {path}: {why}" % name, path=path, why=why))
-        for name, folder in (("checkpoint_dir", self.fault.checkpoint_dir),
-                             ("model_dir", getattr(self.topology, "model_dir", None))):
-            why = folder_problem(folder) if folder else None
-            if why:
-                found.append(setting_problem("{%s} {path}: {why}" % name, path=folder, why=why))
-        return found
-
-    def _shared_outputs(self) -> List[SettingProblem]:
-        """Outputs given one file: each would overwrite the other (what is written through,
-        ``/dev/stdout``, devices and FIFOs, may be shared)."""
-        by_path: Dict[str, List[str]] = {}
-        for name in OUTPUTS:
-            path = getattr(self, name)
-            if path and not written_through(path):
-                by_path.setdefault(os.path.realpath(path), []).append(name)
-        return [setting_problem(" and ".join("{%s}" % name for name in names) + " name one file, {path}: "
-                                "give each its own", path=getattr(self, names[0]))
-                for names in by_path.values() if len(names) > 1]
+        """What this rank's disk says against the outputs (``runtime.places``): files
+        (json_path, metrics_path, timeline_path) and folders (checkpoint_dir, model_dir) that
+        cannot be written here, or that name an input (``data``), another output or a place
+        inside their folders. Asked of the rank that writes (rank 0), whose answer every rank takes."""
+        return place_problems([*(Place(name, getattr(self, name)) for name in OUTPUTS),
+                               Place("checkpoint_dir", self.fault.checkpoint_dir, folder=True),
+                               Place("model_dir", getattr(self.topology, "model_dir", None), folder=True),
+                               Place("data", self.data, folder=True, output=False)])
 
     def writes_files(self) -> bool:
         """Whether the run writes any file (a result, metrics, a timeline, checkpoints, a model)."""

@@ -14,8 +14,9 @@
 ``arrays`` gives each array's dtype and the shape of one example; ``splits`` the rows of each
 shard, in order (shard ``s`` of ``split`` is the files ``{split}-{s:05d}.{array}.npy``, one per
 array, each of ``rows`` examples). A batch is ``{array: rows}``, as the built-in models read.
-Shards are memory-mapped (``np.load(mmap_mode="r")``) the first time a batch touches them,
-so a worker opens only the shards ``partition`` gives it; ``opened`` lists them.
+Shards are memory-mapped the first time a batch touches them, so a worker opens only the
+shards ``partition`` gives it; ``opened`` lists them. A shard file changed or cut while the run
+reads it is an ``InputFileError`` naming it (checked when it is mapped and before each read).
 ``problems`` checks the manifest and the headers of a part of the files (existence, dtype,
 shape, length), and ``run_checks`` splits that check over the ranks and gives every
 rank the whole list, before anything trains. ``write_data_dir`` writes such a directory
@@ -25,11 +26,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from ..errors import OutputFileError, Problem, setting_problem, worded
+from ..errors import InputFileError, OutputFileError, Problem, setting_problem, worded
 from .data import Dataset
 from .partition import even_shards, share_bounds, shard_layout
 
@@ -49,7 +51,7 @@ class DirDataset(Dataset):
     def __init__(self, path: str, expects: Sequence[str] = ()):
         self.path, self.expects = os.fspath(path), tuple(expects)
         self.opened: Set[Tuple[str, int]] = set()
-        self._maps: Dict[Tuple[str, int], Dict[str, np.ndarray]] = {}
+        self._maps: Dict[Tuple[str, int], Dict[str, _Mapped]] = {}
         self.manifest, self.manifest_problem = _read_manifest(self.path)
         self.name = self.manifest.get("name", "data-dir") if self.manifest else "data-dir"
 
@@ -119,12 +121,35 @@ class DirDataset(Dataset):
         return None
 
     def _shard(self, split: str, shard: int) -> Dict[str, np.ndarray]:
+        """Shard (split, shard)'s arrays, mapped the first time; ``InputFileError`` naming a file
+        that no longer matches the manifest or was cut since it was mapped (reading a page past
+        a mapped file's end is a SIGBUS, so every read is checked first: one fstat a file)."""
         key = (split, shard)
         if key not in self._maps:
-            self._maps[key] = {array: np.load(os.path.join(self.path, shard_file(split, shard, array)),
-                                              mmap_mode="r") for array in self.manifest["arrays"]}
+            self._maps[key] = {array: self._mapped(split, shard, array) for array in self.manifest["arrays"]}
             self.opened.add(key)
-        return self._maps[key]
+        for array, mapped in self._maps[key].items():
+            size = os.fstat(mapped.handle.fileno()).st_size
+            if size < mapped.needs:
+                raise InputFileError(f"data shard file {mapped.handle.name} was cut to {size} bytes while the run "
+                                     f"read it ({mapped.needs} needed); restore it (hpcreduce data write) and rerun")
+        return {array: mapped.values for array, mapped in self._maps[key].items()}
+
+    def _mapped(self, split: str, shard: int, array: str) -> "_Mapped":
+        """Shard file (split, shard, array) memory-mapped, once it matches the manifest."""
+        path = os.path.join(self.path, shard_file(split, shard, array))
+        why = self._file_problem(split, shard, array)
+        if why:
+            raise InputFileError(f"data directory {self.path}: {why} (changed since the run checked it)")
+        handle = open(path, "rb")
+        try:
+            shape, dtype, _ = _header(handle)
+            offset = handle.tell()
+            values = np.memmap(handle, dtype=dtype, mode="r", shape=shape, offset=offset)
+        except (OSError, ValueError) as err:  # changed again in between
+            handle.close()
+            raise InputFileError(f"data shard file {path} cannot be mapped: {err}") from None
+        return _Mapped(handle, values, offset + values.nbytes)
 
     def batch(self, split: str, indices: np.ndarray) -> Dict[str, np.ndarray]:
         indices = np.asarray(indices, np.int64)
@@ -158,12 +183,26 @@ def _spec_problem(spec: Any) -> Optional[str]:
 def read_header(path: str) -> Tuple[Tuple[int, ...], np.dtype, int]:
     """(shape, dtype, bytes after the header) of the ``.npy`` file at ``path``; reads the header only."""
     with open(path, "rb") as handle:
-        version = np.lib.format.read_magic(handle)
-        reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = reader(handle)
-        if fortran or dtype.hasobject:
-            raise ValueError("Fortran-ordered or object arrays are not shards")
-        return tuple(shape), dtype, os.fstat(handle.fileno()).st_size - handle.tell()
+        return _header(handle)
+
+
+def _header(handle: BinaryIO) -> Tuple[Tuple[int, ...], np.dtype, int]:
+    """``read_header`` of an open file, left at the first data byte."""
+    version = np.lib.format.read_magic(handle)
+    reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = reader(handle)
+    if fortran or dtype.hasobject:
+        raise ValueError("Fortran-ordered or object arrays are not shards")
+    return tuple(shape), dtype, os.fstat(handle.fileno()).st_size - handle.tell()
+
+
+@dataclass
+class _Mapped:
+    """A shard file kept open (``handle``) and mapped (``values``), which must stay ``needs`` bytes long."""
+
+    handle: BinaryIO
+    values: np.ndarray
+    needs: int
 
 
 def _read_manifest(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:

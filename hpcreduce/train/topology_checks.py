@@ -38,9 +38,6 @@ def ps_problems(ps: "PS", config: "TrainConfig", size: int, ft: bool) -> List[Se
         found.append(setting_problem("{staleness} only applies to {consistency} ssp"))
     if ps.consistency != "asp" and (ps.fetch_every != 1 or ps.push_every != 1):
         found.append(setting_problem("{fetch_every} and {push_every} only apply to {consistency} asp"))
-    if ps.model_dir and ps.model_dir == fault.checkpoint_dir:
-        found.append(setting_problem("{model_dir} and {checkpoint_dir} name one folder, {path}: give each its own",
-                                     path=ps.model_dir))
     in_job = [name for name in IN_JOB_ONLY if getattr(fault, name)]
     if not ft and in_job:
         named = ["{%s}" % name for name in in_job]

@@ -6,6 +6,7 @@ pushes and pulls right after it give exactly the expected values; a worker used 
 release() raises at once. Part 2: every rank trains models that break the Model contract
 (ring and PS) or return NaN, and must get TrainingError naming the problem.
 """
+import dataclasses
 import time
 
 import numpy as np
@@ -235,6 +236,12 @@ def check_model_errors():
     crashing = Linear(lambda step, grads: 1 / 0 if step == 2 else None, spoil_rank=2)
     expect(TrainingError, ["step 3", "rank 2: ZeroDivisionError"],
            lambda: train(crashing, data, config, comm=ctx, verbose=False))
+    # pushed as the mean over the global batch of 30: 3e6 / 30 = 1e5, past float16's 65504
+    overflowing = Linear(lambda step, grads: grads["w"].__setitem__(0, 3e6) if step == 1 else None, spoil_rank=2)
+    wire16 = dataclasses.replace(ps_config, topology=PS(servers=1, consistency="bsp", wire_dtype="float16"))
+    expect(PSTrainingError, ["worker rank 2 at step 1", "push to 'w': gradient has values up to 100000,",
+                             "past float16's largest, 65504", "finite before the cast"],
+           lambda: train(overflowing, data, wire16, comm=ctx, verbose=False))
     expect(TrainingError, ["ModelError", "'linear'", "'b'", "dtype float64"], lambda: train(
         Linear(lambda step, grads: grads.update(b=grads["b"].astype(np.float64))), data, config,
         comm=MPI.COMM_SELF, verbose=False))

@@ -15,18 +15,20 @@ whole model (that is what it is for).
 """
 from __future__ import annotations
 
+import io
 import json
 import os
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
-from ...errors import CheckpointMismatchError, OutputFileError
+from ...errors import CheckpointMismatchError, HpcreduceError, InputFileError, OutputFileError
 from ...ft import checkpoint_files
 from ...ps.layout import Layout
 from ...ps.shard_state import ShardState
-from ...runtime.files import atomic_file, write_json
+from ...runtime.files import atomic_file, write_json, written_through
 from . import shard_checkpoints
 
 MANIFEST = "manifest.json"
@@ -80,25 +82,46 @@ Parameters = Dict[str, Dict[str, Any]]
 def whole_model(directory: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
     """Every table whole from a ``--model-dir`` or ``--checkpoint-dir`` folder, and what the
     folder says of itself (identity, step, shards); ``CheckpointMismatchError`` naming what
-    is missing or does not fit."""
+    is missing or does not fit, ``InputFileError`` naming a file that is cut or damaged."""
     manifest_path = os.path.join(directory, MANIFEST)
     if os.path.isfile(manifest_path):
-        with open(manifest_path, encoding="utf-8") as found:
-            manifest = json.load(found)
-        if manifest.get("format") != FORMAT:
-            raise CheckpointMismatchError(f"{manifest_path} is not an hpcreduce PS model manifest")
-        files = [os.path.join(directory, name) for name in manifest["shards"].values()]
-        return _assemble(directory, manifest["identity"]["parameters"], files,
-                         lambda t, stored: _starts(manifest, t, stored)), manifest
+        with _reading(manifest_path):
+            with open(manifest_path, encoding="utf-8") as found:
+                manifest = json.load(found)
+            if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+                raise CheckpointMismatchError(f"{manifest_path} is not an hpcreduce PS model manifest")
+            files = [os.path.join(directory, name) for name in manifest["shards"].values()]
+            whole = _zeros(manifest["identity"]["parameters"])
+        _assemble(directory, manifest["identity"]["parameters"], whole, files,
+                  lambda t, stored: _starts(manifest, t, stored))
+        return whole, manifest
     step = shard_checkpoints.latest_complete(directory)
     if step is None:
         raise CheckpointMismatchError(f"{directory} holds neither a model ({MANIFEST}) nor a complete "
                                       "parameter-server checkpoint")
     files = shard_checkpoints.step_files(directory, step)
-    metadata, _ = checkpoint_files.read(files[0], arrays=False)
-    whole = _assemble(directory, metadata["identity"]["parameters"], files, None)
+    with _reading(files[0]):
+        metadata, _ = checkpoint_files.read(files[0], arrays=False)
+        whole = _zeros(metadata["identity"]["parameters"])
+    _assemble(directory, metadata["identity"]["parameters"], whole, files, None)
     return whole, {"identity": metadata["identity"], "step": step,
                    "shards": [os.path.relpath(path, directory) for path in files]}
+
+
+@contextmanager
+def _reading(path: str) -> Iterator[None]:
+    """What a cut or damaged ``path`` raises in the block becomes an ``InputFileError`` naming it."""
+    try:
+        yield
+    except HpcreduceError:
+        raise
+    except checkpoint_files.UNREADABLE as err:
+        raise InputFileError(f"{path} is cut or damaged ({type(err).__name__}: {err}); nothing was "
+                             "exported") from None
+
+
+def _zeros(parameters: Parameters) -> Dict[str, np.ndarray]:
+    return {name: np.zeros(tuple(info["shape"]), info["dtype"]) for name, info in parameters.items()}
 
 
 def _starts(manifest: Mapping[str, Any], table: int, path: str) -> int:
@@ -106,14 +129,15 @@ def _starts(manifest: Mapping[str, Any], table: int, path: str) -> int:
     return next(start for shard, start, _stop in manifest["pieces"][str(table)] if shard == key)
 
 
-def _assemble(directory: str, parameters: Parameters, files: Sequence[str], start_of) -> Dict[str, np.ndarray]:
+def _assemble(directory: str, parameters: Parameters, whole: Dict[str, np.ndarray], files: Sequence[str],
+              start_of) -> None:
+    """Fill ``whole`` from the shard ``files``; every table must be covered exactly."""
     names = list(parameters)
-    whole = {name: np.zeros(tuple(info["shape"]), info["dtype"]) for name, info in parameters.items()}
     covered = {name: 0 for name in names}
     for path in files:
         if not os.path.isfile(path):
             raise CheckpointMismatchError(f"{directory}: the shard file {os.path.basename(path)} is missing")
-        with np.load(path) as stored:
+        with _reading(path), np.load(path) as stored:
             for t, name in enumerate(names):
                 if f"t{t}.values" not in stored:
                     continue
@@ -130,7 +154,6 @@ def _assemble(directory: str, parameters: Parameters, files: Sequence[str], star
              if covered[name] != (whole[name].shape[0] if parameters[name]["sparse"] else whole[name].size)]
     if short:
         raise CheckpointMismatchError(f"{directory}: the shards do not cover table(s) {short} exactly")
-    return whole
 
 
 def _checkpoint_start(path: str, table: int) -> int:
@@ -139,6 +162,13 @@ def _checkpoint_start(path: str, table: int) -> int:
 
 
 def write_whole(path: str, params: Mapping[str, np.ndarray]) -> None:
-    """The whole model as one ``.npz`` of named arrays, atomically."""
+    """The whole model as one ``.npz`` of named arrays, atomically; for a device or FIFO,
+    which is written through (``runtime.files``), made in memory first: a zip is written
+    with seeks, which a device appended to does not take."""
     with atomic_file(path, "wb") as out:
-        np.savez(out, **params)
+        if not written_through(path):
+            np.savez(out, **params)
+            return
+        buffer = io.BytesIO()
+        np.savez(buffer, **params)
+        out.write(buffer.getbuffer())

@@ -57,7 +57,7 @@ class Fallback:
     """Checkpoints, kills and the resume of one rank of a PS run without ULFM (collective to make)."""
 
     def __init__(self, ctx: Context, setup: PSSetup, observer: Observer):
-        self.ctx, self.setup, self.echo = ctx, setup, observer.echo
+        self.ctx, self.setup, self.echo, self.output_failed = ctx, setup, observer.echo, observer.output_failed
         self.events = EventLog()
         self.started = time.time()  # a resume's event counts from here
         shard_checkpoints.refuse_foreign(ctx.comm, setup.fault.checkpoint_dir, setup.identity)
@@ -103,7 +103,7 @@ class Fallback:
         """The worker's loop from the resume step, logging its acknowledged pushes."""
         setup, resume = self.setup, self.resume
         loop = LedgeredLoop(worker, setup.config, setup.model, setup.dataset, self.ctx)
-        loop.ledger = PushLedger(setup.fault.checkpoint_dir, worker.slot, self.first_step)
+        loop.ledger = PushLedger(setup.fault.checkpoint_dir, worker.slot, self.first_step, self.output_failed)
         loop.step = self.first_step
         loop.duplicates_until = resume.point.pushed_until if resume.keep_pushes else 0
         loop.before_step = lambda step: self.progress.worker_step(step, self.members)

@@ -9,16 +9,23 @@ piece is *lost* when the checkpoint it resumes from lacks it: the checkpoint was
 that launch's resume point (the whole ledger is lost), or its shard's record of the slot's last
 push to that table is below the piece's step (``worker_side.lost_pieces``, as in-job recovery
 counts). Then the ledgers are removed and each worker starts its own.
+A ledger that cannot be written (a full disk) is told to ``failed`` as an ``OutputFileError``
+naming its file, once, and written no more: the run goes on and ends with that error on every
+rank, as a checkpoint that cannot be written does.
 Cost: one ``write`` of 24 bytes a piece per push, no fsync.
 """
 from __future__ import annotations
 
+import errno
 import os
-from typing import List, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ...errors import OutputFileError
 from ...ft.checkpoint_files import Warn
+from ...runtime.files import as_output_error
 from .loop import WorkerLoop
 from .worker_side import PushRecord, lost_pieces
 
@@ -32,12 +39,16 @@ def _folder(directory: str) -> str:
 
 class PushLedger:
     """Worker ``slot``'s ledger in checkpoint folder ``directory`` (its launch resumed from
-    checkpoint ``resumed_from``, 0 for none); ``record`` appends acknowledged pieces."""
+    checkpoint ``resumed_from``, 0 for none); ``record`` appends acknowledged pieces; a write
+    that fails is told to ``failed`` (see the module docstring)."""
 
-    def __init__(self, directory: str, slot: int, resumed_from: int):
-        os.makedirs(_folder(directory), exist_ok=True)
-        path = os.path.join(_folder(directory), f"worker-{slot}.bin")
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    def __init__(self, directory: str, slot: int, resumed_from: int, failed: Callable[[OutputFileError], None]):
+        self.path = os.path.join(_folder(directory), f"worker-{slot}.bin")
+        self.failed = failed
+        self.fd: Optional[int] = None
+        with self._failing_once():
+            os.makedirs(_folder(directory), exist_ok=True)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         self._write([(resumed_from, slot, 0)])
 
     def record(self, pieces: Sequence[Piece]) -> None:
@@ -45,10 +56,28 @@ class PushLedger:
             self._write(pieces)
 
     def _write(self, rows: Sequence[Piece]) -> None:
-        os.write(self.fd, np.asarray(rows, dtype=np.int64).tobytes())
+        if self.fd is None:
+            return
+        data = np.asarray(rows, dtype=np.int64).tobytes()
+        with self._failing_once():
+            if os.write(self.fd, data) < len(data):  # what a full disk does before it refuses outright
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    @contextmanager
+    def _failing_once(self) -> Iterator[None]:
+        """An OSError in the block becomes an ``OutputFileError`` naming the ledger, told to
+        ``failed``; the ledger is then closed and written no more."""
+        try:
+            with as_output_error(self.path):
+                yield
+        except OutputFileError as err:
+            self.failed(err)
+            self.close()
 
     def close(self) -> None:
-        os.close(self.fd)
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
 
 
 def read_ledgers(directory: str, warn: Warn) -> List[Tuple[int, int, List[Piece]]]:
