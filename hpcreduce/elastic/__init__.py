@@ -4,6 +4,8 @@
     from hpcreduce import elastic
 
     state = elastic.State(weights=w, step=0)       # numpy, cupy or torch tensors, dicts of arrays, scalars
+    # torch: elastic.State(model=model, optimizer=opt, scheduler=sched, sampler=sampler,
+    #                      rng=elastic.RandomStates(), step=0): each restored and synced in place
 
     @elastic.run
     def train(state):
@@ -36,8 +38,9 @@ from .checkpoints import resume_checkpoint, save_checkpoint
 from .driver import run
 from .job import Change, Job
 from .policy import Policy
+from .random_states import RandomStates
 from .resizing import ResizeRequested, request_resize
 from .state import State
 
-__all__ = ["Change", "Interrupted", "Job", "Policy", "ResizeRequested", "State", "agreed", "request_resize",
-           "resume_checkpoint", "run", "save_checkpoint"]
+__all__ = ["Change", "Interrupted", "Job", "Policy", "RandomStates", "ResizeRequested", "State", "agreed",
+           "request_resize", "resume_checkpoint", "run", "save_checkpoint"]

@@ -12,7 +12,7 @@ a small broadcast and one agreement.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional
 
 from ..arrays import copy_into
 from ..errors import CheckpointMismatchError, OutputFileError, setting_problem
@@ -30,15 +30,25 @@ def save_checkpoint(state: "State", folder: str, step: int, arrays: Mapping[str,
     """Rank 0 writes the checkpoint of ``step`` (``arrays``; ``metadata`` plus the number of
     ranks) into ``folder``, keeping the newest ``keep``; every rank learns whether it could (an
     ``OutputFileError`` everywhere if not)."""
+    ranks = state.context.size
+    written_by_rank_0(state, step, lambda halfway: checkpoint_files.save(
+        folder, step, arrays, {"ranks": ranks, **metadata}, keep=keep, halfway=halfway))
+
+
+def written_by_rank_0(state: "State", step: int, write: Callable[[Callable[[], None]], Any]) -> None:
+    """Rank 0 calls ``write(halfway)`` (``halfway``: the policy's ``checkpoint`` kills of
+    ``step``, to run half way through the file); every rank learns whether it could: the
+    ``OutputFileError`` it raised (or one naming any other error), on every rank. The news is an ``agreed`` block, so rank 0
+    dying meanwhile is recovered from (``Interrupted``) before anyone goes on."""
     ctx, job = state.context, state.job
     failure = None
     if ctx.rank == 0:
         try:
-            checkpoint_files.save(folder, step, arrays, {"ranks": ctx.size, **metadata}, keep=keep,
-                                  halfway=lambda: job.policy.kills.strike("checkpoint", step, job.members.me,
-                                                                          job.members.ids))
+            write(lambda: job.policy.kills.strike("checkpoint", step, job.members.me, job.members.ids))
         except OutputFileError as err:
             failure = err.parts
+        except Exception as err:  # anything else rank 0 met is every rank's news too, never a hang
+            failure = (f"cannot write the checkpoint of step {step}: {type(err).__name__}: {err}",)
     failure = agreed(ctx, lambda: ctx.comm.bcast(failure, root=0), f"checkpoint of step {step}")
     if failure:
         raise OutputFileError(*failure)
@@ -64,12 +74,18 @@ def resume_checkpoint(state: "State", folder: str, identity: Mapping[str, Any],
     for name, array in arrays.items():
         copy_into(array, saved[name])
     step = int(metadata["step"])
-    change = RecoveryEvent("resume", step + 1, int(metadata["ranks"]), time.time())
-    change.ranks_after = ctx.size
-    state._reset(change, change.detected_at)
-    state.job.policy.echo(f"resumed from the checkpoint of step {step} "
-                          f"(written by {metadata['ranks']} ranks, now {ctx.size})")
+    record_resume(state, step, int(metadata["ranks"]))
     return step
+
+
+def record_resume(state: "State", step: int, ranks: int) -> None:
+    """The ``resume`` change of a run resumed from the checkpoint of ``step`` written by
+    ``ranks`` ranks: in ``state.events``, on the policy's console, and the reset callbacks run."""
+    change = RecoveryEvent("resume", step + 1, ranks, time.time())
+    change.ranks_after = state.context.size
+    state._reset(change)
+    state.job.policy.echo(f"resumed from the checkpoint of step {step} "
+                          f"(written by {ranks} ranks, now {state.context.size})")
 
 
 def _silent(_text: str) -> None:

@@ -45,32 +45,31 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
         if ctx.joined and not state.job.changes.events:
             join(state)
         while True:
-            started = time.time()
             try:
                 outcome = attempt(ctx.comm, lambda: func(state, *args, **kwargs), "elastic run", watch_work=False)
             except Interrupted as failure:
-                recover(state, started, failure.detected_at)
+                recover(state, failure.detected_at)
                 continue
             except ResizeRequested as request:
-                _resize(state, request, started)
+                _resize(state, request)
                 continue
             if outcome.committed:
                 if policy.marks_done and state.events and ctx.rank == 0:
                     mark_done()  # Open MPI exits 137 once a spawned rank has died, even when recovered
                 return outcome.result
-            recover(state, started, outcome.failed_at or time.time())
+            recover(state, outcome.failed_at or time.time())
 
     return wrapper
 
 
-def _resize(state: State, request: ResizeRequested, started: float) -> None:
+def _resize(state: State, request: ResizeRequested) -> None:
     """The leaves, then the growth, ``request`` asks for; a failure meanwhile is recovered
     (the request is then made again)."""
     if request.leaving:
-        failed_at = leave(state, request, started)
+        failed_at = leave(state, request)
         if failed_at is not None:
-            recover(state, started, failed_at)
+            recover(state, failed_at)
             return
     state.job.resized_before = request.at
     if request.count:
-        grow(state, request.count, "growth", request.at, started)
+        grow(state, request.count, "growth", request.at)

@@ -47,9 +47,14 @@ class Job:
         self.resized_before = control["resized_before"]
 
 
-def summary(change: RecoveryEvent, commits: int, seconds: float) -> Dict[str, Any]:
-    """A user's ``state.events`` entry for ``change``: kind, ranks after, the commits so far,
-    the seconds it took from the start of the interrupted call, and the ids it names."""
+def summary(change: RecoveryEvent, commits: int) -> Dict[str, Any]:
+    """A user's ``state.events`` entry for ``change``: kind, ranks after, the commits made before
+    it, the ids it names, ``detected_at`` (wall clock, ``time.time()``: when this rank saw the
+    failure or learned of it, or when the growth, leave or join began), ``next_step_at`` (when
+    the first commit after it was made; None until then) and ``recovered_s`` (the seconds from
+    the one to the other, as ``hpcreduce train``'s ``to_next_step_s``)."""
     named = DETAIL.get(change.kind)
     return {"kind": change.kind, "ranks_after": change.ranks_after, "step_commits": commits,
-            "seconds": round(seconds, 4), **({named: list(getattr(change, named))} if named else {})}
+            "detected_at": change.detected_at, "next_step_at": change.next_step_at,
+            "recovered_s": None if change.to_next_step_s is None else round(change.to_next_step_s, 4),
+            **({named: list(getattr(change, named))} if named else {})}

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .state import State
 
 
-def recover(state: "State", started: float, detected: float) -> None:
+def recover(state: "State", detected: float) -> None:
     """Shrink to the survivors, restore every rank's last commit, take rank 0's (``detected``:
     when this rank saw the failure, or learned of it)."""
     ctx, job = state.context, state.job
@@ -31,17 +31,16 @@ def recover(state: "State", started: float, detected: float) -> None:
         change.lost += job.members.shrink(shrunk)
         change.rounds += shrunk.rounds
         change.shrink_s = time.time() - change.detected_at
-        state.restore()
-        state.sync()
+        state._recover_values()
 
     shrink_until_restored(ctx, restore, f"recovery at step {at}", before_shrink=lambda: job.policy.kills.strike(
         "recovery", at, job.members.me, job.members.ids))
     change.ranks_after = ctx.size
     change.restore_s = time.time() - change.detected_at - change.shrink_s
     change.data_shards = job.policy.data_shards(job.members.ids)
-    state._reset(change, started)
+    state._reset(change)
     if job.policy.replace and change.lost:
-        grow(state, len(change.lost), "replacement", at, started)
+        grow(state, len(change.lost), "replacement", at)
 
 
 def join(state: "State") -> None:
@@ -52,4 +51,4 @@ def join(state: "State") -> None:
     change = Change("joined", state.job.policy.step_of(state), state.context.size, started)
     change.joined = [state.members.me]
     change.ranks_after = state.context.size
-    state._reset(change, started)
+    state._reset(change)

@@ -76,7 +76,7 @@ def _poll(state: "State", at: int) -> Tuple[Optional[Wanted], List[str]]:
     return (None if problem else found), nodes or []
 
 
-def leave(state: "State", request: ResizeRequested, started: float) -> Optional[float]:
+def leave(state: "State", request: ResizeRequested) -> Optional[float]:
     """The ranks ``request.leaving`` leave: the communicator is split without them (one
     attempt) and they exit. None once done; when a rank failed meanwhile, the moment this rank
     saw it (nothing changed: recover, and the leave is asked for again)."""
@@ -97,11 +97,11 @@ def leave(state: "State", request: ResizeRequested, started: float) -> Optional[
     change.ranks_after = ctx.size
     change.restore_s = time.time() - request.requested_at
     change.data_shards = job.policy.data_shards(job.members.ids)
-    state._reset(change, started)
+    state._reset(change)
     return None
 
 
-def grow(state: "State", count: int, kind: str, at: int, started: float) -> None:
+def grow(state: "State", count: int, kind: str, at: int) -> None:
     """Spawn ``count`` ranks running this program, merged in after the current ones; send them
     the membership, the bookkeeping and the values. ``kind``: growth or replacement."""
     ctx, job = state.context, state.job
@@ -117,4 +117,4 @@ def grow(state: "State", count: int, kind: str, at: int, started: float) -> None
     change.ranks_after = ctx.size
     change.restore_s = time.time() - begun
     change.data_shards = job.policy.data_shards(job.members.ids)
-    state._reset(change, started)
+    state._reset(change)

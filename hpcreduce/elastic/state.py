@@ -19,10 +19,9 @@ each read, an allgather of the ranks' node names and a small broadcast).
 """
 from __future__ import annotations
 
-import time
-from typing import Any, Callable, Collection, Dict, List, Optional
+from typing import Any, Callable, Collection, Dict, List, Optional, Tuple
 
-from ..errors import UnsupportedInputError
+from ..errors import InputMismatchError, UnsupportedInputError
 from ..ft.events import RecoveryEvent
 from ..ft.membership import Membership
 from ..ft.resize import GrowthRule
@@ -30,18 +29,21 @@ from ..runtime.context import Context, init
 from .job import Job, summary
 from .policy import Policy
 from .resizing import request_resize
-from .tensors import broadcast, kind_of, put_back, snapshot
+from .handlers import handler_for
+from .state_dicts import Layout, layout_difference
 
 OWN_NAMES = frozenset({"commit", "restore", "sync", "register_reset_callbacks", "context", "events", "members",
-                       "job", "commits"})
+                       "job", "commits", "state_dict", "load_state_dict"})
 
 
 class State:
-    """Named values (numpy, cupy or torch tensors, dicts of arrays, and picklable scalars) read
-    and written as attributes: ``state.weights``, ``state.step += 1``. Arrays and tensors are
-    restored and broadcast in place, so references a model holds stay valid. ``events``: one
-    dict per change of the job's ranks (kind, ranks_after, step_commits, seconds and the ids
-    lost, joined or left); ``job``: the membership, policy and changes (``elastic.job``)."""
+    """Named values read and written as attributes: ``state.model``, ``state.step += 1``.
+    Each is handled by its kind (``elastic.handlers``): numpy, cupy and torch tensors, dicts of
+    them and torch modules are restored and synced in place, so references to them stay
+    valid; objects with ``state_dict()``/``load_state_dict()`` (optimizers, LR schedulers,
+    samplers, ``RandomStates``) are loaded into in place; anything else is copied by value.
+    ``events``: one dict per change of the job's ranks (``elastic.job.summary``); ``job``: the
+    membership, policy and changes (``elastic.job``)."""
 
     def __init__(self, *, context: Optional[Context] = None, discover: Optional[str] = None,
                  discover_every: int = 1, policy: Optional[Policy] = None, no_copy: Collection[str] = (),
@@ -59,10 +61,10 @@ class State:
                                              "rule reads the discovery file)")
         ctx = context if context is not None else init()
         policy = policy or Policy(growth=GrowthRule(discover=discover, discover_every=discover_every))
-        own = {"context": ctx, "events": [], "job": Job(policy, Membership.founding(ctx.size, ctx.rank)),
-               "_values": dict(values), "_kinds": {name: kind_of(value) for name, value in values.items()},
+        own = {"context": ctx, "job": Job(policy, Membership.founding(ctx.size, ctx.rank)),
+               "_values": dict(values), "_handlers": {name: handler_for(value) for name, value in values.items()},
                "_copied": [name for name in values if name not in set(no_copy)], "_saved": {}, "_commits": 0,
-               "_callbacks": []}
+               "_callbacks": [], "_change_commits": []}
         for name, value in own.items():
             object.__setattr__(self, name, value)
         self.commit(check_resize=False)
@@ -88,12 +90,18 @@ class State:
         """Commits so far, the one made with the State included (the same on every rank after a sync)."""
         return self._commits
 
+    @property
+    def events(self) -> List[Dict[str, Any]]:
+        """One dict per change of the job's ranks, oldest first (``elastic.job.summary``): when it
+        was detected, and once the next commit is made, when that was and how long it took."""
+        return [summary(change, commits) for change, commits in zip(self.job.changes.events, self._change_commits)]
+
     def commit(self, *, check_resize: bool = True) -> None:
         """Keep a copy of every value not in ``no_copy``; the changes of ranks before this
         commit are closed (their lines echoed); with ``check_resize``, leaves and growth the
         policy asks for at this commit are requested of ``run`` (``ResizeRequested``)."""
         for name in self._copied:
-            self._saved[name] = snapshot(self._values[name], self._kinds[name])
+            self._saved[name] = self._handlers[name].snapshot(self._values[name])
         object.__setattr__(self, "_commits", self._commits + 1)
         for change in self.job.changes.step_completed():
             self.job.policy.echo(change.line())
@@ -101,29 +109,99 @@ class State:
             request_resize(self, self._commits)
 
     def restore(self) -> None:
-        """Every value back to this rank's last commit (values in ``no_copy`` are as committed)."""
-        for name, saved in self._saved.items():
-            self._values[name] = put_back(self._values[name], saved, self._kinds[name])
+        """Every value back to this rank's last commit, in place (values in ``no_copy`` are as
+        committed). ``InputMismatchError`` naming the value and the tensor when one no longer
+        fits its commit (another model, a tensor of another shape)."""
+        self._put_back(self._saved, "State.restore", "its last commit")
 
-    def sync(self) -> None:
-        """Every rank takes rank 0's values (collective; names in sorted order)."""
-        ctx = self.context
-        for name in sorted(self._values):
-            self._values[name] = broadcast(ctx, self._values[name], self._kinds[name])
-        object.__setattr__(self, "_commits", ctx.comm.bcast(self._commits, root=0))
+    def state_dict(self) -> Dict[str, Any]:
+        """Every value as a checkpoint stores it (a module's or an optimizer's ``state_dict()``,
+        tensors and arrays themselves, scalars), by name; nothing is copied."""
+        return {name: self._handlers[name].exported(value) for name, value in self._values.items()}
+
+    def load_state_dict(self, values: Dict[str, Any]) -> None:
+        """Every value from ``values`` (a ``state_dict()``, as a checkpoint stored it), in place
+        (local: ``sync`` then gives rank 0's to every rank). ``InputMismatchError`` naming the
+        value and the tensor when one does not fit, or when the names are not the tracked ones."""
+        if sorted(values) != sorted(self._values):
+            raise InputMismatchError(f"State.load_state_dict: values {sorted(values)} given, "
+                                     f"{sorted(self._values)} tracked")
+        self._put_back(values, "State.load_state_dict", "what is loaded")
+
+    def sync(self, *, problem: Optional[str] = None) -> None:
+        """Every rank takes rank 0's values (collective; names in sorted order). First every rank
+        compares its values' kinds and tensors (names, shapes, dtypes) with rank 0's, and when
+        any differs (or a rank passes a ``problem`` of its own) every rank raises the same
+        ``InputMismatchError`` naming the ranks, values and tensors, before anything is
+        overwritten. A state dict that its object refuses to load is reported the same way."""
+        ctx, names = self.context, sorted(self._values)
+        header = {name: (self._handlers[name].kind, self._handlers[name].layout(self._values[name]))
+                  for name in names} if ctx.rank == 0 else None
+        header, commits = ctx.comm.bcast((header, self._commits) if ctx.rank == 0 else None, root=0)
+        _agree(ctx, "do not fit rank 0's", problem or self._difference(header))
+        refused = None
+        for name in names:
+            try:
+                self._values[name] = self._handlers[name].receive(ctx, self._values[name])
+            except InputMismatchError as err:
+                refused = refused or f"{name!r}: {err}"
+        if any(kind == "state dict" for kind, _layout in header.values()):
+            _agree(ctx, "could not load rank 0's", refused)
+        object.__setattr__(self, "_commits", commits)
 
     def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
         """Functions called (no arguments) after every change of the job's ranks, once the
         state is synced: re-split the data, rebuild what depends on the rank or size."""
         self._callbacks.extend(callbacks)
 
-    def _reset(self, change: RecoveryEvent, started: float) -> None:
+    def _put_back(self, values: Dict[str, Any], caller: str, source: str) -> None:
+        """Each of ``values`` put back into the tracked value of its name (``InputMismatchError``
+        naming the value when it does not fit ``source``)."""
+        for name, saved in values.items():
+            try:
+                self._values[name] = self._handlers[name].put_back(self._values[name], saved)
+            except InputMismatchError as err:
+                raise InputMismatchError(f"{caller}: {name!r} does not fit {source}: {err}") from err
+
+    def _recover_values(self) -> None:
+        """After a failure (collective): restore this rank's last commit, then take rank 0's; a
+        value that cannot be restored is reported by every rank (``sync``), never left to hang."""
+        try:
+            self.restore()
+            problem = None
+        except InputMismatchError as err:
+            problem = str(err)
+        self.sync(problem=problem)
+
+    def _difference(self, header: Dict[str, Tuple[str, Optional[Layout]]]) -> Optional[str]:
+        """How this rank's values differ from rank 0's ``header`` (kind and layout by name), first only."""
+        if sorted(header) != sorted(self._values):
+            return f"values {sorted(self._values)} here, {sorted(header)} on rank 0"
+        for name, (kind, theirs) in header.items():
+            handler = self._handlers[name]
+            if handler.kind != kind:
+                return f"{name!r} is a {handler.kind} here, a {kind} on rank 0"
+            if theirs is not None:
+                found = layout_difference(handler.layout(self._values[name]) or [], theirs, "on rank 0")
+                if found:
+                    return f"{name!r}: {found}"
+        return None
+
+    def _reset(self, change: RecoveryEvent) -> None:
         """Record ``change`` (``job.changes`` and ``events``), then run the reset callbacks."""
         self.job.changes.add(change)
-        self.events.append(summary(change, self._commits, time.time() - started))
+        self._change_commits.append(self._commits)
         for callback in self._callbacks:
             callback()
 
     def _adopt(self, control: Dict[str, Any]) -> None:
         """A newcomer's membership and resize bookkeeping, from what the job broadcast to it."""
         self.job.adopt(control, self.context.rank)
+
+
+def _agree(ctx: Context, what: str, problem: Optional[str]) -> None:
+    """Every rank's ``problem`` gathered; when any rank has one, the same ``InputMismatchError``
+    on every rank, naming each rank's (one allgather)."""
+    problems = [f"rank {rank}: {text}" for rank, text in enumerate(ctx.comm.allgather(problem)) if text]
+    if problems:
+        raise InputMismatchError(f"State.sync: the ranks' values {what}: " + "; ".join(problems))

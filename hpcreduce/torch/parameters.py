@@ -20,8 +20,12 @@ def broadcast_parameters(module: Union[torch.nn.Module, Dict[str, torch.Tensor]]
                          comm=None) -> None:
     """Give every rank ``root``'s parameters and buffers (a module or a state dict), in place.
     Collective; ranks whose tensors differ in names, shapes or dtypes get
-    ``InputMismatchError`` on every rank before anything is overwritten."""
+    ``InputMismatchError`` on every rank before anything is overwritten. On a rank spawned
+    into a running elastic job (``context.joined``) it does nothing: the job's ranks are not
+    in this call, and ``elastic.run``'s join gives the newcomer rank 0's tracked values."""
     context = resolve(comm)
+    if context.joined:
+        return
     root_field, wrong_root = root_check(root, context.size)
     agree(context, "broadcast_parameters", [root_field], wrong_root)
     tensors = state_tensors(module)
