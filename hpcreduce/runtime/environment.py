@@ -72,7 +72,8 @@ def failure_detection_problem(env: Optional[Mapping[str, str]] = None) -> Option
                 "the allocation, as jobs/train_ft.sbatch does, or leave out --ft and relaunch from "
                 "checkpoints (FALLBACK=1 in jobs/train_ft.sbatch)")
     if not _truthy(env.get("OMPI_MCA_mpi_ft_enable")):
-        return "ULFM is not enabled in this launch (mpirun --with-ft ulfm --mca mpi_ft_enable true)"
+        return ("ULFM is not enabled in this launch: launch with hpcreduce launch --ft (or mpirun --with-ft ulfm "
+                "--mca mpi_ft_enable true --mca btl tcp,self)")
     btl = env.get("OMPI_MCA_btl", "").strip()
     names = {b.strip() for b in btl.lstrip("^").split(",") if b.strip()}
     shared_memory = {"sm", "vader"}
@@ -80,7 +81,7 @@ def failure_detection_problem(env: Optional[Mapping[str, str]] = None) -> Option
     limited = bool(names) and not btl.startswith("^") and not names & shared_memory
     if not (excluded or limited):
         return ("the byte transport may use shared memory, which never reports a dead rank; "
-                "launch with --mca btl tcp,self")
+                "launch with hpcreduce launch --ft (or mpirun --mca btl tcp,self)")
     return None
 
 
