@@ -53,24 +53,30 @@ def save(directory: str, step: int, arrays: Mapping[str, object], metadata: Dict
     payload = {name: to_host(value) for name, value in arrays.items()}
     payload[METADATA_KEY] = np.frombuffer(json.dumps({**metadata, "step": step}).encode(), dtype=np.uint8)
     np.savez(buffer, **payload)
-    data = buffer.getbuffer()
-    final = path_for(directory, step)
+    return write_checkpoint(directory, path_for(directory, step), buffer.getbuffer(), keep=keep, halfway=halfway)
+
+
+def write_checkpoint(directory: str, final: str, data: memoryview, *, keep: int,
+                     halfway: Callable[[], None] = lambda: None, name: re.Pattern = NAME) -> str:
+    """``data`` written to ``final`` atomically, ``halfway`` run in the middle, then only the
+    newest ``keep`` checkpoints named by ``name`` kept (remove dead writers' temporaries first)."""
     with atomic_file(final, "wb") as out:
         out.write(data[:len(data) // 2])
         out.flush()
         halfway()
         out.write(data[len(data) // 2:])
-    for _step, old_path in checkpoints(directory)[:-keep]:
+    for _step, old_path in checkpoints(directory, name)[:-keep]:
         os.unlink(old_path)
     return final
 
 
-def checkpoints(directory: str) -> List[Tuple[int, str]]:
-    """(step, path) of the checkpoints in ``directory`` (by name), oldest first."""
+def checkpoints(directory: str, name: re.Pattern = NAME) -> List[Tuple[int, str]]:
+    """(step, path) of the checkpoints in ``directory`` (file names matching ``name``, whose
+    first group is the step), oldest first."""
     if not os.path.isdir(directory):
         return []
-    found = [(int(m.group(1)), os.path.join(directory, name))
-             for name in os.listdir(directory) for m in [NAME.match(name)] if m]
+    found = [(int(m.group(1)), os.path.join(directory, entry))
+             for entry in os.listdir(directory) for m in [name.match(entry)] if m]
     return sorted(found)
 
 

@@ -22,10 +22,12 @@ view, a CUDA tensor through a cupy view (DLPack; staged through host memory unle
 CUDA-aware). Bad input (different models on different ranks, a dtype hpcreduce does not
 reduce, sparse or non-finite gradients) raises on every rank, naming the parameter.
 """
+from .checkpoints import load_checkpoint, save_checkpoint
 from .ddp import DistributedDataParallel
 from .gradients import allreduce_gradients, bucket_gradients
 from .parameters import broadcast_parameters
 from .ps_worker import TorchPSWorker, start_parameter_server
+from .sampler import ElasticSampler
 
-__all__ = ["DistributedDataParallel", "allreduce_gradients", "bucket_gradients", "broadcast_parameters", "start_parameter_server",
-           "TorchPSWorker"]
+__all__ = ["DistributedDataParallel", "ElasticSampler", "allreduce_gradients", "bucket_gradients", "broadcast_parameters",
+           "load_checkpoint", "save_checkpoint", "start_parameter_server", "TorchPSWorker"]
