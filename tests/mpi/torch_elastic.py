@@ -1,0 +1,126 @@
+"""An elastic torch loop through a real SIGKILL and a real growth, under ``hpcreduce launch --ft``
+(3 ranks): an MLP with SGD + momentum and a StepLR schedule in ``elastic.State(model=,
+optimizer=, scheduler=, sampler=, rng=)``, batches from ``hpcreduce.torch.ElasticSampler``
+(a global batch of 12, shared by the ranks there are), gradients summed by
+``allreduce_gradients``. Stable id 2 SIGKILLs itself in step 6 between backward and the
+reduction; the discovery file asks for 3 ranks, so one rank is spawned after the recovery.
+Checks, printed "ok NAME (rank R)": the newcomer got the momentum buffers; at the end every
+rank holds the same parameters and momentum, the optimizer steps the model's live parameters,
+every sample of both epochs was trained exactly once (counted through the reductions), the
+failure's event was detected after the kill and carries the time to the next commit, and
+the parameters equal a one-process run without the kill (to summation order).
+Arguments: DISCOVERY_FILE KILL_LOG."""
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import hpcreduce
+import hpcreduce.torch as hpt
+from hpcreduce import elastic
+
+SAMPLES, FEATURES, CLASSES, BATCH, EPOCHS, SEED = 96, 10, 3, 12, 2, 5
+discovery, kill_log = sys.argv[1], sys.argv[2]
+
+ctx = hpcreduce.init()
+generator = torch.Generator().manual_seed(0)
+X = torch.randn(SAMPLES, FEATURES, generator=generator)
+Y = (X[:, :CLASSES] * torch.tensor([1.0, -2.0, 0.5])).argmax(dim=1)
+dataset = torch.utils.data.TensorDataset(X, Y, torch.arange(SAMPLES))
+
+
+def make_model(seed: int):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.Tanh(), torch.nn.Linear(32, CLASSES))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=6, gamma=0.5)
+
+
+def step(model, optimizer, scheduler, x, y, reduce) -> None:
+    optimizer.zero_grad()
+    (F.cross_entropy(model(x), y, reduction="sum") / BATCH).backward()
+    reduce()
+    optimizer.step()
+    scheduler.step()
+
+
+model, optimizer, scheduler = make_model(100 + ctx.rank)
+hpt.broadcast_parameters(model)  # as docs/torch.md says; a spawned rank skips it (no hang)
+sampler = hpt.ElasticSampler(dataset, seed=SEED)
+state = elastic.State(model=model, optimizer=optimizer, scheduler=scheduler, sampler=sampler,
+                      rng=elastic.RandomStates(), seen=np.zeros((EPOCHS, SAMPLES), dtype=np.int64),
+                      discover=discovery)
+
+
+def newcomer_has_momentum() -> None:
+    if ctx.joined and len(state.events) == 1:
+        assert len(optimizer.state) == 4 and all("momentum_buffer" in s for s in optimizer.state.values())
+        print(f"ok newcomer_momentum (rank {ctx.rank})", flush=True)
+
+
+state.register_reset_callbacks([newcomer_has_momentum])
+
+
+@elastic.run
+def train(state):
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH // ctx.size, sampler=sampler)
+    for epoch in range(sampler.epoch, EPOCHS):
+        sampler.set_epoch(epoch)
+        for x, y, index in loader:
+            counts = np.bincount(index.numpy(), minlength=SAMPLES).astype(np.int64)
+
+            def reduce():
+                if state.commits == 6 and state.members.me == 2 and not state.events:
+                    with open(kill_log, "w", encoding="utf-8") as log:
+                        log.write(f"{time.time()}\n")
+                    os.kill(os.getpid(), signal.SIGKILL)  # between backward and the reduction
+                hpt.allreduce_gradients(model, "sum")
+                hpcreduce.allreduce(counts, "sum", out=counts)
+
+            step(model, optimizer, scheduler, x, y, reduce)
+            state.seen[epoch] += counts
+            sampler.record_batch(len(index))
+            state.commit()
+
+
+train(state)
+
+
+def everywhere(tensor) -> bool:
+    values = tensor.detach().numpy()
+    return all(np.array_equal(values, other) for other in ctx.comm.allgather(values))
+
+
+def check(name: str, ok: bool, detail="") -> None:
+    assert ok, f"rank {ctx.rank}: {name}: {detail}"
+    print(f"ok {name} (rank {ctx.rank})", flush=True)
+
+
+params = list(model.parameters())
+check("same_parameters_and_momentum", ctx.size == 3 and all(everywhere(p) for p in params)
+      and all(everywhere(optimizer.state[p]["momentum_buffer"]) for p in params))
+check("live_parameters", all(a is b for a, b in zip(optimizer.param_groups[0]["params"], params)))
+check("every_sample_once", bool((state.seen == 1).all()), state.seen)
+kinds = [(event["kind"], event.get("lost") or event.get("joined")) for event in state.events]
+if not ctx.joined:
+    with open(kill_log, encoding="utf-8") as log:
+        killed_at = float(log.read())
+    failure = state.events[0]
+    check("events", kinds == [("failure", [2]), ("growth", [3])] and failure["detected_at"] >= killed_at
+          and abs(failure["recovered_s"] - (failure["next_step_at"] - failure["detected_at"])) < 1e-3
+          and failure["recovered_s"] < 30, state.events)
+if ctx.rank == 0:
+    reference, ref_optimizer, ref_scheduler = make_model(100)
+    for epoch in range(EPOCHS):
+        order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(SEED + epoch))
+        for start in range(0, SAMPLES, BATCH):
+            batch = order[start:start + BATCH]
+            step(reference, ref_optimizer, ref_scheduler, X[batch], Y[batch], lambda: None)
+    with torch.no_grad():
+        gaps = [float((p - r).abs().max() / r.abs().max()) for p, r in zip(params, reference.parameters())]
+    check("equals_one_process_run", max(gaps) < 1e-5 and scheduler.last_epoch == ref_scheduler.last_epoch, gaps)
+    print(f"largest relative gap {max(gaps):.2e}; events {state.events}", flush=True)

@@ -1,0 +1,33 @@
+"""hpcreduce.elastic with torch objects, hpcreduce.torch.ElasticSampler and torch checkpoints,
+under real mpirun: the checks without failures (tests/mpi/torch_elastic_checks.py), and a
+training loop through a real SIGKILL and a real growth under ``hpcreduce launch --ft``
+(tests/mpi/torch_elastic.py)."""
+import sys
+
+import pytest
+
+from mpi_run import MPI_SCRIPTS, hpcreduce_cli, mpirun
+
+pytest.importorskip("torch")
+TIMEOUT = 120
+
+
+def test_state_sync_refusals_sampler_and_checkpoints(tmp_path):
+    result = mpirun(3, "torch_elastic_checks.py", str(tmp_path), timeout=TIMEOUT)
+    assert result.returncode == 0, result
+    for check in ("sync_in_place_and_lazy_optimizer_state", "another_model_is_refused_on_every_rank",
+                  "random_states_and_dotted_names", "sampler_shares_like_distributed_sampler_and_reshards",
+                  "checkpoints_torch_load_reads"):
+        assert f"ok check_{check}" in result.output, result
+
+
+def test_a_torch_loop_survives_a_kill_and_a_growth_and_equals_a_one_process_run(tmp_path):
+    discovery = tmp_path / "ranks.txt"
+    discovery.write_text("3\n")
+    result = hpcreduce_cli("launch", "-n", "3", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "torch_elastic.py"),
+                           str(discovery), str(tmp_path / "kill.log"), timeout=TIMEOUT, cwd=str(tmp_path))
+    assert result.returncode == 0, result
+    assert result.output.count("ok newcomer_momentum") == 1, result
+    for check, ranks in (("same_parameters_and_momentum", 3), ("live_parameters", 3), ("every_sample_once", 3),
+                         ("events", 2), ("equals_one_process_run", 1)):
+        assert result.output.count(f"ok {check} ") == ranks, (check, result)
