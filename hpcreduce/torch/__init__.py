@@ -21,6 +21,9 @@ Tensors are not copied where it can be helped: a CPU tensor is reduced through i
 view, a CUDA tensor through a cupy view (DLPack; staged through host memory unless MPI is
 CUDA-aware). Bad input (different models on different ranks, a dtype hpcreduce does not
 reduce, sparse or non-finite gradients) raises on every rank, naming the parameter.
+For ``hpcreduce.elastic`` (docs/torch.md, "Elastic torch training"): ``ElasticSampler``
+(``sampler``: DistributedSampler's shares, resharded when the ranks change) and
+``save_checkpoint``/``load_checkpoint`` (``checkpoints``: files plain ``torch.load`` reads).
 """
 from .checkpoints import load_checkpoint, save_checkpoint
 from .ddp import DistributedDataParallel
