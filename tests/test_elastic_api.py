@@ -45,4 +45,4 @@ def test_the_example_without_ulfm_stops_on_every_rank_saying_why(tmp_path):
     result = hpcreduce_cli("launch", "-n", "2", "--", sys.executable, EXAMPLE, timeout=TIMEOUT, cwd=str(tmp_path))
     assert result.returncode != 0, result
     assert result.output.count("FaultToleranceUnavailableError: fault tolerance was asked for, but ULFM is not "
-                               "enabled") == 2, result
+                               "enabled in this launch: launch with hpcreduce launch --ft") == 2, result
