@@ -38,8 +38,9 @@ def save_checkpoint(state: "State", folder: str, step: int, arrays: Mapping[str,
 def written_by_rank_0(state: "State", step: int, write: Callable[[Callable[[], None]], Any]) -> None:
     """Rank 0 calls ``write(halfway)`` (``halfway``: the policy's ``checkpoint`` kills of
     ``step``, to run half way through the file); every rank learns whether it could: the
-    ``OutputFileError`` it raised (or one naming any other error), on every rank. The news is an ``agreed`` block, so rank 0
-    dying meanwhile is recovered from (``Interrupted``) before anyone goes on."""
+    ``OutputFileError`` it raised (or one naming any other error), on every rank. The news is
+    an ``agreed`` block, so rank 0 dying meanwhile is recovered from (``Interrupted``) before
+    anyone goes on."""
     ctx, job = state.context, state.job
     failure = None
     if ctx.rank == 0:

@@ -26,10 +26,10 @@ from ..ft.events import RecoveryEvent
 from ..ft.membership import Membership
 from ..ft.resize import GrowthRule
 from ..runtime.context import Context, init
+from .handlers import handler_for
 from .job import Job, summary
 from .policy import Policy
 from .resizing import request_resize
-from .handlers import handler_for
 from .state_dicts import Layout, layout_difference
 
 OWN_NAMES = frozenset({"commit", "restore", "sync", "register_reset_callbacks", "context", "events", "members",

@@ -32,5 +32,5 @@ from .parameters import broadcast_parameters
 from .ps_worker import TorchPSWorker, start_parameter_server
 from .sampler import ElasticSampler
 
-__all__ = ["DistributedDataParallel", "ElasticSampler", "allreduce_gradients", "bucket_gradients", "broadcast_parameters",
-           "load_checkpoint", "save_checkpoint", "start_parameter_server", "TorchPSWorker"]
+__all__ = ["DistributedDataParallel", "ElasticSampler", "allreduce_gradients", "bucket_gradients",
+           "broadcast_parameters", "load_checkpoint", "save_checkpoint", "start_parameter_server", "TorchPSWorker"]
