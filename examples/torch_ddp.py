@@ -6,7 +6,8 @@
 The model, the optimizer (SGD with momentum), the learning-rate schedule and the sampler
 are tracked by ``hpcreduce.elastic.State``: they are committed after every step, restored in
 place after a failure, and sent to a rank that joins. ``--kill-at S`` makes the rank of
-stable id 1 SIGKILL itself at step S (the survivors go back to their last commit and go on);
+stable id 1 SIGKILL itself inside step S's backward (the others' reductions fail: they go back
+to their last commit and go on);
 ``--grow-at C`` spawns one more rank at commit C (it receives the model, the momentum buffers,
 the schedule and the sampler's place in the epoch; the rest of the epoch is dealt out again).
 ``--compression bf16`` sends the gradients as bfloat16. Rank 0 prints the held-out accuracy
@@ -56,7 +57,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--compression", choices=("bf16", "fp16"), help="gradients travel as 16 bits")
-    parser.add_argument("--kill-at", type=int, help="the rank of stable id 1 SIGKILLs itself at this step")
+    parser.add_argument("--kill-at", type=int, help="the rank of stable id 1 SIGKILLs itself in this step's backward")
     parser.add_argument("--grow-at", type=int, help="one rank joins at this commit")
     args = parser.parse_args()
 
@@ -78,10 +79,11 @@ def main() -> None:
         for epoch in range(sampler.epoch, args.epochs):
             sampler.set_epoch(epoch)
             for x, y in loader:
-                if state.step == args.kill_at and state.members.me == 1 and not ctx.joined:
-                    os.kill(os.getpid(), signal.SIGKILL)
                 optimizer.zero_grad()
-                torch.nn.functional.cross_entropy(model(x), y).backward()
+                logits = model(x)
+                if state.step == args.kill_at and state.members.me == 1 and not ctx.joined:
+                    logits.register_hook(lambda _: os.kill(os.getpid(), signal.SIGKILL))  # dies inside backward
+                torch.nn.functional.cross_entropy(logits, y).backward()
                 optimizer.step()
                 sampler.record_batch(len(x))
                 state.step += 1
