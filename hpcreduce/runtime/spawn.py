@@ -19,10 +19,24 @@ from mpi4py import MPI
 
 from ..errors import LaunchError
 from .failures import release
+from .launch import hostfile_slots
 from .settings import Setting, text_value
 
 SPAWN_INFO = Setting("HPCREDUCE_SPAWN_INFO", text_value, "map_by=slot:oversubscribe",
                      "spawn info as key=value;key=value")
+
+
+def spawn_slots(hostfile: Optional[str]) -> Optional[int]:
+    """The most ranks spawning may take a job to: ``hostfile``'s slots (spawned ranks need free
+    slots there) unless ``HPCREDUCE_SPAWN_INFO`` is set to allow ``oversubscribe``; None (no bound)
+    without a hostfile (the default spawn info oversubscribes), or for one that declares no slots
+    or cannot be read."""
+    if not hostfile or (SPAWN_INFO.is_set() and "oversubscribe" in SPAWN_INFO.value()):
+        return None
+    try:
+        return hostfile_slots(hostfile)
+    except LaunchError:
+        return None
 
 
 def spawn_info(text: Optional[str] = None) -> MPI.Info:
