@@ -147,6 +147,19 @@ def test_a_launcher_that_stays_up_after_the_job_marked_itself_done_is_ended(tmp_
     assert "marked itself done 1 s ago but mpirun is still up; ending it" in capsys.readouterr().err
 
 
+def test_a_launcher_that_stays_up_after_a_rank_aborted_the_job_is_ended_with_the_ranks_code(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Open MPI's mpirun has stayed up after an MPI_Abort in a job that had spawned ranks: a rank
+    that aborts marks it (``abort_job``), and the launcher ends mpirun soon after, exiting its code."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("hpcreduce.runtime.launch.ABORT_GRACE_S", 1.0)
+    script = "import time; from hpcreduce.runtime.launch import mark_aborted; mark_aborted(4); time.sleep(600)"
+    started = time.monotonic()
+    assert run_plan(LaunchPlan([sys.executable, "-c", script]), echo=False, expects_done=True) == 4
+    assert time.monotonic() - started < 30
+    assert "the job was aborted 1 s ago but mpirun is still up; ending it" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_to_the_launcher_stops_the_job_without_a_relaunch(tmp_path, signum, code):
     launcher = subprocess.Popen([sys.executable, "-m", "hpcreduce", "train", "-n", "2", "--restarts", "2",

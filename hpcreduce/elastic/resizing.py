@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 from ..ft.resize import Wanted, discovery_warning
 from ..ft.rounds import attempt
 from ..ft.watchdog import watchdog
+from ..runtime.failures import fatal_failures
 from ..runtime.launch import this_program
 from ..runtime.nodes import rank_nodes
 from ..runtime.spawn import leave_job, spawn_and_merge, split_off
@@ -104,17 +105,19 @@ def leave(state: "State", request: ResizeRequested, started: float) -> Optional[
 
 def grow(state: "State", count: int, kind: str, at: int, started: float) -> None:
     """Spawn ``count`` ranks running this program, merged in after the current ones; send them
-    the membership, the bookkeeping and the values. ``kind``: growth or replacement."""
+    the membership, the bookkeeping and the values. ``kind``: growth or replacement. A rank
+    dying meanwhile ends the job with one clear error (``fatal_failures``)."""
     ctx, job = state.context, state.job
     change = Change(kind, at, ctx.size, time.time())
-    with watchdog.guard(f"{kind} at step {at} (spawn and merge)"):
-        merged = spawn_and_merge(ctx.comm, count, this_program())
-    ctx.replace_comm(merged)
-    change.joined = job.members.grow(count)
-    begun = time.time()
-    with watchdog.guard(f"{kind} at step {at} (state to newcomers)"):
-        ctx.comm.bcast(job.control(), root=0)
-        state.sync()
+    with fatal_failures(f"the {kind} at step {at} (spawning {count} rank(s))", lambda: ctx.comm):
+        with watchdog.guard(f"{kind} at step {at} (spawn and merge)"):
+            merged = spawn_and_merge(ctx.comm, count, this_program())
+        ctx.replace_comm(merged)
+        change.joined = job.members.grow(count)
+        begun = time.time()
+        with watchdog.guard(f"{kind} at step {at} (state to newcomers)"):
+            ctx.comm.bcast(job.control(), root=0)
+            state.sync()
     change.ranks_after = ctx.size
     change.restore_s = time.time() - begun
     change.data_shards = job.policy.data_shards(job.members.ids)

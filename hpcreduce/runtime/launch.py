@@ -26,6 +26,12 @@ DONE_FILE = Setting("HPCREDUCE_DONE_FILE", text_value, "", "a file path (set by 
 DONE_GRACE_S = 30.0
 """How long mpirun may go on after the ranks marked the job done before the launcher ends it
 (Open MPI 5.0.11's mpirun has stayed up for good after spawned ranks, on several nodes)."""
+ABORT_GRACE_S = 5.0
+"""The same after a rank marked the job aborted (``mark_aborted``): Open MPI 5.0.11's mpirun has
+stayed up for good after an MPI_Abort in a job that had spawned ranks; once it works, it is gone
+within a second or two."""
+ABORTED = ".aborted"
+"""Added to the done-marker's path: the marker of a rank that aborts the job, holding its code."""
 
 # ULFM, and the tcp transport (shared memory never reports a dead peer). Open MPI 5.0.11's
 # MPI_Finalize starts with a PMIx fence that has hung about one run in ten after a rank
@@ -200,6 +206,8 @@ def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0, expects_
                     _say(f"stopped by {signal.Signals(stop.signum).name}; not relaunched")
                     return 128 + stop.signum
                 finished = os.path.exists(done)
+                if not finished and os.path.exists(done + ABORTED):
+                    code = _abort_code(done + ABORTED)  # the rank's own, also when the launcher ended mpirun
                 if finished:
                     if code != 0:
                         _say(f"the job finished (its ranks marked it done) but mpirun exited {code}; not relaunched")
@@ -275,17 +283,20 @@ class _Stop:
 
     def _wait(self, child: subprocess.Popen, done: str) -> int:
         """mpirun's exit code; an mpirun still up ``DONE_GRACE_S`` after the ranks wrote
-        ``done`` is ended (SIGTERM, then SIGKILL)."""
-        done_seen = None
+        ``done`` (or a rank ``done`` + ``ABORTED``) is ended (SIGTERM, then SIGKILL)."""
+        ended_seen, how, grace = None, "", DONE_GRACE_S
         while True:
             try:
                 return child.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 pass
-            if done_seen is None:
-                done_seen = time.monotonic() if os.path.exists(done) else None
-            elif time.monotonic() - done_seen > DONE_GRACE_S and self.signum is None:
-                _say(f"the job marked itself done {DONE_GRACE_S:.0f} s ago but mpirun is still up; ending it")
+            if ended_seen is None:
+                how, grace = next(((how, grace) for path, how, grace in (
+                    (done, "marked itself done", DONE_GRACE_S), (done + ABORTED, "was aborted", ABORT_GRACE_S))
+                    if os.path.exists(path)), ("", grace))
+                ended_seen = time.monotonic() if how else None
+            elif time.monotonic() - ended_seen > grace and self.signum is None:
+                _say(f"the job {how} {grace:.0f} s ago but mpirun is still up; ending it")
                 child.terminate()
                 try:
                     return child.wait(timeout=10)
@@ -318,6 +329,28 @@ def mark_done() -> None:
         print(f"hpcreduce: warning: cannot write the done-marker {path} ({err.strerror}): the launcher "
               "will take this finished job for one that did not finish; launch from a folder rank 0's "
               "node shares", file=sys.stderr, flush=True)
+
+
+def mark_aborted(code: int) -> None:
+    """A rank about to abort the job with ``code`` (``runtime.failures.abort_job``): tell
+    ``run_plan``, which ends an mpirun still up ``ABORT_GRACE_S`` later and exits ``code``.
+    Best effort: the abort goes on regardless."""
+    path = DONE_FILE.value()
+    if path:
+        try:
+            with open(path + ABORTED, "w", encoding="utf-8") as marker:
+                marker.write(str(code))
+        except OSError:
+            pass
+
+
+def _abort_code(path: str) -> int:
+    """The code a rank aborted the job with (``mark_aborted``), 1 where it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as marker:
+            return int(marker.read()) or 1
+    except (OSError, ValueError):
+        return 1
 
 
 def this_environment() -> str:

@@ -18,7 +18,7 @@ from typing import NoReturn, Optional, Sequence
 from mpi4py import MPI
 
 from ..errors import LaunchError
-from .failures import release
+from .failures import is_process_failure, release
 from .launch import hostfile_slots
 from .settings import Setting, text_value
 
@@ -67,6 +67,8 @@ def spawn_and_merge(comm: MPI.Intracomm, count: int, command: Sequence[str]) -> 
     try:
         inter = comm.Spawn(command[0], list(command[1:]), maxprocs=count, info=info, root=0)
     except MPI.Exception as err:  # every rank of ``comm`` gets the spawn's error
+        if is_process_failure(err, comm):  # a parent died meanwhile: the caller's to recover from
+            raise
         raise LaunchError(f"cannot start {count} more rank(s): MPI_Comm_spawn failed ({err.Get_error_string()}); "
                           f"most often the hosts have no free slot left: give more slots (--hostfile) "
                           f"or hosts ({SPAWN_INFO.name}, now {SPAWN_INFO.value()!r})") from None
