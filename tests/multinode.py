@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import pytest
 
@@ -42,3 +43,49 @@ def nodes(directory: Path, slots: Sequence[int]) -> Nodes:
     # added to the environment; more ranks than cores: ranks yield while they wait
     env = {"PRTE_MCA_plm_ssh_agent": str(agent), "OMPI_MCA_mpi_yield_when_idle": "1"}
     return Nodes(str(hosts), env, names)
+
+
+def daemon_of(node: str) -> Optional[int]:
+    """The pid of the Open MPI daemon (``prted``) that runs ranks on ``node``, None while there is none."""
+    for pid in (int(name) for name in os.listdir("/proc") if name.isdigit()):
+        if _comm(pid) != "prted":
+            continue
+        host = subprocess.run(["nsenter", "-t", str(pid), "-u", "hostname"], capture_output=True, text=True)
+        if host.stdout.strip() == node and _runs_ranks(pid):
+            return pid
+    return None
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as comm:
+            return comm.read().strip()
+    except OSError:
+        return ""
+
+
+def _runs_ranks(pid: int) -> bool:
+    """Whether daemon ``pid`` has children other than daemons (the agent's prted has the real one)."""
+    for name in (name for name in os.listdir("/proc") if name.isdigit()):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError):
+            continue
+        if parent == pid and _comm(int(name)) not in ("prted", ""):
+            return True
+    return False
+
+
+def processes_naming(text: str) -> List[str]:
+    """Command lines of the running processes that contain ``text`` (a test's own folder, say)."""
+    found = []
+    for name in (name for name in os.listdir("/proc") if name.isdigit()):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as cmdline:
+                words = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in words and int(name) != os.getpid():
+            found.append(f"{name}: {words}")
+    return found

@@ -122,6 +122,20 @@ def test_a_finished_job_is_not_rerun_when_mpirun_fails_after_it(tmp_path, monkey
     assert [p for p in os.listdir(tmp_path) if p.startswith(".hpcreduce-launch-")] == []  # markers cleaned
 
 
+def test_an_exit_0_without_rank_0s_done_marker_is_a_job_that_did_not_finish(tmp_path, monkeypatch, capsys):
+    """hpcreduce's own commands mark their end (``expects_done``): an mpirun that exits 0 without it
+    (Open MPI after a lost daemon) is relaunched, and after the last attempt exits 1, saying why."""
+    monkeypatch.chdir(tmp_path)
+    unmarked = LaunchPlan([sys.executable, "-c", f"open({str(tmp_path / 'n')!r}, 'a').write('x')"])
+    assert run_plan(unmarked, restarts=1, echo=False) == 0  # any other program: its exit code
+    assert run_plan(unmarked, restarts=1, echo=False, expects_done=True) == 1
+    assert (tmp_path / "n").read_text() == "xxx"
+    err = capsys.readouterr().err
+    assert "mpirun exited 0 but rank 0 never marked the job done; restart 1 of 1" in err, err
+    assert err.count("mpirun exited 0 but rank 0 never marked the job done") == 2, err
+    assert run_plan(attempts_plan(tmp_path, 0), restarts=1, echo=False, expects_done=True) == 0
+
+
 def test_a_launcher_that_stays_up_after_the_job_marked_itself_done_is_ended(tmp_path, monkeypatch, capsys):
     """Open MPI's mpirun has stayed up after spawned ranks on several nodes: a job marked done is
     ended after the grace period, and counts as finished (not rerun)."""
@@ -133,6 +147,19 @@ def test_a_launcher_that_stays_up_after_the_job_marked_itself_done_is_ended(tmp_
     assert run_plan(LaunchPlan([sys.executable, "-c", script]), restarts=1, echo=False) == 0
     assert time.monotonic() - started < 60 and (tmp_path / "attempts").read_text() == "x"
     assert "marked itself done 1 s ago but mpirun is still up; ending it" in capsys.readouterr().err
+
+
+def test_a_launcher_that_stays_up_after_a_rank_aborted_the_job_is_ended_with_the_ranks_code(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Open MPI's mpirun has stayed up after an MPI_Abort in a job that had spawned ranks: a rank
+    that aborts marks it (``abort_job``), and the launcher ends mpirun soon after, exiting its code."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("hpcreduce.runtime.launch.ABORT_GRACE_S", 1.0)
+    script = "import time; from hpcreduce.runtime.launch import mark_aborted; mark_aborted(4); time.sleep(600)"
+    started = time.monotonic()
+    assert run_plan(LaunchPlan([sys.executable, "-c", script]), echo=False, expects_done=True) == 4
+    assert time.monotonic() - started < 30
+    assert "the job was aborted 1 s ago but mpirun is still up; ending it" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])

@@ -46,3 +46,11 @@ def test_the_example_without_ulfm_stops_on_every_rank_saying_why(tmp_path):
     assert result.returncode != 0, result
     assert result.output.count("FaultToleranceUnavailableError: fault tolerance was asked for, but ULFM is not "
                                "enabled in this launch: launch with hpcreduce launch --ft") == 2, result
+
+
+def test_a_discovery_file_rank_0_cannot_use_is_a_warning_never_an_end_or_a_hang(tmp_path):
+    result = mpirun(2, "elastic_bad_discovery.py", str(tmp_path / "ranks"), ft=True, timeout=TIMEOUT)
+    assert result.returncode == 0 and result.output.splitlines().count("ok") == 2, result
+    warned = [line for line in result.output.splitlines() if line.startswith("warned: ")]
+    assert len(warned) == 6 and all("the job goes on unchanged" in line for line in warned), result
+    assert "Traceback" not in result.output, result

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -89,6 +90,22 @@ def test_launch_runs_the_ranks_and_passes_their_exit_code_on():
         [f"rank {r} of 3" for r in range(3)]
     failing = hpcreduce_cli("launch", "-n", "2", "--", "python", "-c", "raise SystemExit(3)", timeout=60)
     assert failing.returncode != 0, failing
+
+
+def test_nothing_of_the_job_outlives_its_launcher(tmp_path):
+    # Under ULFM, Open MPI's mpirun exits as soon as one rank exits 1 and leaves the others running
+    # (each rank in a process group of its own): the launcher kills what is left.
+    program = ("import os, sys, time; rank = os.environ['OMPI_COMM_WORLD_RANK']; "
+               f"folder = {str(tmp_path)!r}; open(os.path.join(folder, 'pid' + rank), 'w').write(str(os.getpid()))\n"
+               "while rank == '0' and not os.path.exists(os.path.join(folder, 'pid1')): time.sleep(0.05)\n"
+               "sys.exit(1) if rank == '0' else time.sleep(120)")
+    started = time.monotonic()
+    result = hpcreduce_cli("launch", "-n", "2", "--ft", "--", "python", "-c", program, timeout=60)
+    assert result.returncode == 1 and time.monotonic() - started < 30, result
+    left = int((tmp_path / "pid1").read_text())
+    assert f"1 process(es) of the job outlived mpirun; killed: {left} (python -c" in result.output, result
+    with pytest.raises(ProcessLookupError):
+        os.kill(left, 0)
 
 
 def test_info_outside_and_inside_an_ft_launch():

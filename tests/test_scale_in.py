@@ -13,7 +13,9 @@ import psutil
 import pytest
 from hypothesis import given, strategies as st
 
-from hpcreduce.ft.resize import GrowthRule, Wanted, known_hosts, read_discovery
+from hpcreduce.ft.faults import FaultConfig
+from hpcreduce.ft.resize import GrowthRule, Wanted, discovery_warning, known_hosts, read_discovery
+from hpcreduce.runtime.spawn import SPAWN_INFO, spawn_slots
 from hpcreduce.runtime.nodes import this_node
 from mpi_run import hpcreduce_cli
 
@@ -78,7 +80,9 @@ def test_discovery_files_read_as_a_number_hosts_or_a_clear_problem(tmp_path):
         assert read_discovery(str(path)) == expected
     for text, why in [("0", "asks for 0 ranks"), ("a:b\n", "line 1: 'a:b' is not HOST[:SLOTS]"),
                       ("a\nb c\n", "line 2: 'b c' is not"), ("a:1\na.x:2\n", "line 2: host a is listed twice"),
-                      (f"{node}\nfar:1\n", "line 2: host far is not one the job can run on")]:
+                      (f"{node}\nfar:1\n", "line 2: host far is not one the job can run on"),
+                      ("²\n", "line 1: '²' is not HOST[:SLOTS]"), ("+-3\n", "line 1: '+-3' is not"),  # int() refuses
+                      ("a:²\n", "line 1: 'a:²' is not"), ("3.0\n", "line 1: '3.0' is not"), ("1_000", "'1_000' is not")]:
         path.write_text(text)
         assert why in read_discovery(str(path), known_hosts=[node, "a"])
     path.write_bytes(b"\xff\xfe")
@@ -87,6 +91,24 @@ def test_discovery_files_read_as_a_number_hosts_or_a_clear_problem(tmp_path):
     hostfile.write_text("# the job's hostfile\nfar slots=2\n")
     path.write_text(f"{node}:1\nfar:2\n")  # a host of the hostfile the job does not run on yet: growth
     assert read_discovery(str(path), known_hosts([node], str(hostfile))) == Wanted(3, {node: 1, "far": 2})
+
+
+def test_a_bare_number_is_bounded_by_the_hostfiles_slots_and_a_read_never_raises(tmp_path, monkeypatch):
+    path, hostfile = tmp_path / "discover", tmp_path / "hostfile"
+    hostfile.write_text("a slots=2\nb slots=3\n")
+    path.write_text("1000\n")
+    monkeypatch.delenv(SPAWN_INFO.name, raising=False)
+    rule = FaultConfig(discover=str(path), hostfile=str(hostfile)).growth
+    assert rule.slots == 5 and spawn_slots(None) is None
+    wanted = rule.wanted(1)
+    assert wanted == Wanted(5) and "asks for 1000 ranks, more than the 5 slots of the job's hosts" in wanted.bounded
+    assert rule.count(0, 1, 2, wanted) == 3 and discovery_warning(wanted) == wanted.bounded
+    path.write_text("a:4\nb:9\n")  # hosts name their own slots
+    assert rule.wanted(1) == Wanted(13, {"a": 4, "b": 9})
+    monkeypatch.setenv(SPAWN_INFO.name, "map_by=slot:oversubscribe")  # oversubscribing, as asked: no bound
+    assert FaultConfig(discover=str(path), hostfile=str(hostfile)).growth.slots is None
+    broken = GrowthRule(discover=str(tmp_path / "nul\0name")).wanted(1)  # open() raises ValueError: a problem
+    assert "cannot use it (ValueError" in broken and "goes on unchanged" in discovery_warning(broken)
 
 
 class RankWatch(threading.Thread):
@@ -165,7 +187,7 @@ def test_a_discovery_file_asking_for_fewer_ranks_or_hosts_shrinks_the_job_and_a_
     discover, metrics = tmp_path / "hosts", tmp_path / "metrics.jsonl"
     write_atomically(discover, "3\n")  # fewer than the job starts with: id 3 leaves before step 1
     node = this_node()
-    versions = [f"{node}:two\n", "elsewhere.invalid:2\n", f"# Horovod's format\n{node}:2\n"]
+    versions = [f"{node}:two\n", "+-3\n", "elsewhere.invalid:2\n", f"# Horovod's format\n{node}:2\n"]
     writer = threading.Thread(target=rewrite_as_the_run_goes, args=(discover, metrics, versions), daemon=True)
     writer.start()
     result, data = train(tmp_path, "discovered", "--discover", str(discover), "--metrics", str(metrics))
@@ -176,9 +198,10 @@ def test_a_discovery_file_asking_for_fewer_ranks_or_hosts_shrinks_the_job_and_a_
     assert second["left"] == [2] and (second["ranks_after"], data["ranks"]) == (2, 2), data["recovery"]
     assert_shards_dealt_over(first, [0, 1, 2])
     assert_shards_dealt_over(second, [0, 1])
-    for why in (f"line 1: '{node}:two' is not HOST[:SLOTS]", "line 1: host elsewhere is not one the job can run on"):
+    for why in (f"line 1: '{node}:two' is not HOST[:SLOTS]", "line 1: '+-3' is not HOST[:SLOTS]",
+                "line 1: host elsewhere is not one the job can run on"):
         assert result.output.count(why) == 1, result.output  # printed once, by rank 0, then the job went on
-    assert result.output.count("the job goes on unchanged") == 2
+    assert result.output.count("the job goes on unchanged") == 3 and "Traceback" not in result.output
     assert_same_training(data, reference)
 
 

@@ -18,6 +18,7 @@ from ..benchmarks import soak as soak_bench
 from ..benchmarks import stragglers as stragglers_bench
 from ..benchmarks import torch_ddp as torch_bench
 from ..runtime.files import write_json
+from ..runtime.launch import mark_done
 from .bench_flags import FLAGS, PROBLEMS
 from .checks import launch_problems, output_problems, refuse, setting_problems
 from .flags import flag_names
@@ -60,6 +61,7 @@ def run(args, argv) -> int:
         if args.json_path:
             write_json(args.json_path, result)
             print(f"wrote {args.json_path}", file=sys.stderr)
+        mark_done()  # the launcher takes a job that ends without this for one that did not finish
     return 0
 
 

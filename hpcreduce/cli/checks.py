@@ -17,7 +17,7 @@ from ..ft.watchdog import DEADLINE
 from ..runtime import settings
 from ..runtime.places import Place, place_problems
 from ..runtime.launch import DONE_FILE, hostfile_slots, unknown_hosts
-from ..runtime.spawn import SPAWN_INFO
+from ..runtime.spawn import SPAWN_INFO, spawn_slots
 
 # Every environment setting hpcreduce reads; ``hpcreduce launch`` sets the last two itself.
 SETTINGS = (CHECK, FUSION_BYTES, TABLE, DEADLINE, SPAWN_INFO, KILL_LOG, ATTEMPT, DONE_FILE)
@@ -57,16 +57,9 @@ def output_problems(paths: Mapping[str, Optional[str]]) -> List[SettingProblem]:
 
 
 def growth_slots_problem(args: argparse.Namespace, grown: int) -> Optional[str]:
-    """Growth by ``grown`` ranks past --hostfile's slots: a hostfile says how many ranks its
-    hosts take, so spawning past them is refused unless ``HPCREDUCE_SPAWN_INFO`` is set to
-    allow ``oversubscribe`` (its default allows it only for runs without a hostfile)."""
-    if not (grown and args.hostfile) or (SPAWN_INFO.is_set() and SPAWN_INFO.problem() is None
-                                         and any("oversubscribe" in value for _, value in SPAWN_INFO.value())):
-        return None
-    try:
-        slots = hostfile_slots(args.hostfile)
-    except LaunchError:  # reported by launch_problems
-        return None
+    """Growth by ``grown`` ranks past the slots spawning may use (``spawn_slots``: --hostfile's,
+    unless ``HPCREDUCE_SPAWN_INFO`` is set to allow ``oversubscribe``)."""
+    slots = spawn_slots(args.hostfile) if grown else None
     if slots is None or args.ranks + grown <= slots:
         return None
     return (f"--grow/--grow-servers take the job to {args.ranks + grown} ranks, past the {slots} slots of "

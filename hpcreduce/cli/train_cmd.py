@@ -55,6 +55,7 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     from mpi4py import MPI
     from ..errors import FaultToleranceUnavailableError, HpcreduceError
     from ..runtime.context import init
+    from ..runtime.failures import abort_job
     from ..runtime.launch import mark_done
     from ..train.api import run_checked  # the trainers, loaded before MPI starts: a spawned rank joins sooner
     from ..train.models import build
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     except Exception:  # may be this rank's alone, and would leave the others waiting: end the job
         traceback.print_exc()
         sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+        abort_job(1)
     if ctx.rank == 0:
         mark_done()  # the result is written: a launcher seeing mpirun fail after this does not rerun
     return 0

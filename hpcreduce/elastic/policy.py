@@ -1,7 +1,7 @@
 """``Policy``: how an elastic run changes its job, given as values.
 
 A user's loop gets the default: growth and scale-in only from ``State(discover=FILE)``,
-no injected kills, nothing printed, ULFM required, and the job marked done for
+no injected kills, nothing printed but warnings (Python's), ULFM required, and the job marked done for
 ``hpcreduce launch`` once ``run`` returned after a change. A trainer (the ring) passes its
 own: the ``ft.resize.GrowthRule`` of its flags, the ``ft.inject.KillSchedule``, whether a
 lost rank is replaced, what each change reports (``data_shards``), where lines go, and how
@@ -9,6 +9,7 @@ its step is numbered.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, List, Optional, Sequence
 
@@ -27,7 +28,12 @@ def no_shards(_ids: Sequence[int]) -> List[List[Any]]:
 
 
 def silent(_line: str) -> None:
-    """The default ``echo``: recovery lines and warnings are not printed."""
+    """The default ``echo``: recovery lines are not printed."""
+
+
+def python_warning(line: str) -> None:
+    """The default ``warn``: a ``RuntimeWarning`` (Python's warnings: printed once by default)."""
+    warnings.warn(line, RuntimeWarning, stacklevel=2)
 
 
 @dataclass(frozen=True)
@@ -39,8 +45,9 @@ class Policy:
     recovery; ``kills``: injected failures (``recovery`` kills strike between revoke and
     shrink, ``checkpoint`` kills half way through ``save_checkpoint``; ``step`` kills are the
     loop's to strike); ``data_shards(ids)``: who reads which training shards after a change,
-    ranks by stable id in rank order; ``echo``: rank 0's console (recovery lines, the
-    discovery file's warning); ``step_of(state)``: the number of the moment a change happens
+    ranks by stable id in rank order; ``echo``: rank 0's console (recovery lines); ``warn``:
+    rank 0's warnings (a discovery file it cannot use or that asks for more ranks than there
+    are slots); ``step_of(state)``: the number of the moment a change happens
     at (the step being attempted; default the commit count); ``needs_ulfm``: without ULFM
     ``run`` refuses (else it calls the loop once, and every ``agreed`` block runs under the
     deadline watchdog); ``marks_done``: rank 0 marks the job done once ``run`` returned after
@@ -52,6 +59,7 @@ class Policy:
     kills: KillSchedule = field(default_factory=KillSchedule)
     data_shards: Callable[[Sequence[int]], List[List[Any]]] = no_shards
     echo: Callable[[str], None] = silent
+    warn: Callable[[str], None] = python_warning
     step_of: Callable[[Any], int] = commit_count
     needs_ulfm: bool = True
     marks_done: bool = True

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..ft.rounds import Shrunk, shrink_until_restored
+from ..runtime.failures import fatal_failures
 from .job import Change
 from .resizing import grow
 
@@ -45,9 +46,10 @@ def recover(state: "State", detected: float) -> None:
 
 def join(state: "State") -> None:
     """A newcomer: take the membership, the bookkeeping and rank 0's values, as the job sends them."""
-    started = time.time()
-    state._adopt(state.context.comm.bcast(None, root=0))
-    state.sync()
+    started, ctx = time.time(), state.context
+    with fatal_failures("a newcomer's start (the state sent to it)", lambda: ctx.comm):
+        state._adopt(ctx.comm.bcast(None, root=0))
+        state.sync()
     change = Change("joined", state.job.policy.step_of(state), state.context.size, started)
     change.joined = [state.members.me]
     change.ranks_after = state.context.size

@@ -16,9 +16,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from ..ft.resize import Wanted
+from ..ft.resize import Wanted, discovery_warning
 from ..ft.rounds import attempt
 from ..ft.watchdog import watchdog
+from ..runtime.failures import fatal_failures
 from ..runtime.launch import this_program
 from ..runtime.nodes import rank_nodes
 from ..runtime.spawn import leave_job, spawn_and_merge, split_off
@@ -60,7 +61,8 @@ def request_resize(state: "State", at: int) -> None:
 def _poll(state: "State", at: int) -> Tuple[Optional[Wanted], List[str]]:
     """What the discovery file asks for (rank 0 reads it; everyone gets the answer) and the
     node of every rank (gathered first when the policy checks the file's hosts, else only for
-    a file of hosts). A problem with the file is echoed once and changes nothing."""
+    a file of hosts). A problem with the file is a warning (once, on rank 0) and changes nothing;
+    rank 0's read never raises (``GrowthRule.wanted``), so no rank is left in the broadcast."""
     job, ctx = state.job, state.context
     check = job.policy.known_hosts
     with watchdog.guard(f"discovery file before step {at}"):
@@ -69,11 +71,11 @@ def _poll(state: "State", at: int) -> Tuple[Optional[Wanted], List[str]]:
         found = ctx.comm.bcast(found, root=0)
         if nodes is None and isinstance(found, Wanted) and found.hosts is not None:
             nodes = rank_nodes(ctx.comm)
-    problem = found if isinstance(found, str) else None
-    if problem and problem != job.warned:
-        job.policy.echo(f"warning: {problem}; the job goes on unchanged (fix the file: it is read again)")
-    job.warned = problem
-    return (None if problem else found), nodes or []
+    note = discovery_warning(found)
+    if note and note != job.warned and ctx.rank == 0:
+        job.policy.warn(f"warning: {note}")
+    job.warned = note
+    return (None if isinstance(found, str) else found), nodes or []
 
 
 def leave(state: "State", request: ResizeRequested) -> Optional[float]:
@@ -103,17 +105,19 @@ def leave(state: "State", request: ResizeRequested) -> Optional[float]:
 
 def grow(state: "State", count: int, kind: str, at: int) -> None:
     """Spawn ``count`` ranks running this program, merged in after the current ones; send them
-    the membership, the bookkeeping and the values. ``kind``: growth or replacement."""
+    the membership, the bookkeeping and the values. ``kind``: growth or replacement. A rank
+    dying meanwhile ends the job with one clear error (``fatal_failures``)."""
     ctx, job = state.context, state.job
     change = Change(kind, at, ctx.size, time.time())
-    with watchdog.guard(f"{kind} at step {at} (spawn and merge)"):
-        merged = spawn_and_merge(ctx.comm, count, this_program())
-    ctx.replace_comm(merged)
-    change.joined = job.members.grow(count)
-    begun = time.time()
-    with watchdog.guard(f"{kind} at step {at} (state to newcomers)"):
-        ctx.comm.bcast(job.control(), root=0)
-        state.sync()
+    with fatal_failures(f"the {kind} at step {at} (spawning {count} rank(s))", lambda: ctx.comm):
+        with watchdog.guard(f"{kind} at step {at} (spawn and merge)"):
+            merged = spawn_and_merge(ctx.comm, count, this_program())
+        ctx.replace_comm(merged)
+        change.joined = job.members.grow(count)
+        begun = time.time()
+        with watchdog.guard(f"{kind} at step {at} (state to newcomers)"):
+            ctx.comm.bcast(job.control(), root=0)
+            state.sync()
     change.ranks_after = ctx.size
     change.restore_s = time.time() - begun
     change.data_shards = job.policy.data_shards(job.members.ids)

@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from ..errors import SettingProblem, setting_problem
 from ..runtime.options import Bound, at_least, field_problems, option, positive_finite
+from ..runtime.spawn import spawn_slots
 from .inject import Kill, KillSchedule, NodeKill, hostfile_node_problem, parse_kill, parse_kill_node
 from .resize import GrowthRule, parse_grow, parse_leave
 
@@ -185,8 +186,10 @@ class FaultConfig:
 
     @property
     def growth(self) -> GrowthRule:
-        """When the job grows (``grow`` entries and the discovery file)."""
-        return GrowthRule(tuple(self.grow), self.discover, self.discover_every, tuple(self.leave))
+        """When the job grows (``grow`` entries and the discovery file, whose bare number the
+        hostfile's slots bound: ``spawn_slots``)."""
+        return GrowthRule(tuple(self.grow), self.discover, self.discover_every, tuple(self.leave),
+                          spawn_slots(self.hostfile) if self.discover else None)
 
     def schedule(self, seed: int, protected: Sequence[int] = (0,)) -> KillSchedule:
         """The kill schedule; random kills draw from ``kill_seed``, else the run's ``seed``,

@@ -11,7 +11,8 @@ many ranks to add then (after the leavers are gone). The spawn and merge themsel
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Collection, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import LaunchError
@@ -19,15 +20,22 @@ from ..runtime.launch import hostfile_hosts
 from ..runtime.nodes import this_node
 
 LOCAL_NAMES = ("localhost", "127.0.0.1")
+_NUMBER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: str.isdigit also takes "²", which int refuses
+_SLOTS = re.compile(r"[0-9]+")
+_HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a host name or address: no spaces, signs or other scripts
+_NUMBERLIKE = re.compile(r"[0-9_.]+")
+_IPV4 = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}")
 
 
 @dataclass(frozen=True)
 class Wanted:
     """What a discovery file asks for: ``total`` ranks; ``hosts``: {host: slots} (short
-    names, in file order), or None for a file holding a plain number."""
+    names, in file order), or None for a file holding a plain number; ``bounded``: the
+    warning when that number was cut down to the slots there are (``GrowthRule.slots``)."""
 
     total: int
     hosts: Optional[Dict[str, int]] = None
+    bounded: Optional[str] = field(default=None, compare=False)
 
 
 Discovery = Union[Wanted, str, None]
@@ -37,21 +45,36 @@ Discovery = Union[Wanted, str, None]
 @dataclass(frozen=True)
 class GrowthRule:
     """``grow``: (count, step) entries; ``leave``: (id, step) entries; ``discover``: the
-    discovery file, read at steps that are multiples of ``discover_every``."""
+    discovery file, read at steps that are multiples of ``discover_every``; ``slots``: the
+    most ranks the job's hosts take (``runtime.spawn.spawn_slots``; None: no bound), which
+    bounds the file's bare number."""
 
     grow: Sequence[Tuple[int, int]] = ()
     discover: Optional[str] = None
     discover_every: int = 1
     leave: Sequence[Tuple[int, int]] = ()
+    slots: Optional[int] = None
 
     def reads_target(self, step: int) -> bool:
         """Whether the discovery file is read before ``step``."""
         return bool(self.discover) and step % self.discover_every == 0
 
     def wanted(self, step: int, known_hosts: Optional[Collection[str]] = None) -> Discovery:
-        """The discovery file's answer when it is read before ``step`` (None otherwise);
-        read by one rank, which broadcasts it (the answer pickles)."""
-        return read_discovery(self.discover, known_hosts) if self.reads_target(step) else None
+        """The discovery file's answer when it is read before ``step`` (None otherwise); a bare
+        number past ``slots`` is cut down to them (``Wanted.bounded`` says so). Read by one rank,
+        which broadcasts it (the answer pickles); never raises, since the others wait for it: a
+        file it cannot use is a problem like any other."""
+        if not self.reads_target(step):
+            return None
+        try:
+            found = read_discovery(self.discover, known_hosts)
+        except Exception as err:  # noqa: BLE001 - whatever the file holds, the job goes on
+            return f"discovery file {self.discover}: cannot use it ({type(err).__name__}: {err})"
+        slots = self.slots
+        if isinstance(found, Wanted) and found.hosts is None and slots is not None and found.total > slots:
+            return Wanted(slots, bounded=f"discovery file {self.discover} asks for {found.total} ranks, more than "
+                                         f"the {slots} slots of the job's hosts: the job grows to {slots} at most")
+        return found
 
     def count(self, after: int, step: int, size: int, target: Union[Wanted, int, None] = None) -> int:
         """Ranks to add to a job of ``size`` ranks (the leavers gone) before ``step``, growth
@@ -86,6 +109,14 @@ class GrowthRule:
         if present and leaving >= present:  # never the last rank: the lowest id stays
             leaving.discard(min(present))
         return sorted(leaving)
+
+
+def discovery_warning(found: Discovery) -> Optional[str]:
+    """What rank 0 warns of for the discovery file's answer ``found``, if anything: a problem (the
+    job goes on unchanged) or a number cut down to the slots there are."""
+    if isinstance(found, str):
+        return f"{found}; the job goes on unchanged (fix the file: it is read again)"
+    return found.bounded if isinstance(found, Wanted) else None
 
 
 def _number_at_step(text: str, form: str, example: str) -> Tuple[int, int]:
@@ -130,14 +161,14 @@ def read_discovery(path: str, known_hosts: Optional[Collection[str]] = None) -> 
     lines = [(number, line) for number, line in lines if line]
     if not lines:
         return None
-    if len(lines) == 1 and lines[0][1].lstrip("+-").isdigit():
+    if len(lines) == 1 and _NUMBER.fullmatch(lines[0][1]):
         total = int(lines[0][1])
         return Wanted(total) if total >= 1 else f"discovery file {path}: asks for {total} ranks; at least 1 must run"
     hosts: Dict[str, int] = {}
     for number, line in lines:
-        host, colon, slots = line.partition(":")
-        name = _short(host.strip())
-        if not name or " " in line or (colon and not slots.strip().isdigit()) or (colon and int(slots) < 1):
+        host, colon, slots = (part.strip() for part in line.partition(":"))
+        name = _short(host)
+        if not _is_host(host) or (colon and not (_SLOTS.fullmatch(slots) and int(slots) >= 1)):
             return (f"discovery file {path} line {number}: {line!r} is not HOST[:SLOTS] (SLOTS a number >= 1) "
                     "nor, alone in the file, a number of ranks")
         if name in hosts:
@@ -147,6 +178,11 @@ def read_discovery(path: str, known_hosts: Optional[Collection[str]] = None) -> 
                     f"(known: {', '.join(sorted({_short(known) for known in known_hosts}))})")
         hosts[name] = int(slots) if colon else 1
     return Wanted(sum(hosts.values()), hosts)
+
+
+def _is_host(text: str) -> bool:
+    """Whether ``text`` can name a host: a name or an IPv4 address, not a mistyped number (``3.0``, ``1_000``)."""
+    return bool(_HOST.fullmatch(text)) and (not _NUMBERLIKE.fullmatch(text) or bool(_IPV4.fullmatch(text)))
 
 
 def known_hosts(nodes: Sequence[str], hostfile: Optional[str] = None) -> Set[str]:

@@ -59,13 +59,14 @@ class Watchdog:
     def _expire(self, what: str, waited: float) -> None:
         from mpi4py import MPI
         from ..errors import DeadlineExceededError
+        from ..runtime.failures import abort_job
         world = MPI.COMM_WORLD
         error = DeadlineExceededError(
             f"rank {world.Get_rank()} of {world.Get_size()} waited {waited:.1f} s in {what} "
             f"(deadline {self.deadline_s:g} s, HPCREDUCE_DEADLINE) and MPI reported no failure: "
             f"a peer is hung; aborting the job")
         print(f"hpcreduce: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-        world.Abort(3)
+        abort_job(3)
 
 
 watchdog = Watchdog()

@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from ..errors import FaultToleranceUnavailableError, UnsupportedInputError
 from . import environment
-from .failures import release
+from .failures import abort_job, release
 from .spawn import merge_with_parent
 
 
@@ -184,7 +184,7 @@ def refuse_comm(comm: object) -> NoReturn:
         sys.stderr.write(f"hpcreduce: UnsupportedInputError: {message}; its peers cannot be told on a "
                          "communicator it cannot name, so it aborts the job\n")
         sys.stderr.flush()
-        world.Abort(1)
+        abort_job(1)
     raise UnsupportedInputError(message)
 
 

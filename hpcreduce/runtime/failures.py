@@ -1,9 +1,13 @@
 """Recognising ULFM's reports of dead peers, and leaving no request behind after one."""
 from __future__ import annotations
 
-from typing import Iterable, List, Optional
+import sys
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator, List, NoReturn, Optional
 
 from mpi4py import MPI
+
+from .launch import mark_aborted
 
 FAILURE_CLASSES = frozenset({MPI.ERR_PROC_FAILED, MPI.ERR_REVOKED,
                              getattr(MPI, "ERR_PROC_FAILED_PENDING", MPI.ERR_PROC_FAILED)})
@@ -88,3 +92,31 @@ def _is_revoked(comm: MPI.Comm) -> bool:
 
 _REVOKED: List[MPI.Comm] = []
 """The revoked communicators ``release`` kept (a few per recovery)."""
+
+
+def abort_job(code: int) -> NoReturn:
+    """``MPI_Abort`` of the whole job with ``code``, the launcher told first (``mark_aborted``):
+    Open MPI 5.0.11's mpirun has stayed up after an abort in a job that had spawned ranks."""
+    mark_aborted(code)
+    MPI.COMM_WORLD.Abort(code)
+    raise SystemExit(code)  # not reached: Abort ends the process
+
+
+@contextmanager
+def fatal_failures(what: str, comm: Callable[[], MPI.Comm]) -> Iterator[None]:
+    """A process failure inside the block (judged against ``comm()``, the communicator in use
+    when it is raised) ends the job at once with one clear error on every rank that sees it
+    (``abort_job``), instead of raw MPI errors on some ranks and a wait until the deadline on
+    others. For the changes of membership no recovery can take back: Open MPI 5.0.11's
+    ``MPI_Comm_spawn`` never returns on its root once a parent died during it (a revoke does not
+    interrupt it), and newcomers half merged in have no state to go back to."""
+    try:
+        yield
+    except MPI.Exception as error:
+        if not is_process_failure(error, comm()):
+            raise
+        world = MPI.COMM_WORLD
+        print(f"hpcreduce: rank {world.Get_rank()}: a rank died during {what} ({error.Get_error_string()}), which "
+              "cannot be recovered from: the job ends (relaunch it to resume from a checkpoint: --checkpoint-dir "
+              "with --restarts)", file=sys.stderr, flush=True)
+        abort_job(4)

@@ -1,10 +1,10 @@
 """Run a command to its end as a job of its own, ended whole when it outlives its timeout.
 
-``run_job`` starts the command in a new session, so that mpirun (or srun) and every rank
-it started form one process group, and waits at most ``timeout`` seconds. A job still
+``run_job`` starts the command in a new session and process group, which mpirun (or srun)
+and the ranks it starts on this host share, and waits at most ``timeout`` seconds. A job still
 running then, or when the caller is interrupted, is ended whole (``stop_job``): SIGTERM to
-the group (mpirun and srun pass it on to the ranks), SIGKILL after ``grace`` seconds. A
-hung job becomes a timed-out result, never a stuck caller.
+the group (mpirun and srun pass it on to the ranks), SIGKILL after ``grace`` seconds, then
+SIGKILL to what is left of its session. A hung job becomes a timed-out result, never a stuck caller.
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from typing import IO, Mapping, Optional, Sequence
+
+from .processes import end_session
 
 
 @dataclass
@@ -56,15 +58,17 @@ def run_job(argv: Sequence[str], *, timeout: float, env: Optional[Mapping[str, s
 
 def stop_job(child: subprocess.Popen, grace: float = 10) -> None:
     """End a job still running: SIGTERM to its process group, SIGKILL if it lingers past
-    ``grace`` seconds (at once when ``grace`` is 0)."""
+    ``grace`` seconds (at once when ``grace`` is 0); then SIGKILL whatever is left in its
+    session (Open MPI's ranks leave mpirun's process group, not its session)."""
     for sig in ((signal.SIGTERM,) if grace > 0 else ()) + (signal.SIGKILL,):
         if child.poll() is not None:
-            return
+            break
         try:
             os.killpg(child.pid, sig)
         except ProcessLookupError:
-            return
+            break
         try:
             child.wait(timeout=grace if sig == signal.SIGTERM else None)
         except subprocess.TimeoutExpired:
             continue
+    end_session(child.pid)

@@ -14,16 +14,24 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..errors import LaunchError
 from .environment import usable_cores
+from .mpirun_output import OutputRelay
+from .processes import adopting_orphans, children, end_orphans
 from .settings import Setting, text_value
 
 DONE_FILE = Setting("HPCREDUCE_DONE_FILE", text_value, "", "a file path (set by the launcher)")
 DONE_GRACE_S = 30.0
 """How long mpirun may go on after the ranks marked the job done before the launcher ends it
 (Open MPI 5.0.11's mpirun has stayed up for good after spawned ranks, on several nodes)."""
+ABORT_GRACE_S = 5.0
+"""The same after a rank marked the job aborted (``mark_aborted``): Open MPI 5.0.11's mpirun has
+stayed up for good after an MPI_Abort in a job that had spawned ranks; once it works, it is gone
+within a second or two."""
+ABORTED = ".aborted"
+"""Added to the done-marker's path: the marker of a rank that aborts the job, holding its code."""
 
 # ULFM, and the tcp transport (shared memory never reports a dead peer). Open MPI 5.0.11's
 # MPI_Finalize starts with a PMIx fence that has hung about one run in ten after a rank
@@ -167,16 +175,20 @@ def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,
     return LaunchPlan(argv, env, path_first)
 
 
-def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0) -> int:
-    """Print the plan, run it, pass SIGINT/SIGTERM on to mpirun, return its exit code.
+def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0, expects_done: bool = False) -> int:
+    """Print the plan, run it, pass SIGINT/SIGTERM on to mpirun, return the job's exit code.
 
-    With ``restarts`` R, a failed job (non-zero exit) is started again up to R times,
-    with ``HPCREDUCE_ATTEMPT`` set to the attempt's number (0 first): a job with
-    ``--checkpoint-dir`` resumes from its latest checkpoint, with however many ranks
-    the relaunch has. This is the fallback where MPI has no ULFM. Never relaunched: a
-    job stopped by SIGINT or SIGTERM (a user's stop: passed on, then 128 + the signal
-    returned), and a job whose ranks marked it done (``mark_done``) before mpirun
-    exited non-zero (Open MPI's exit 137 after spawned ranks ended): that returns 0.
+    The job did not finish when mpirun exits non-zero, when mpirun reported a lost daemon
+    (Open MPI 5.0.11's exits 0 then: ``mpirun_output``), or, with ``expects_done`` (hpcreduce's
+    own commands, whose rank 0 marks the end: ``mark_done``), when rank 0 never marked it done.
+    Such a job is started again up to ``restarts`` times, with ``HPCREDUCE_ATTEMPT`` set to the
+    attempt's number (0 first): a job with ``--checkpoint-dir`` resumes from its latest checkpoint,
+    with however many ranks the relaunch has (the fallback where MPI has no ULFM); after the last,
+    the reason is printed and the code is mpirun's, or 1 where mpirun said 0. Never relaunched: a
+    job stopped by SIGINT or SIGTERM (a user's stop: passed on, then 128 + the signal returned),
+    and a job whose ranks marked it done before mpirun exited non-zero (Open MPI's exit 137 after
+    spawned ranks ended): that returns 0. Whatever of the job outlives mpirun is killed
+    (``processes.end_orphans``): nothing outlives its launcher.
     """
     if restarts < 0:
         raise LaunchError(f"--restarts must be 0 or more, got {restarts}")
@@ -186,26 +198,48 @@ def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0) -> int:
     previous = {sig: signal.signal(sig, stop.forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     marker_folder = _marker_folder()
     try:
-        for attempt in range(restarts + 1):
-            done = os.path.join(marker_folder, f"done-{attempt}")
-            code = stop.run(plan, {"HPCREDUCE_ATTEMPT": str(attempt), DONE_FILE.name: done}, done)
-            if stop.signum is not None:
-                print(f"hpcreduce: stopped by {signal.Signals(stop.signum).name}; not relaunched",
-                      file=sys.stderr, flush=True)
-                return 128 + stop.signum
-            if code != 0 and os.path.exists(done):
-                print(f"hpcreduce: the job finished (its ranks marked it done) but mpirun exited {code}; "
-                      "not relaunched", file=sys.stderr, flush=True)
-                return 0
-            if code == 0 or attempt == restarts:
-                return code
-            print(f"hpcreduce: the job failed (exit code {code}); restart {attempt + 1} of {restarts}",
-                  file=sys.stderr, flush=True)
-        return code
+        with adopting_orphans():
+            for attempt in range(restarts + 1):
+                done = os.path.join(marker_folder, f"done-{attempt}")
+                code, lost = stop.run(plan, {"HPCREDUCE_ATTEMPT": str(attempt), DONE_FILE.name: done}, done)
+                if stop.signum is not None:
+                    _say(f"stopped by {signal.Signals(stop.signum).name}; not relaunched")
+                    return 128 + stop.signum
+                finished = os.path.exists(done)
+                if not finished and os.path.exists(done + ABORTED):
+                    code = _abort_code(done + ABORTED)  # the rank's own, also when the launcher ended mpirun
+                if finished:
+                    if code != 0:
+                        _say(f"the job finished (its ranks marked it done) but mpirun exited {code}; not relaunched")
+                    return 0
+                failure = _failure(code, lost, expects_done)
+                if failure is None:
+                    return 0
+                if attempt == restarts:
+                    _say(failure)
+                    return code or 1
+                _say(f"{failure}; restart {attempt + 1} of {restarts}")
+        return code or 1
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         shutil.rmtree(marker_folder, ignore_errors=True)
+
+
+def _failure(code: int, lost: Optional[Set[str]], expects_done: bool) -> Optional[str]:
+    """Why an attempt that rank 0 did not mark done failed; None when it did not fail."""
+    if lost is not None:
+        where = f"of node(s) {', '.join(sorted(lost))}" if lost else "of a node (mpirun did not say which)"
+        return f"the job did not finish: mpirun lost the daemon {where} and exited {code}"
+    if code != 0:
+        return f"the job failed (exit code {code})"
+    if expects_done:
+        return "the job did not finish: mpirun exited 0 but rank 0 never marked the job done"
+    return None
+
+
+def _say(message: str) -> None:
+    print(f"hpcreduce: {message}", file=sys.stderr, flush=True)
 
 
 class _Stop:
@@ -220,25 +254,49 @@ class _Stop:
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
-    def run(self, plan: LaunchPlan, added: Mapping[str, str], done: str) -> int:
-        """One attempt to its end (none once a stop signal came); an mpirun still up
-        ``DONE_GRACE_S`` after the ranks wrote ``done`` is ended (SIGTERM, then SIGKILL)."""
+    def run(self, plan: LaunchPlan, added: Mapping[str, str], done: str) -> Tuple[int, Optional[Set[str]]]:
+        """One attempt to its end (none once a stop signal came): mpirun's exit code and the
+        nodes whose daemon it reported lost (None: none lost). mpirun's output is relayed
+        (``OutputRelay``); what is left of the job once mpirun ended is killed."""
         if self.signum is not None:
-            return 128 + self.signum
-        self.child = child = subprocess.Popen(plan.argv, env={**plan.environment(os.environ), **added})
-        if self.signum is not None:  # it came while mpirun started
-            child.send_signal(self.signum)
-        done_seen = None
+            return 128 + self.signum, None
+        known = children()
+        relay = OutputRelay(sys.stdout, sys.stderr)
+        try:
+            self.child = child = subprocess.Popen(plan.argv, env={**plan.environment(os.environ), **added},
+                                                  **relay.child_files())
+        finally:
+            relay.start()
+        try:
+            if self.signum is not None:  # it came while mpirun started
+                child.send_signal(self.signum)
+            code = self._wait(child, done)
+        finally:
+            if child.poll() is None:  # the launcher itself is failing
+                child.kill()
+                child.wait()
+            left = end_orphans(known)
+            relay.finish()
+        if left:
+            _say(f"{len(left)} process(es) of the job outlived mpirun; killed: {'; '.join(left)}")
+        return code, relay.lost_nodes()
+
+    def _wait(self, child: subprocess.Popen, done: str) -> int:
+        """mpirun's exit code; an mpirun still up ``DONE_GRACE_S`` after the ranks wrote
+        ``done`` (or a rank ``done`` + ``ABORTED``) is ended (SIGTERM, then SIGKILL)."""
+        ended_seen, how, grace = None, "", DONE_GRACE_S
         while True:
             try:
                 return child.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 pass
-            if done_seen is None:
-                done_seen = time.monotonic() if os.path.exists(done) else None
-            elif time.monotonic() - done_seen > DONE_GRACE_S and self.signum is None:
-                print(f"hpcreduce: the job marked itself done {DONE_GRACE_S:.0f} s ago but mpirun is still up; "
-                      "ending it", file=sys.stderr, flush=True)
+            if ended_seen is None:
+                how, grace = next(((how, grace) for path, how, grace in (
+                    (done, "marked itself done", DONE_GRACE_S), (done + ABORTED, "was aborted", ABORT_GRACE_S))
+                    if os.path.exists(path)), ("", grace))
+                ended_seen = time.monotonic() if how else None
+            elif time.monotonic() - ended_seen > grace and self.signum is None:
+                _say(f"the job {how} {grace:.0f} s ago but mpirun is still up; ending it")
                 child.terminate()
                 try:
                     return child.wait(timeout=10)
@@ -259,15 +317,40 @@ def _marker_folder() -> str:
 
 
 def mark_done() -> None:
-    """Rank 0 of a finished job: tell ``run_plan`` that the job's work is done."""
+    """Rank 0 of a finished job: tell ``run_plan`` that the job's work is done (without it, the
+    launcher of an hpcreduce command takes the job for one that did not finish)."""
     path = DONE_FILE.value()
     if not path:
         return
     try:
         with open(path, "w", encoding="utf-8"):
             pass
-    except OSError:  # rank 0 on a node that does not share the launcher's folder: a rerun stays possible
-        return
+    except OSError as err:  # rank 0 on a node that does not share the launcher's folder
+        print(f"hpcreduce: warning: cannot write the done-marker {path} ({err.strerror}): the launcher "
+              "will take this finished job for one that did not finish; launch from a folder rank 0's "
+              "node shares", file=sys.stderr, flush=True)
+
+
+def mark_aborted(code: int) -> None:
+    """A rank about to abort the job with ``code`` (``runtime.failures.abort_job``): tell
+    ``run_plan``, which ends an mpirun still up ``ABORT_GRACE_S`` later and exits ``code``.
+    Best effort: the abort goes on regardless."""
+    path = DONE_FILE.value()
+    if path:
+        try:
+            with open(path + ABORTED, "w", encoding="utf-8") as marker:
+                marker.write(str(code))
+        except OSError:
+            pass
+
+
+def _abort_code(path: str) -> int:
+    """The code a rank aborted the job with (``mark_aborted``), 1 where it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as marker:
+            return int(marker.read()) or 1
+    except (OSError, ValueError):
+        return 1
 
 
 def this_environment() -> str:

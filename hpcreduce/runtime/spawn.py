@@ -18,7 +18,8 @@ from typing import NoReturn, Optional, Sequence, Tuple
 from mpi4py import MPI
 
 from ..errors import LaunchError
-from .failures import release
+from .failures import is_process_failure, release
+from .launch import hostfile_slots
 from .settings import Setting
 
 
@@ -36,6 +37,20 @@ def info_items(text: str) -> Tuple[Tuple[str, str], ...]:
 
 SPAWN_INFO = Setting("HPCREDUCE_SPAWN_INFO", info_items, info_items("map_by=slot:oversubscribe"),
                      "spawn info as key=value;key=value")
+
+
+def spawn_slots(hostfile: Optional[str]) -> Optional[int]:
+    """The most ranks spawning may take a job to: ``hostfile``'s slots (spawned ranks need free
+    slots there) unless ``HPCREDUCE_SPAWN_INFO`` is set to allow ``oversubscribe``; None (no bound)
+    without a hostfile (the default spawn info oversubscribes), or for one that declares no slots
+    or cannot be read."""
+    if not hostfile or (SPAWN_INFO.is_set() and SPAWN_INFO.problem() is None
+                        and any("oversubscribe" in value for _, value in SPAWN_INFO.value())):
+        return None
+    try:
+        return hostfile_slots(hostfile)
+    except LaunchError:
+        return None
 
 
 def spawn_info() -> MPI.Info:
@@ -64,6 +79,8 @@ def spawn_and_merge(comm: MPI.Intracomm, count: int, command: Sequence[str]) -> 
     try:
         inter = comm.Spawn(command[0], list(command[1:]), maxprocs=count, info=info, root=0)
     except MPI.Exception as err:  # every rank of ``comm`` gets the spawn's error
+        if is_process_failure(err, comm):  # a parent died meanwhile: the caller's to recover from
+            raise
         now = ";".join("=".join(item) for item in SPAWN_INFO.value())
         raise LaunchError(f"cannot start {count} more rank(s): MPI_Comm_spawn failed ({err.Get_error_string()}); "
                           f"most often the hosts have no free slot left: give more slots (--hostfile) "

@@ -13,6 +13,7 @@ from ...ps.roles import initial_layout, make_role
 from ...ps.server import Server
 from ...ps.worker import Worker
 from ...runtime.context import Context
+from ...runtime.failures import fatal_failures
 from ...runtime.nodes import rank_nodes
 from . import shard_checkpoints
 from .epoch import Epoch, Welcome
@@ -56,5 +57,6 @@ def founding_epoch(ctx: Context, setup: PSSetup, new_loop: Callable[[Worker], Wo
 def newcomer_epoch(ctx: Context, setup: PSSetup, new_loop: Callable[[Worker], WorkerLoop]) -> Tuple[Epoch, Welcome]:
     """A rank spawned into the running job: its first epoch, from the ``Welcome`` rank 0
     broadcasts (returned too: its clock is where the newcomer's steps start)."""
-    welcome = ctx.comm.bcast(None, root=0)
+    with fatal_failures("a newcomer's start (the welcome)", lambda: ctx.comm):
+        welcome = ctx.comm.bcast(None, root=0)
     return join(ctx, setup, welcome, new_loop), welcome

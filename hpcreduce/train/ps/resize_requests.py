@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
-from ...ft.resize import known_hosts
+from ...ft.resize import discovery_warning, known_hosts
 from ...ps.layout import Layout
 from .ps_setup import PSSetup
 
@@ -61,8 +61,10 @@ class ResizeRequests:
         rule = fault.growth
         hosts = [nodes.get(identity, "") for identity in ids]
         wanted = rule.wanted(step, known_hosts(hosts, fault.hostfile)) if rule.discover else None
+        note = discovery_warning(wanted)
+        if note:
+            self._warn(note)
         if isinstance(wanted, str):
-            self._warn(f"{wanted}; the job goes on unchanged (fix the file: it is read again)")
             wanted = None
         servers = [ids[rank] for rank in sorted(layout.shard_ranks.values())]
         leaving, kept = kept_going(rule.leavers(done_before, step, ids, hosts, wanted),

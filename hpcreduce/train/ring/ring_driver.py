@@ -64,7 +64,7 @@ def ring_state(ctx: Context, trainer: RingTrainer, fault: FaultConfig, seed: int
     watchdog.deadline_s = fault.deadline_s
     shards = trainer.dataset.shard_sizes("train")
     policy = elastic.Policy(growth=fault.growth, known_hosts=lambda nodes: known_hosts(nodes, fault.hostfile),
-                            replace=fault.replace, kills=fault.schedule(seed), echo=echo,
+                            replace=fault.replace, kills=fault.schedule(seed), echo=echo, warn=echo,
                             data_shards=lambda ids: assignment(ids, shards), step_of=lambda state: state.step + 1,
                             needs_ulfm=False, marks_done=False)
     initial = trainer.initial_state()

@@ -17,11 +17,11 @@ import time
 import traceback
 
 import numpy as np
-from mpi4py import MPI
 
 from ...errors import TrainingError
 from ...ps.stats import staleness_summary
 from ...runtime.context import Context
+from ...runtime.failures import abort_job
 from ..config import TrainConfig
 from ..data import Dataset
 from ..evaluation import evaluate
@@ -48,7 +48,7 @@ def run_sandblaster_training(ctx: Context, config: TrainConfig, model: Model, da
         raise
     except Exception:
         traceback.print_exc()
-        MPI.COMM_WORLD.Abort(1)
+        abort_job(1)
     train_s = time.perf_counter() - log.started
     ends = run.results()
     per_rank = run.comm.allgather(moved)
