@@ -2,7 +2,8 @@
 
 Parameters that take a gradient are bucketed in reverse registration order (the order
 backward tends to produce their gradients, as DDP does), a new bucket starting at a change of
-dtype or device or when the next parameter would take the bucket past ``cap_bytes``. Every
+dtype or device or when the next parameter would take the bucket past ``cap_bytes`` (the first
+bucket past 1 MiB, as DDP's first bucket). Every
 rank builds the same plan from the same module; ``signature`` is what the ranks compare.
 """
 from __future__ import annotations
@@ -14,6 +15,9 @@ import torch
 
 REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 """Gradient dtypes the wrapper reduces (16-bit ones accumulate in float32)."""
+FIRST_BUCKET_BYTES = 1 << 20
+"""The first bucket (the last layers, whose gradients come first) holds at most this, as in
+DDP: its reduction starts early in backward."""
 
 
 @dataclass
@@ -34,14 +38,16 @@ class Bucket:
 
 
 def plan(named: Sequence[Tuple[str, torch.nn.Parameter]], cap_bytes: int) -> List[List[int]]:
-    """Indices into ``named`` grouped into buckets: reverse order, one dtype and device per bucket."""
+    """Indices into ``named`` grouped into buckets: reverse order, one dtype and device per bucket,
+    the first of at most ``FIRST_BUCKET_BYTES``."""
     groups: List[List[int]] = []
     size, key = 0, None
     for index in reversed(range(len(named))):
         param = named[index][1]
         nbytes = param.numel() * param.element_size()
         this = (param.dtype, param.device)
-        if not groups or this != key or (size + nbytes > cap_bytes and size > 0):
+        cap = min(cap_bytes, FIRST_BUCKET_BYTES) if len(groups) == 1 else cap_bytes
+        if not groups or this != key or (size + nbytes > cap and size > 0):
             groups.append([])
             size, key = 0, this
         groups[-1].append(index)
