@@ -35,7 +35,7 @@ def cnn() -> torch.nn.Module:
         return torch.nn.Sequential(torch.nn.Conv2d(inputs, outputs, 3, padding=1), torch.nn.ReLU())
     return torch.nn.Sequential(conv(3, 16), conv(16, 32), torch.nn.MaxPool2d(2), conv(32, 64), torch.nn.MaxPool2d(2),
                                conv(64, 64), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
-                               torch.nn.Linear(64 * 4 * 4, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+                               torch.nn.Linear(64 * 4 * 4, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10))
 
 MODELS = {"mlp": (mlp, lambda g, batch: torch.randn(batch, 512, generator=g), 512),
           "cnn": (cnn, lambda g, batch: torch.randn(batch, 3, 32, 32, generator=g), 10)}
