@@ -2,8 +2,9 @@
 
 A candidate is one training step (zero_grad, forward, backward, the gradient mean, SGD step)
 on the same batch every call: ``compute`` (no communication), ``torch_ddp`` (torch's
-DistributedDataParallel over gloo, the peer), ``hpcreduce_ddp`` (the wrapper, reductions on
-the reduction thread), ``hpcreduce_ddp_no_overlap`` (the same, reduced at the end of backward),
+DistributedDataParallel over gloo, the peer), ``hpcreduce_ddp`` (the wrapper as it comes: its
+reductions on a thread where the rank has a spare core, else at the end of backward),
+``hpcreduce_ddp_thread`` (always on the reduction thread, overlapping backward),
 ``hpcreduce_ddp_no_check`` (no NaN/Inf check), ``hpcreduce_ddp_bf16`` (16-bit wire),
 ``allreduce_gradients`` (after backward; ``_no_check`` without its NaN/Inf check) and
 ``mpi4py_loop`` (one ``MPI_Allreduce`` per gradient after backward, the plain loop).
@@ -94,7 +95,7 @@ def candidates(model: str, comm: MPI.Intracomm, batch: int, initial: Dict[str, t
     add("compute", plain := fresh(), plain)
     module = fresh()
     add("torch_ddp", torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=cap_mb), module)
-    for name, options in (("hpcreduce_ddp", {}), ("hpcreduce_ddp_no_overlap", {"overlap": False}),
+    for name, options in (("hpcreduce_ddp", {}), ("hpcreduce_ddp_thread", {"overlap": True}),
                           ("hpcreduce_ddp_no_check", {"check_finite": False}),
                           ("hpcreduce_ddp_bf16", {"compression": "bf16"})):
         module = fresh()

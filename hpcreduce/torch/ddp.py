@@ -39,11 +39,12 @@ class DistributedDataParallel(torch.nn.Module):
     gradients always do); ``check_finite``: raise ``TrainingError`` on every rank when a
     reduced gradient holds a NaN or an Inf (one summing pass per bucket; pass False under
     loss scaling); ``overlap``: reduce on a thread while backward goes on (needs
-    ``MPI_THREAD_MULTIPLE``; else, or False, at the end of backward); ``broadcast_buffers``:
+    ``MPI_THREAD_MULTIPLE``; else, or False, at the end of backward; None: on a thread for
+    GPU buckets, or when the rank has a core more than torch's threads); ``broadcast_buffers``:
     rank 0's buffers before every forward, as DDP does."""
 
     def __init__(self, module: torch.nn.Module, *, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, comm=None,
-                 compression: Optional[str] = None, check_finite: bool = True, overlap: bool = True,
+                 compression: Optional[str] = None, check_finite: bool = True, overlap: Optional[bool] = None,
                  broadcast_buffers: bool = True):
         super().__init__()
         self.module = module

@@ -27,7 +27,7 @@ from ..errors import TrainingError, UnsupportedInputError
 from ..ft.watchdog import watchdog
 from ..runtime.context import resolve
 from .buckets import Bucket
-from .comm_thread import CommThread
+from .comm_thread import CommThread, has_spare_core
 from .finite import bucket_finite, nonfinite
 from .wire import BucketWire
 
@@ -38,7 +38,7 @@ class Reducer:
     """The hooks, the order of hand-over and the waiting of one wrapped module's buckets."""
 
     def __init__(self, buckets: List[Bucket], *, comm, compression: Optional[str], check_finite: bool,
-                 overlap: bool):
+                 overlap: Optional[bool]):
         self.buckets = buckets
         self.comm_arg = comm
         context = resolve(comm)
@@ -46,6 +46,8 @@ class Reducer:
         self.check_finite = check_finite
         self.syncing = True
         self.steps = 0
+        if overlap is None:  # a GPU computes backward; on CPUs the thread needs a core of its own
+            overlap = any(b.flat.device.type == "cuda" for b in buckets) or has_spare_core(torch.get_num_threads())
         self.thread = CommThread(overlap and MPI.Query_thread() == MPI.THREAD_MULTIPLE)
         self.where: Dict[int, Tuple[Bucket, int]] = {}
         self.fresh: Set[int] = set()  # parameters with a gradient since the last reduction (ids)

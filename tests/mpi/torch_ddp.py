@@ -1,5 +1,6 @@
 """hpcreduce.torch.DistributedDataParallel at any N >= 2: training equals one process averaging
-every rank's gradient (full precision, no_sync, unused parameters, 16-bit wires); bad input on
+every rank's gradient (on the reduction thread and at the end of backward, no_sync, unused
+parameters, 16-bit wires); bad input on
 one rank only raises on every rank, naming the parameter, and nothing hangs."""
 import torch
 
@@ -76,15 +77,17 @@ def assert_close(model, reference, tolerance):
 
 
 def check_equals_one_process():
-    assert_close(*train_both(), 1e-5)
+    for overlap in (True, False):
+        assert_close(*train_both(overlap=overlap), 1e-5)
 
 
 def check_no_sync_accumulates():
-    assert_close(*train_both(micro=3), 1e-5)
+    assert_close(*train_both(micro=3, overlap=True), 1e-5)
 
 
 def check_unused_parameter_counts_as_zeros():
-    assert_close(*train_both(use_extra=lambda who: who != 1), 1e-5)
+    for overlap in (True, False):
+        assert_close(*train_both(use_extra=lambda who: who != 1, overlap=overlap), 1e-5)
 
 
 def check_compressed_wires():
@@ -103,7 +106,7 @@ def check_different_modules_refused():
 
 
 def check_nan_on_one_rank_stops_every_rank():
-    ddp = hpt.DistributedDataParallel(Net(), bucket_cap_mb=0.001)
+    ddp = hpt.DistributedDataParallel(Net(), bucket_cap_mb=0.001, overlap=True)
     x, y = batch(0, rank)
     if rank == 1:
         x[0, 0] = float("nan")
