@@ -111,6 +111,8 @@ def test_a_setting_of_another_mode_is_refused_by_its_flag_unless_it_changes_noth
     assert said("--servers", "1", "--backups", "on") == []  # the defaults: nothing changes
     config = train_cmd.build_config(build_parser().parse_args(["train", "--mode", "sandblaster", "--servers", "2"]))[0]
     assert (config.mode, config.topology.servers, config.steps, config.optimizer) == ("sandblaster", 2, 100, "lbfgs")
+    mlp = train_cmd.build_config(build_parser().parse_args(["train", "--mode", "sandblaster", "--model", "mlp"]))
+    assert mlp[1] == [] and mlp[0].problems(4) == []  # the model's usual --lr is not taken for one given
 
 
 def fault(*kills, **fields):
