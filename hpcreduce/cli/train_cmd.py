@@ -5,7 +5,8 @@ srun it runs as one rank of the job. Rank 0 prints progress (a bar on a terminal
 a line every ~10% of the steps; --quiet: none) and a final line with the held-out loss
 and accuracy; --json writes the whole result, --metrics one JSON line per step,
 --timeline a Chrome trace of every rank's phases.
-Flag errors are printed by rank 0 and every rank exits with status 2.
+Flag errors are printed by rank 0 and every rank exits with status 2; a run that ends with a
+model worse than the one it started from (diverged: see the final line's warning) exits 3.
 Each model brings the --steps, --batch, --lr and --optimizer it trains well with;
 flags override them. --mode sandblaster minimises the batch objective with --optimizer
 lbfgs (default) or gd over K servers, one coordinator and the other ranks as workers,
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     from ..errors import FaultToleranceUnavailableError, HpcreduceError
     from ..runtime.context import init
     from ..runtime.launch import mark_done
+    from ..train.divergence import DIVERGED_EXIT
     from ..train.api import run_checked  # the trainers, loaded before MPI starts: a spawned rank joins sooner
     from ..train.models import build
     from ..train.run_checks import run_problems
@@ -73,16 +75,17 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
                   f"({dataset.size('train')} train / {dataset.size('test')} test examples), "
                   f"{config.mode} over {ctx.size} ranks, {config.steps} steps of {config.batch}, "
                   f"{config.optimizer}" + ("" if config.mode == "sandblaster" else f" lr {config.lr}"), flush=True)
-        run_checked(ctx, model, dataset, config)
+        result = run_checked(ctx, model, dataset, config)
     except HpcreduceError:  # raised on every rank alike: main reports it, every rank exits 1
         raise
     except Exception:  # may be this rank's alone, and would leave the others waiting: end the job
         traceback.print_exc()
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)
+    code = DIVERGED_EXIT if result.diverged and result.diverged["worse_than_start"] else 0
     if ctx.rank == 0:
-        mark_done()  # the result is written: a launcher seeing mpirun fail after this does not rerun
-    return 0
+        mark_done(code)  # the result is written: the launcher returns this code and does not rerun
+    return code
 
 
 def launcher_problems(args: argparse.Namespace) -> List[Problem]:

@@ -176,7 +176,8 @@ def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0) -> int:
     the relaunch has. This is the fallback where MPI has no ULFM. Never relaunched: a
     job stopped by SIGINT or SIGTERM (a user's stop: passed on, then 128 + the signal
     returned), and a job whose ranks marked it done (``mark_done``) before mpirun
-    exited non-zero (Open MPI's exit 137 after spawned ranks ended): that returns 0.
+    exited non-zero (Open MPI's exit 137 after spawned ranks ended): that returns the code
+    the marker holds (0, or a finished job's verdict, such as a diverged model's 3).
     """
     if restarts < 0:
         raise LaunchError(f"--restarts must be 0 or more, got {restarts}")
@@ -193,10 +194,12 @@ def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0) -> int:
                 print(f"hpcreduce: stopped by {signal.Signals(stop.signum).name}; not relaunched",
                       file=sys.stderr, flush=True)
                 return 128 + stop.signum
-            if code != 0 and os.path.exists(done):
-                print(f"hpcreduce: the job finished (its ranks marked it done) but mpirun exited {code}; "
-                      "not relaunched", file=sys.stderr, flush=True)
-                return 0
+            if os.path.exists(done):
+                verdict = done_code(done)
+                if verdict != code:
+                    print(f"hpcreduce: the job finished (its ranks marked it done, exit {verdict}) but mpirun "
+                          f"exited {code}; not relaunched", file=sys.stderr, flush=True)
+                return verdict
             if code == 0 or attempt == restarts:
                 return code
             print(f"hpcreduce: the job failed (exit code {code}); restart {attempt + 1} of {restarts}",
@@ -258,16 +261,26 @@ def _marker_folder() -> str:
     raise LaunchError("cannot create a folder for the job's done-marker")
 
 
-def mark_done() -> None:
-    """Rank 0 of a finished job: tell ``run_plan`` that the job's work is done."""
+def mark_done(code: int = 0) -> None:
+    """Rank 0 of a finished job: tell ``run_plan`` that the job's work is done, and the exit
+    code it ends with (non-zero: finished, with a verdict such as a diverged model; not rerun)."""
     path = DONE_FILE.value()
     if not path:
         return
     try:
-        with open(path, "w", encoding="utf-8"):
-            pass
+        with open(path, "w", encoding="utf-8") as marker:
+            marker.write(str(code))
     except OSError:  # rank 0 on a node that does not share the launcher's folder: a rerun stays possible
         return
+
+
+def done_code(path: str) -> int:
+    """The exit code a done-marker holds (0 for an empty or unreadable one)."""
+    try:
+        with open(path, encoding="utf-8") as marker:
+            return int(marker.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def this_environment() -> str:
