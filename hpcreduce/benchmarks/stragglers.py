@@ -52,8 +52,11 @@ def straggler_flags(case: str, args) -> List[str]:
 
 
 def sandblaster_flags(args) -> List[str]:
+    """The Sandblaster runs' flags: the SGD runs' model (2**20 rows, the former --l2), not the
+    batch method's own defaults, so that both methods train one model."""
     return ["--mode", "sandblaster", "--optimizer", "lbfgs", "--servers", str(args.servers),
-            "--batch", str(args.batch), "--unit", str(args.unit), "--history", str(args.history)]
+            "--batch", str(args.batch), "--unit", str(args.unit), "--history", str(args.history),
+            "--table-rows", str(1 << 20), "--l2", "1e-4"]
 
 
 def method_flags(method: str, steps: int, args) -> List[str]:

@@ -6,7 +6,7 @@ gradients back into dense zero tables for the allreduce.
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, Sequence
+from typing import Dict, Mapping, Optional, Sequence
 
 from ..arrays import array_module
 from ..ps.init import PartInit, whole_tables
@@ -14,10 +14,11 @@ from ..ps.start import checked
 from .model import Grads, Model, Params, ParamSpec, SparseRows
 
 
-def batch_view(model: Model, params: Mapping[str, object], batch) -> Params:
+def batch_view(model: Model, params: Mapping[str, object], batch,
+               rows: Optional[Mapping[str, object]] = None) -> Params:
     """What ``model.loss_and_grads`` reads for ``batch``: dense parameters as they are,
-    sparse tables as the rows the batch touches."""
-    rows = model.rows(batch)
+    sparse tables as the rows the batch touches (``rows``: ``model.rows(batch)`` if known)."""
+    rows = model.rows(batch) if rows is None else rows
     view: Dict[str, object] = {}
     for spec in model.param_specs():
         value = params[spec.name]
