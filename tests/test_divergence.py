@@ -1,5 +1,5 @@
 """Divergence (``train.divergence``): a run that ends worse than it started says so, with the likely
-cause, in the final line and the JSON, and exits 3 (never 0, never relaunched); a good run does not."""
+cause, in the final line and the JSON, and exits 4 (never 0, never relaunched); a good run does not."""
 import json
 import math
 
@@ -55,7 +55,7 @@ def test_the_likely_cause_names_staleness_the_learning_rate_or_the_batch():
     assert "\nwarning: the model ended worse than it started: held-out loss 9 above" in line, line
 
 
-def test_a_diverged_run_exits_3_with_its_cause_and_is_not_relaunched(tmp_path):
+def test_a_diverged_run_exits_4_with_its_cause_and_is_not_relaunched(tmp_path):
     path = tmp_path / "result.json"
     job = hpcreduce_cli("train", "-n", "2", "--model", "mlp", "--lr", "50", "--restarts", "1", "--quiet",
                         "--json", str(path), timeout=120)

@@ -6,7 +6,8 @@ a line every ~10% of the steps; --quiet: none) and a final line with the held-ou
 and accuracy; --json writes the whole result, --metrics one JSON line per step,
 --timeline a Chrome trace of every rank's phases.
 Flag errors are printed by rank 0 and every rank exits with status 2; a run that ends with a
-model worse than the one it started from (diverged: see the final line's warning) exits 3.
+model worse than the one it started from (diverged: see the final line's warning) exits 4
+(3 is the deadline watchdog's abort).
 Each model brings the --steps, --batch, --lr and --optimizer it trains well with;
 flags override them. --mode sandblaster minimises the batch objective with --optimizer
 lbfgs (default) or gd over K servers, one coordinator and the other ranks as workers,

@@ -177,7 +177,7 @@ def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0) -> int:
     job stopped by SIGINT or SIGTERM (a user's stop: passed on, then 128 + the signal
     returned), and a job whose ranks marked it done (``mark_done``) before mpirun
     exited non-zero (Open MPI's exit 137 after spawned ranks ended): that returns the code
-    the marker holds (0, or a finished job's verdict, such as a diverged model's 3).
+    the marker holds (0, or a finished job's verdict, such as a diverged model's 4).
     """
     if restarts < 0:
         raise LaunchError(f"--restarts must be 0 or more, got {restarts}")

@@ -23,7 +23,7 @@ from .evaluation import evaluate_initial
 from .model import Model
 from .results import TrainResult
 
-DIVERGED_EXIT = 3  # hpcreduce train: the trained model ended worse than it started
+DIVERGED_EXIT = 4  # hpcreduce train: the trained model ended worse than it started (3: a deadline abort)
 GROWTH = 2.0
 ADAPTIVE = ("adagrad",)  # step sizes that shrink by themselves: the cure for too large a step
 
