@@ -69,7 +69,7 @@ def test_the_checker_fails_a_run_that_breaks_each_promise(tmp_path):
     args = Namespace(steps=STEPS, batch=512, hostfile=None, timeout=180, tolerance=soak.DEFAULT_TOLERANCE)
     runner = soak.Soak(tmp_path, args)
     claimed = SoakRun(0, "ps", "asp", 4, 2, "worker", kills=("3@6",))
-    returncode, data, left = runner.execute(runner.train_args(replace(claimed, kills=()), quiet=False), {})
+    returncode, data, left, _ = runner.execute(runner.train_args(replace(claimed, kills=()), quiet=False), {})
     assert returncode == 0 and data is not None and not left, (returncode, left)
     loss = data["final"]["loss"]
 
