@@ -18,8 +18,9 @@ its processes are killed), then checked:
 Hard victims (``soak_plan.HARD``: a SIGSTOPped rank, a node's daemon killed, kills during growth,
 replacement and leave) may end either way: recovered (exit 0 with its result, checked as above,
 the victims among the ranks lost) or a clear error (a non-zero exit within the timeout, an
-``hpcreduce train: error`` or ``hpcreduce: ...Error:`` line and no Python traceback). Never: exit 0 without the result, a
-hang, a traceback, or a process of the run left (the run's ranks, and its Open MPI daemons).
+``hpcreduce train: error`` or ``hpcreduce: ...Error:`` line and no Python traceback). Never:
+exit 0 without the result, a hang, a traceback, or a process of the run left (the run's ranks,
+and its Open MPI daemons).
 
 One line per run (configuration, victims, status, recoveries, slowest kill -> next step), then
 the runs passed and failed (each failure with the command line that reproduces it) and the
@@ -42,8 +43,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..ft import inject
 from ..runtime.files import write_json
 from ..runtime.jobs import run_job
-from .soak_faults import Nodes, Striker, processes_naming, two_nodes
 from . import soak_plan
+from .soak_faults import Nodes, Striker, processes_naming, two_nodes
 from .soak_plan import SoakRun, command_line, draw_runs
 
 NAME = "soak"
@@ -94,9 +95,10 @@ class Soak:
         quiet_loss, quiet_problem = self.quiet_loss(run)
         args = self.train_args(run, quiet=False)
         kill_log = self.folder / f"run-{run.index:04d}.kills"
-        outcome = Outcome(run, command_line(args, str(kill_log)), quiet_loss=quiet_loss)
-        started = time.monotonic()
         nodes = self.nodes(run)
+        outcome = Outcome(run, command_line(args, str(kill_log), nodes.env if nodes else None, run.external),
+                          quiet_loss=quiet_loss)
+        started = time.monotonic()
         env = {"HPCREDUCE_KILL_LOG": str(kill_log), **(nodes.env if nodes else {})}
         striker = None
         if run.external:
@@ -137,7 +139,7 @@ class Soak:
         out), its JSON, a problem if processes of it outlived it (they are killed), its output."""
         out = args[list(args).index("--json") + 1]
         stem = out[:-len(".json")]
-        for stale in (out, f"{stem}.kills"):  # a previous soak's, in the same --out
+        for stale in (out, f"{stem}.kills", f"{stem}.metrics"):  # a previous soak's, in the same --out
             if os.path.exists(stale):
                 os.unlink(stale)
         shutil.rmtree(f"{stem}.ckpt", ignore_errors=True)

@@ -108,7 +108,7 @@ class Striker(threading.Thread):
         self.fault, self.marker, self.metrics, self.kill_log = fault, marker, metrics, kill_log
         self.done = threading.Event()
         self.fired: Optional[str] = None
-        self.launchers: Set[str] = set()  # the namespaces of its mpirun's daemons: -PID@0
+        self.launchers: Set[str] = set()  # the namespaces of its mpirun's daemons (-PID@0), seen when it fires
 
     def stop(self) -> None:
         self.done.set()
@@ -116,10 +116,10 @@ class Striker(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set() and self._steps() < self.fault.step:
-            self.launchers |= self._launchers()
             time.sleep(POLL_S)
         if self.done.is_set():
             return
+        self.launchers = self._launchers()
         kind = self.fault.kind
         launch = {rank: pid for pid, (space, rank) in self._ranks().items() if space.endswith("@1")}
         if kind == "spawn":

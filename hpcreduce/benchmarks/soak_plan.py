@@ -119,9 +119,14 @@ class SoakRun:
         return args
 
 
-def command_line(args: Sequence[str], kill_log: str) -> str:
-    """The shell line that reproduces a run by hand."""
-    return f"HPCREDUCE_KILL_LOG={shlex.quote(kill_log)} hpcreduce train {' '.join(map(shlex.quote, args))}"
+def command_line(args: Sequence[str], kill_log: str, env: Optional[Dict[str, str]] = None,
+                 external: Optional[External] = None) -> str:
+    """The shell line that reproduces a run by hand (``env`` added; the driver's ``external``
+    fault, to deliver by hand, said in a comment)."""
+    assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in {"HPCREDUCE_KILL_LOG": kill_log,
+                                                                              **(env or {})}.items())
+    line = f"{assignments} hpcreduce train {' '.join(map(shlex.quote, args))}"
+    return line + (f"  # then by hand: {external.describe()}" if external else "")
 
 
 class _Cycle:
@@ -175,9 +180,10 @@ def _with_victims(rng: random.Random, run: SoakRun, steps: int) -> SoakRun:
 
 
 def _with_hard_victims(rng: random.Random, run: SoakRun, steps: int) -> SoakRun:
-    """A hard victim (``HARD``) at a step in 4..steps-5; each leaves a worker and a copy of
-    every PS shard (a server stopped or killed while spawning has a replica on another)."""
-    step = rng.randint(4, steps - 5)
+    """A hard victim (``HARD``) at a step in 4..steps/2 (the driver's fault must find the run
+    still going); each leaves a worker and a copy of every PS shard (a server stopped or killed
+    while spawning has a replica on another)."""
+    step = rng.randint(4, steps // 2)
     one, other = _victim_ids(rng, replace(run, victims="two"), 2)
     if run.victims == "stop":
         return replace(run, external=External("stop", one, step), extra=("--deadline", str(STOP_DEADLINE)))
