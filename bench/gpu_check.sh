@@ -8,7 +8,7 @@
 #      python that imports cupy and sees a GPU (else the first that runs, for the MPI steps).
 #   2. MPI: the python's own mpi4py where its MPI is CUDA-aware and mpirun works (the direct
 #      path gets tested); else Open MPI 5 + mpi4py from the wheels carried in .whl/ (the PyPI
-#      Open MPI is not CUDA-aware: the staged path), installed under /tmp/hpcreduce-gpu;
+#      Open MPI is not CUDA-aware: the staged path), installed into this run's private folder;
 #      GPU_CHECK_MPI=system|wheels forces the choice. hpcreduce from this tree (pip --no-deps).
 #   3. No GPU: stop with a clear "no GPU" (exit 2), after writing what it has.
 #   4. pytest tests/test_gpu.py tests/test_gpu_paths.py tests/test_gpu_jobs.py (2-4 ranks on the
@@ -38,14 +38,17 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 RESULTS=${OUT:-$REPO/bench/out/gpu}
-WORK=$(mktemp -d /tmp/hpcreduce-gpu-check.XXXXXX)
-PREFIX=/tmp/hpcreduce-gpu
+# Everything this run installs, runs or caches lives in one private folder (mktemp -d: mode 0700,
+# a new name), removed on exit: never a fixed name in a world-writable /tmp, which another local
+# user could create first and so own what this script (often root) then runs.
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/hpcreduce-gpu-check.XXXXXX")
+PREFIX=$WORK/prefix  # Open MPI, mpi4py and hpcreduce installed for this run
+trap 'rm -rf "$WORK"' EXIT  # until finish takes over, below
 BUDGET=${GPU_CHECK_BUDGET:-520}
-rm -rf "$PREFIX"  # this script's own install folder, from an earlier run
 mkdir -p "$RESULTS"
 exec > >(tee "$RESULTS/gpu_check.log") 2>&1
 LOGGER=$!
-export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/hpcreduce-cupy-kernels}
+export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$WORK/cupy-kernels}
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 unset HPCREDUCE_CUDA_AWARE  # the tests set it per path
 PY=""
@@ -106,7 +109,7 @@ finish() {  # on every exit: the report, from whatever the check got to
           sed 's/\t/ | /g; s/^/| /; s/$/ |/' "$WORK/steps.tsv" 2>/dev/null; } >"$RESULTS/gpu_summary.md"
         cat "$RESULTS/gpu_summary.md"
     fi
-    rm -rf "$WORK"  # merged into gpu_results.json
+    rm -rf "$WORK"  # merged into gpu_results.json; the install and the kernel cache go with it
     say "done in $SECONDS s, exit $EXIT"
     exec >&- 2>&-
     wait "$LOGGER" 2>/dev/null || true  # the log is complete before the script ends

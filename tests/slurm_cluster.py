@@ -22,6 +22,7 @@ import random
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -114,6 +115,24 @@ def stop_by_pid_file(pid_file: Path, must_mention: str, wait: float = 10.0) -> N
         time.sleep(0.05)
     if _pid_alive(pid) and must_mention in _cmdline(pid):
         os.kill(pid, signal.SIGKILL)
+
+
+def runs_base_problem(base: Path = RUNS_BASE) -> Optional[str]:
+    """Why ``base`` (in the world-writable temporary folder) cannot hold the run folders, after
+    creating it if missing; None when it is a real folder of this user that no one else may
+    write. Anyone who owns it could swap a run folder for one of theirs, and root's daemons
+    would run what its slurm.conf names (munged, run as the munge user, must traverse it: 0755)."""
+    try:
+        base.mkdir(mode=0o755)
+    except FileExistsError:
+        pass
+    except OSError as err:
+        return f"cannot create {base}: {err}"
+    found = os.lstat(base)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o022:
+        return (f"{base} is not a folder of this user that only it may write (owner uid {found.st_uid}, "
+                f"mode {stat.filemode(found.st_mode)}): remove it, or set TMPDIR to a private folder")
+    return None
 
 
 def reap_leftovers(base: Path = RUNS_BASE) -> None:
@@ -337,7 +356,10 @@ def _start_once() -> None:
     if reason is not None:
         _shared["skip"] = reason
         return
-    RUNS_BASE.mkdir(parents=True, exist_ok=True)
+    unsafe = runs_base_problem()
+    if unsafe is not None:
+        _shared["error"] = unsafe
+        return
     reap_leftovers()
     cluster = SlurmCluster(Path(tempfile.mkdtemp(prefix="run-", dir=RUNS_BASE)))
     try:

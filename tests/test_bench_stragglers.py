@@ -11,6 +11,7 @@ from mpi_run import hpcreduce_cli
 from hpcreduce.benchmarks import stragglers
 from hpcreduce.cli.bench_flags import stragglers_flags, stragglers_problems
 from hpcreduce.train.config import MODES
+from hpcreduce.train.divergence import DIVERGED_EXIT
 
 
 def flags(*argv: str) -> argparse.Namespace:
@@ -77,7 +78,7 @@ def test_the_downpour_and_ring_runs_it_launches_give_what_it_reads(tmp_path):
         path = tmp_path / f"{method}.json"
         job = hpcreduce_cli("train", "-n", "3", *stragglers.method_flags(method, 4, args), "--quiet",
                             "--json", str(path), timeout=120)
-        assert job.returncode == 0, job
+        assert job.returncode in (0, DIVERGED_EXIT), job  # 4 ASP steps may end above the start's loss
         row = stragglers.accuracy_row(method, [4], 0.5, lambda steps, p=path: json.loads(p.read_text()))
         assert row["runs"][0]["train_s"] > 0 and 0.5 < row["best_accuracy"] <= 1
 

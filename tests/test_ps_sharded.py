@@ -104,13 +104,13 @@ def test_sharded_end_same_model_export_memory_and_unfit_refused(tmp_path):
     assert broken.returncode == 1 and "shard-1.npz is missing" in broken.output, broken
 
 
-def test_cli_refuses_bad_table_rows_and_export_input():
+def test_cli_refuses_bad_table_rows_and_export_input(tmp_path):
     bad = hpcreduce_cli("train", "-n", "3", "--mode", "ps", "--servers", "2", "--table-rows", "1000", timeout=60)
     assert bad.returncode == 2 and bad.output.count("--table-rows must be a power of two") == 1, bad
     mlp = hpcreduce_cli("train", "-n", "2", "--model", "mlp", "--table-rows", "1024", "--model-dir", "x", timeout=60)
     assert mlp.returncode == 2 and "--table-rows sets the hashed feature space" in mlp.output, mlp
     assert "--model-dir only applies to --mode ps" in mlp.output, mlp
-    missing = hpcreduce_cli("export", "/nonexistent-hpcreduce", "--out", "/tmp/x.npz", timeout=60)
+    missing = hpcreduce_cli("export", "/nonexistent-hpcreduce", "--out", str(tmp_path / "x.npz"), timeout=60)
     assert missing.returncode == 2 and "is not a folder" in missing.output, missing
 
 

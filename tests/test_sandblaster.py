@@ -24,6 +24,8 @@ def test_sandblaster_gradient_lbfgs_and_user_model():
     (["--mode", "sandblaster", "--servers", "3"], "--mode sandblaster needs --servers K >= 1"),
     (["--mode", "sandblaster", "--backups", "sometimes"], "--backups must be on or off"),
     (["--mode", "ring", "--unit", "8"], "--unit only applies to --mode sandblaster"),
+    (["--mode", "sandblaster", "--lr", "1e-9"], "--lr applies to --mode ring and ps; --mode sandblaster's line search"),
+    (["--mode", "sandblaster", "--model", "mlp", "--lr", "1e6"], "--lr applies to --mode ring and ps"),
 ])
 def test_bad_sandblaster_input_refused_by_flag(flags, said):
     result = hpcreduce_cli("train", "-n", "4", *flags, timeout=60)

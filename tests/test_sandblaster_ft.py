@@ -53,7 +53,7 @@ def test_a_killed_rank_is_survived_with_the_same_objective(tmp_path, reference, 
 def test_a_slice_without_any_copy_left_ends_the_job_with_a_clear_error(tmp_path):
     result, _ = train(tmp_path, "both", "--kill", "0@3", "--kill", "1@3")
     assert result.returncode != 0
-    assert "slice 0 (elements 0..524288) lost its server and its replica: nothing left to recover from" \
+    assert "slice 0 (elements 0..131072) lost its server and its replica: nothing left to recover from" \
         in result.output, result.output
 
 

@@ -1,5 +1,6 @@
 """The test Slurm itself: a job's exit code and output come back, and a job that outlives
-its timeout is cancelled and fails the test instead of hanging it."""
+its timeout is cancelled and fails the test instead of hanging it; its run folders' base in /tmp
+is refused unless private."""
 import time
 
 import pytest
@@ -29,3 +30,14 @@ def test_a_job_past_its_timeout_is_cancelled(slurm_cluster, tmp_path):
             break
         time.sleep(0.2)
     assert not queue.strip(), f"the job is still queued or running: {queue}"
+
+
+def test_the_run_folders_base_must_be_this_users_and_written_by_no_one_else(tmp_path):
+    from slurm_cluster import runs_base_problem
+    base = tmp_path / "hpcreduce-slurm"
+    assert runs_base_problem(base) is None and base.is_dir()  # created, private enough
+    base.chmod(0o777)  # another user could swap a run folder under root's daemons
+    assert "only it may write" in runs_base_problem(base)
+    link = tmp_path / "link"
+    link.symlink_to(base)
+    assert "is not a folder of this user" in runs_base_problem(link)

@@ -110,7 +110,14 @@ def test_a_setting_of_another_mode_is_refused_by_its_flag_unless_it_changes_noth
     assert said("--servers", "2") == ["--servers only applies to --mode ps and sandblaster"]
     assert said("--servers", "1", "--backups", "on") == []  # the defaults: nothing changes
     config = train_cmd.build_config(build_parser().parse_args(["train", "--mode", "sandblaster", "--servers", "2"]))[0]
-    assert (config.mode, config.topology.servers, config.steps, config.optimizer) == ("sandblaster", 2, 100, "lbfgs")
+    assert (config.mode, config.topology.servers, config.steps, config.optimizer) == ("sandblaster", 2, 30, "lbfgs")
+    assert (config.batch, config.table_rows, config.topology.l2) == (1 << 17, 1 << 18, 5e-5)  # a batch method's
+    mlp = train_cmd.build_config(build_parser().parse_args(["train", "--mode", "sandblaster", "--model", "mlp"]))
+    assert mlp[1] == [] and mlp[0].problems(4) == []  # the model's usual --lr is not taken for one given
+    assert (mlp[0].batch, mlp[0].steps, mlp[0].table_rows) == (1438, 100, None)
+    given = train_cmd.build_config(build_parser().parse_args(["train", "--mode", "sandblaster", "--batch", "4096",
+                                                              "--l2", "1e-3", "--data", "d"]))[0]
+    assert (given.batch, given.topology.l2, given.table_rows, given.steps) == (4096, 1e-3, None, 30)
 
 
 def fault(*kills, **fields):

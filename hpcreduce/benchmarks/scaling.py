@@ -92,15 +92,15 @@ class Launcher:
         return ranks > (slots or (os.cpu_count() or 1) * nodes)
 
     def run(self, ranks: int, command: Sequence[str], log: Path,
-            env: Optional[Dict[str, str]] = None) -> None:
+            env: Optional[Dict[str, str]] = None, accept: Sequence[int] = (0,)) -> None:
         """Run the job (with ``env`` added) with its output in ``log``; LaunchError naming
-        it when it fails."""
+        it when it fails (an exit status not in ``accept``)."""
         plan = self.plan(ranks, command)
         with open(log, "w", encoding="utf-8") as out:
             out.write(f"$ {plan.shell()}\n")
             out.flush()
             job = run_job(plan.argv, timeout=self.args.timeout, env={**plan.env, **(env or {})}, output=out)
-        if job.returncode != 0:
+        if job.returncode not in accept:
             tail = "".join(log.read_text(encoding="utf-8", errors="replace").splitlines(True)[-15:])
             what = f"timed out after {self.args.timeout:g} s" if job.timed_out else f"exited {job.returncode}"
             raise LaunchError(f"{plan.shell()} {what}; its output ({log}) ends:\n{tail}")

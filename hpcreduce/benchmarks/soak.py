@@ -15,6 +15,13 @@ its processes are killed), then checked:
   (run once, cached): 1e-4 relative for ring and BSP (summation order only), ``--tolerance``
   for SSP and ASP, whose quiet runs themselves differ with timing (docs/fault-tolerance.md).
 
+Hard victims (``soak_plan.HARD``: a SIGSTOPped rank, a node's daemon killed, kills during growth,
+replacement and leave) may end either way: recovered (exit 0 with its result, checked as above,
+the victims among the ranks lost) or a clear error (a non-zero exit within the timeout, an
+``hpcreduce train: error`` or ``hpcreduce: ...Error:`` line and no Python traceback). Never:
+exit 0 without the result, a hang, a traceback, or a process of the run left (the run's ranks,
+and its Open MPI daemons).
+
 One line per run (configuration, victims, status, recoveries, slowest kill -> next step), then
 the runs passed and failed (each failure with the command line that reproduces it) and the
 slowest recovery. Every run's output and JSON stay in ``--out``. Exit status 1 if any run failed.
@@ -24,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -35,6 +43,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..ft import inject
 from ..runtime.files import write_json
 from ..runtime.jobs import run_job
+from . import soak_plan
+from .soak_faults import Nodes, Striker, processes_naming, two_nodes
 from .soak_plan import SoakRun, command_line, draw_runs
 
 NAME = "soak"
@@ -54,6 +64,7 @@ class Outcome:
     loss: Optional[float] = None
     quiet_loss: Optional[float] = None
     wall_s: float = 0.0
+    error: Optional[str] = None  # a hard victim's run that ended with a clear error: its line
 
     @property
     def passed(self) -> bool:
@@ -67,23 +78,43 @@ class Soak:
         self.folder, self.args = folder, args
         self.quiet: Dict[Tuple[Any, ...], Tuple[Optional[float], Optional[str]]] = {}
 
+    def nodes(self, run: SoakRun) -> Optional[Nodes]:
+        """The two nodes of a run whose daemon is the victim (None for other runs)."""
+        return two_nodes(self.folder / "nodes", run.ranks)[0] if run.nodes else None
+
     def train_args(self, run: SoakRun, quiet: bool) -> List[str]:
         stem = self.folder / (f"quiet-{'-'.join(map(str, run.configuration))}" if quiet else f"run-{run.index:04d}")
         args = run.train_args(self.args.steps, self.args.batch, quiet=quiet, checkpoint_dir=f"{stem}.ckpt")
-        return [*args, *(["--hostfile", self.args.hostfile] if self.args.hostfile else []),
-                "--quiet", "--json", f"{stem}.json"]
+        nodes = None if quiet else self.nodes(run)
+        hostfile = nodes.hostfile if nodes else self.args.hostfile
+        metrics = ["--metrics", f"{stem}.metrics"] if run.external and not quiet else []
+        return [*args, *(["--hostfile", hostfile] if hostfile else []), *metrics, "--quiet", "--json", f"{stem}.json"]
 
     def soak(self, run: SoakRun) -> Outcome:
         """Run ``run`` (and its quiet run, the first time) and check it."""
         quiet_loss, quiet_problem = self.quiet_loss(run)
         args = self.train_args(run, quiet=False)
         kill_log = self.folder / f"run-{run.index:04d}.kills"
-        outcome = Outcome(run, command_line(args, str(kill_log)), quiet_loss=quiet_loss)
+        nodes = self.nodes(run)
+        outcome = Outcome(run, command_line(args, str(kill_log), nodes.env if nodes else None, run.external),
+                          quiet_loss=quiet_loss)
         started = time.monotonic()
-        returncode, data, left = self.execute(args, {"HPCREDUCE_KILL_LOG": str(kill_log)})
+        env = {"HPCREDUCE_KILL_LOG": str(kill_log), **(nodes.env if nodes else {})}
+        striker = None
+        if run.external:
+            stem = str(self.folder / f"run-{run.index:04d}")
+            striker = Striker(run.external, f"{stem}.json", f"{stem}.metrics", str(kill_log))
+        returncode, data, left, output = self.execute(args, env, striker)
         outcome.wall_s = time.monotonic() - started
         killed_at = inject.kill_times(str(kill_log))
         outcome.problems = ([quiet_problem] if quiet_problem else []) + left
+        if striker is not None and striker.fired is None and returncode == 0:
+            outcome.problems.append(f"the run ended before the soak could {run.external.describe()}")
+        if run.hard and returncode not in (0, None):
+            outcome.error = clear_error(output)
+            outcome.problems += [] if outcome.error else [f"exit status {returncode} without a clear error: "
+                                                          f"{_last_lines(output)}"]
+            return outcome
         outcome.problems += check(run, self.args.steps, returncode, data, killed_at, quiet_loss,
                                   self.args.tolerance, self.args.timeout)
         if data is not None:
@@ -94,7 +125,7 @@ class Soak:
     def quiet_loss(self, run: SoakRun) -> Tuple[Optional[float], Optional[str]]:
         """The final loss of ``run``'s configuration without failures, or why there is none."""
         if run.configuration not in self.quiet:
-            returncode, data, left = self.execute(self.train_args(run, quiet=True), {})
+            returncode, data, left, _ = self.execute(self.train_args(run, quiet=True), {})
             if returncode == 0 and data is not None and not left:
                 self.quiet[run.configuration] = (data["final"]["loss"], None)
             else:
@@ -102,21 +133,30 @@ class Soak:
                 self.quiet[run.configuration] = (None, f"its run without failures failed ({'; '.join([what, *left])})")
         return self.quiet[run.configuration]
 
-    def execute(self, args: Sequence[str], env: Dict[str, str]) -> Tuple[Optional[int], Optional[dict], List[str]]:
-        """Run ``hpcreduce train ARGS``: its exit status (None: timed out), its JSON, and a problem
-        if processes of it outlived it (they are killed)."""
+    def execute(self, args: Sequence[str], env: Dict[str, str], striker: Optional[Striker] = None
+                ) -> Tuple[Optional[int], Optional[dict], List[str], str]:
+        """Run ``hpcreduce train ARGS`` (``striker`` watching it): its exit status (None: timed
+        out), its JSON, a problem if processes of it outlived it (they are killed), its output."""
         out = args[list(args).index("--json") + 1]
         stem = out[:-len(".json")]
-        for stale in (out, f"{stem}.kills"):  # a previous soak's, in the same --out
+        for stale in (out, f"{stem}.kills", f"{stem}.metrics"):  # a previous soak's, in the same --out
             if os.path.exists(stale):
                 os.unlink(stale)
         shutil.rmtree(f"{stem}.ckpt", ignore_errors=True)
-        with open(f"{stem}.log", "w", encoding="utf-8") as log:
-            job = run_job([sys.executable, "-m", "hpcreduce", "train", *args], timeout=self.args.timeout,
-                          env=env, cwd=str(self.folder), output=log)
-        left = _end_leftovers(out)
+        if striker is not None:
+            striker.start()
+        try:
+            with open(f"{stem}.log", "w", encoding="utf-8") as log:
+                job = run_job([sys.executable, "-m", "hpcreduce", "train", *args], timeout=self.args.timeout,
+                              env=env, cwd=str(self.folder), output=log)
+        finally:
+            if striker is not None:
+                striker.stop()
+        left = _end_leftovers(out, striker)
         data = json.loads(Path(out).read_text()) if job.returncode == 0 and os.path.exists(out) else None
-        return job.returncode, data, ([f"{left} process(es) of it outlived the job (killed)"] if left else [])
+        output = Path(f"{stem}.log").read_text(errors="replace")
+        return (job.returncode, data, [f"{left} process(es) of it outlived the job (killed)"] if left else [],
+                output)
 
 
 def check(run: SoakRun, steps: int, returncode: Optional[int], data: Optional[dict], kill_times: Sequence[float],
@@ -144,6 +184,9 @@ def check(run: SoakRun, steps: int, returncode: Optional[int], data: Optional[di
 def _kill_problems(run: SoakRun, data: dict, kill_times: Sequence[float]) -> List[str]:
     lost = [rank for event in failures(data) for rank in event["lost"]]
     expected = run.expected_lost()
+    if run.hard:  # a node's ranks die with its daemon, ranks join: the victims must be among the lost
+        missed = sorted(set(expected or ()) - set(lost))
+        return [f"recovered, but the victims {missed} are not among the ranks lost {sorted(lost)}"] if missed else []
     found = []
     if expected is not None and sorted(lost) != sorted(expected):
         found.append(f"ranks lost {sorted(lost)}, the victims were {sorted(expected)}")
@@ -208,13 +251,16 @@ def recovery_times(data: dict, kill_times: Sequence[float]) -> List[Optional[flo
     return times
 
 
-def _end_leftovers(marker: str) -> int:
-    """SIGKILL the processes whose command line names ``marker`` (this run's JSON path): none
-    should outlive their job. How many there were."""
-    left = _processes_naming(marker)
+def _end_leftovers(marker: str, striker: Optional[Striker] = None) -> int:
+    """SIGKILL the processes whose command line names ``marker`` (this run's JSON path), and the
+    Open MPI daemons of its mpirun that ``striker`` saw: none should outlive their job. How many
+    there were."""
+    def alive() -> List[int]:
+        return processes_naming(marker) + (striker.daemons_left() if striker else [])
+    left = alive()
     if left:
         time.sleep(2)  # a finished job's ranks may still be exiting
-        left = _processes_naming(marker)
+        left = alive()
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -223,19 +269,20 @@ def _end_leftovers(marker: str) -> int:
     return len(left)
 
 
-def _processes_naming(marker: str) -> List[int]:
-    found = []
-    needle = marker.encode()
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                if needle in cmdline.read():
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+CLEAR_ERROR = re.compile(r"^hpcreduce( train)?: (error\b|[A-Za-z]+Error: )")
+
+
+def clear_error(output: str) -> Optional[str]:
+    """The error line hpcreduce printed (``hpcreduce train: error ...``, or the deadline watchdog's
+    ``hpcreduce: DeadlineExceededError: ...``), if the output has one and no Python traceback."""
+    if "Traceback (most recent call last)" in output:
+        return None
+    return next((line.strip() for line in output.splitlines() if CLEAR_ERROR.match(line.strip())), None)
+
+
+def _last_lines(output: str, count: int = 3) -> str:
+    return " | ".join(line.strip() for line in output.strip().splitlines()[-count:]) or "no output"
+
 
 
 def drive(args) -> int:
@@ -243,7 +290,10 @@ def drive(args) -> int:
     folder = Path(args.out).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     soak = Soak(folder, args)
-    runs = draw_runs(args.runs, args.seed, args.ranks, args.steps)
+    nodes, why = two_nodes(folder / "nodes", soak_plan.FEWEST_RANKS)
+    if nodes is None:
+        print(f"soak: no daemon victims: {why}", flush=True)
+    runs = draw_runs(args.runs, args.seed, args.ranks, args.steps, nodes=nodes is not None)
     started = time.monotonic()
     outcomes = []
     for run in runs:
@@ -272,7 +322,8 @@ def summarise(outcomes: Sequence[Outcome], args, wall_s: float) -> Dict[str, Any
 
 def render_outcome(outcome: Outcome, count: int) -> str:
     run = outcome.run
-    status = "ok" if outcome.passed else "FAILED: " + "; ".join(outcome.problems)
+    status = "FAILED: " + "; ".join(outcome.problems) if not outcome.passed else \
+        f"ok, a clear error: {outcome.error}" if outcome.error else "ok"
     slowest = f", slowest kill->next step {max(outcome.recoveries_s) * 1e3:.0f} ms" if outcome.recoveries_s else ""
     loss = "" if outcome.loss is None or outcome.quiet_loss is None else \
         f", loss {outcome.loss:.4f} vs quiet {outcome.quiet_loss:.4f}"

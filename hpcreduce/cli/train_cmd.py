@@ -5,15 +5,19 @@ srun it runs as one rank of the job. Rank 0 prints progress (a bar on a terminal
 a line every ~10% of the steps; --quiet: none) and a final line with the held-out loss
 and accuracy; --json writes the whole result, --metrics one JSON line per step,
 --timeline a Chrome trace of every rank's phases.
-Flag errors are printed by rank 0 and every rank exits with status 2.
+Flag errors are printed by rank 0 and every rank exits with status 2; a run that ends with a
+model worse than the one it started from (diverged: see the final line's warning) exits 5
+(3 is the deadline watchdog's abort).
 Each model brings the --steps, --batch, --lr and --optimizer it trains well with;
 flags override them. --mode sandblaster minimises the batch objective with --optimizer
 lbfgs (default) or gd over K servers, one coordinator and the other ranks as workers,
-for at most --steps iterations (default 100).
+for at most --steps iterations (default 100), with each model's batch-method defaults
+(logreg: --batch 131072 --table-rows 262144 --l2 5e-5 --steps 30; mlp: --batch 1438).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import traceback
 from typing import TYPE_CHECKING, Dict, List, Tuple
@@ -57,6 +61,7 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     from ..runtime.context import init
     from ..runtime.failures import abort_job
     from ..runtime.launch import mark_done
+    from ..train.divergence import DIVERGED_EXIT
     from ..train.api import run_checked  # the trainers, loaded before MPI starts: a spawned rank joins sooner
     from ..train.models import build
     from ..train.run_checks import run_problems
@@ -74,16 +79,17 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
                   f"({dataset.size('train')} train / {dataset.size('test')} test examples), "
                   f"{config.mode} over {ctx.size} ranks, {config.steps} steps of {config.batch}, "
                   f"{config.optimizer}" + ("" if config.mode == "sandblaster" else f" lr {config.lr}"), flush=True)
-        run_checked(ctx, model, dataset, config)
+        result = run_checked(ctx, model, dataset, config)
     except HpcreduceError:  # raised on every rank alike: main reports it, every rank exits 1
         raise
     except Exception:  # may be this rank's alone, and would leave the others waiting: end the job
         traceback.print_exc()
         sys.stderr.flush()
         abort_job(1)
+    code = DIVERGED_EXIT if result.diverged and result.diverged["worse_than_start"] else 0
     if ctx.rank == 0:
-        mark_done()  # the result is written: a launcher seeing mpirun fail after this does not rerun
-    return 0
+        mark_done(code)  # the result is written: the launcher returns this code and does not rerun
+    return code
 
 
 def launcher_problems(args: argparse.Namespace) -> List[Problem]:
@@ -100,7 +106,7 @@ def launcher_problems(args: argparse.Namespace) -> List[Problem]:
 def build_config(args: argparse.Namespace) -> Tuple["TrainConfig", List[Problem]]:
     """The TrainConfig the flags ask for and the flags that do not parse or do not fit the
     mode. Defaults: the field's, then the model's usual settings, then the mode's (a batch
-    method's), then the flags."""
+    method's), then the model's for a batch method (``Builtin.batch_method``), then the flags."""
     from ..ft.faults import FaultConfig
     from ..train.config import MODES, TOPOLOGIES, Ring, TrainConfig
     from ..train.models import BUILTIN
@@ -116,7 +122,13 @@ def build_config(args: argparse.Namespace) -> Tuple["TrainConfig", List[Problem]
     builtin = BUILTIN.get(getattr(args, "model", "logreg"))
     if builtin is None:
         problems.append(f"--model must be one of {', '.join(BUILTIN)}, got {args.model!r}")
-    chosen = {**(builtin.defaults if builtin else {}), **topology.defaults, **shared}
+    batch_method = dict(builtin.batch_method) if builtin and mode == "sandblaster" else {}
+    if "data" in shared:  # a data directory's ids were hashed for the model's usual table
+        batch_method.pop("table_rows", None)
+    own = {f.name for f in dataclasses.fields(topology)}
+    chosen = {**(builtin.defaults if builtin else {}), **topology.defaults,
+              **{name: value for name, value in batch_method.items() if name not in own}, **shared}
+    part = {**{name: value for name, value in batch_method.items() if name in own}, **part}
     config = TrainConfig(**chosen, topology=topology(**part), fault=FaultConfig(**fault, hostfile=args.hostfile))
     return config, problems
 

@@ -209,9 +209,11 @@ def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0, expects_
                 if not finished and os.path.exists(done + ABORTED):
                     code = _abort_code(done + ABORTED)  # the rank's own, also when the launcher ended mpirun
                 if finished:
-                    if code != 0:
-                        _say(f"the job finished (its ranks marked it done) but mpirun exited {code}; not relaunched")
-                    return 0
+                    verdict = done_code(done)
+                    if verdict != code:
+                        _say(f"the job finished (its ranks marked it done, exit {verdict}) but mpirun exited "
+                             f"{code}; not relaunched")
+                    return verdict
                 failure = _failure(code, lost, expects_done)
                 if failure is None:
                     return 0
@@ -316,15 +318,15 @@ def _marker_folder() -> str:
     raise LaunchError("cannot create a folder for the job's done-marker")
 
 
-def mark_done() -> None:
-    """Rank 0 of a finished job: tell ``run_plan`` that the job's work is done (without it, the
-    launcher of an hpcreduce command takes the job for one that did not finish)."""
+def mark_done(code: int = 0) -> None:
+    """Rank 0 of a finished job: tell ``run_plan`` that the job's work is done, and the exit
+    code it ends with (non-zero: finished, with a verdict such as a diverged model; not rerun)."""
     path = DONE_FILE.value()
     if not path:
         return
     try:
-        with open(path, "w", encoding="utf-8"):
-            pass
+        with open(path, "w", encoding="utf-8") as marker:
+            marker.write(str(code))
     except OSError as err:  # rank 0 on a node that does not share the launcher's folder
         print(f"hpcreduce: warning: cannot write the done-marker {path} ({err.strerror}): the launcher "
               "will take this finished job for one that did not finish; launch from a folder rank 0's "
@@ -351,6 +353,15 @@ def _abort_code(path: str) -> int:
             return int(marker.read()) or 1
     except (OSError, ValueError):
         return 1
+
+
+def done_code(path: str) -> int:
+    """The exit code a done-marker holds (0 for an empty or unreadable one)."""
+    try:
+        with open(path, encoding="utf-8") as marker:
+            return int(marker.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def this_environment() -> str:

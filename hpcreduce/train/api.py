@@ -17,6 +17,7 @@ from ..runtime.devices import open_device
 from ..runtime.nodes import rank_nodes
 from .config import TrainConfig
 from .data import Dataset
+from .divergence import judge
 from .model import Model
 from .observe import Observer
 from .ps.ps_training import run_ps_training
@@ -40,6 +41,7 @@ def train(model: Model, dataset: Dataset, config: Optional[TrainConfig] = None, 
     ``result.params``. Bad settings raise ``ConfigurationError`` on every rank; on
     ``device="gpu"`` a rank without cupy or a GPU makes every rank raise ``GpuUnavailableError``.
     Rank 0 prints progress and the final line when ``verbose`` and writes ``config.json_path``.
+    A run that diverged says so in the final line and in ``result.diverged`` (``train.divergence``).
     """
     ctx = resolve(comm)
     config = config or TrainConfig()
@@ -58,6 +60,7 @@ def run_checked(ctx: Context, model: Model, dataset: Dataset, config: TrainConfi
     observer = Observer(ctx, config, verbose=verbose, reporter=config.servers)
     result = RUNNERS[config.mode](ctx, config, model, dataset, observer)
     result.nodes = rank_nodes(ctx.comm)
+    judge(ctx, model, dataset, result)  # every mode's result: diverged, or worse than its start?
     observer.echo(final_line(result))
     observer.finish(result.to_json)  # writes config.json_path on rank 0
     return result

@@ -28,6 +28,7 @@ STEPS_AND_BATCH = at_least(1)
 ASP_CADENCE = at_least(1)
 HISTORY_AND_PUSHES = at_least(1)
 SERVERS = Option("--servers", "ps and sandblaster: server ranks K", metavar="K")
+LR = 0.2
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,8 @@ class Sandblaster:
     ``unit``: examples per work unit (None: batch // (8 * workers))."""
 
     mode: ClassVar[str] = "sandblaster"
-    defaults: ClassVar[Dict[str, Any]] = {"steps": 100, "optimizer": "lbfgs"}  # a batch method's
+    # a batch method's; its line search sets every step's length, so no model's learning rate applies
+    defaults: ClassVar[Dict[str, Any]] = {"steps": 100, "optimizer": "lbfgs", "lr": LR}
 
     servers: int = field(default=1, metadata={"option": SERVERS})
     unit: Optional[int] = option(None, "--unit", "examples per work unit (default: batch / (8 x workers))",
@@ -119,7 +121,8 @@ class TrainConfig:
     steps: int = option(200, "--steps", "training steps (default: the model's)", metavar="S", bound=STEPS_AND_BATCH)
     batch: int = option(4096, "--batch", "global batch per step, split over the workers (default: the model's)",
                         metavar="B", bound=STEPS_AND_BATCH)
-    lr: float = option(0.2, "--lr", "learning rate (default: the model's)", metavar="X", bound=positive_finite())
+    lr: float = option(LR, "--lr", "learning rate (default: the model's; not sandblaster's, whose line search "
+                       "sets each step)", metavar="X", bound=positive_finite())
     optimizer: str = option("adagrad", "--optimizer", "sgd, momentum, adagrad or adam (default: the model's); "
                             "sandblaster: lbfgs (default) or gd", metavar="NAME")
     device: str = option("cpu", "--device", "cpu (numpy) or gpu (cupy; each rank takes GPU local rank %% GPUs; "

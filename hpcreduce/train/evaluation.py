@@ -1,7 +1,8 @@
-"""Held-out loss and accuracy of whole parameters, the test set split over the ranks."""
+"""Held-out loss and accuracy of whole parameters, the test set split over the ranks; and of
+the initial model (``evaluate_initial``: made row by row, so a sharded table is never whole)."""
 from __future__ import annotations
 
-from typing import Mapping, Tuple
+from typing import Dict, Mapping, Tuple
 
 import numpy as np
 
@@ -9,7 +10,9 @@ from ..collectives import allreduce
 from ..runtime.context import Context
 from .data import Dataset
 from .model import Model
-from .params import batch_view
+from ..ps.init import PartInit
+from ..ps.tables import numel
+from .params import batch_view, part_init
 from .partition import share_bounds
 
 EVAL_CHUNK = 8192
@@ -35,3 +38,27 @@ def evaluate(ctx: Context, model: Model, params: Mapping[str, object],
     stats = evaluate_examples(model, params, dataset, np.arange(start, stop))
     loss_sum, correct, count = allreduce(stats, "sum", comm=ctx)
     return float(loss_sum / count), float(correct / count)
+
+
+class InitialRows:
+    """A sparse table's initial values, row by row: ``table[ids]`` makes only rows ``ids``."""
+
+    def __init__(self, init: PartInit, table: int):
+        self.init, self.table = init, table
+
+    def __getitem__(self, ids) -> np.ndarray:
+        return self.init.rows(self.table, np.asarray(ids, dtype=np.int64))
+
+
+def initial_params(model: Model, seed: int) -> Dict[str, object]:
+    """The parameters every mode starts from (``params.part_init``): dense ones whole, sparse
+    tables as ``InitialRows``."""
+    specs = model.param_specs()
+    init = part_init(model, seed, specs)
+    return {spec.name: InitialRows(init, table) if spec.sparse else
+            init.dense(table, 0, numel(spec)).reshape(spec.shape) for table, spec in enumerate(specs)}
+
+
+def evaluate_initial(ctx: Context, model: Model, dataset: Dataset, seed: int) -> Tuple[float, float]:
+    """``evaluate`` of the initial model (collective): what training must improve on."""
+    return evaluate(ctx, model, initial_params(model, seed), dataset)

@@ -6,16 +6,19 @@ gradients back into dense zero tables for the allreduce.
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, Sequence
+from typing import Dict, Mapping, Optional, Sequence
 
 from ..arrays import array_module
+from ..ps.init import PartInit, whole_tables
+from ..ps.start import checked
 from .model import Grads, Model, Params, ParamSpec, SparseRows
 
 
-def batch_view(model: Model, params: Mapping[str, object], batch) -> Params:
+def batch_view(model: Model, params: Mapping[str, object], batch,
+               rows: Optional[Mapping[str, object]] = None) -> Params:
     """What ``model.loss_and_grads`` reads for ``batch``: dense parameters as they are,
-    sparse tables as the rows the batch touches."""
-    rows = model.rows(batch)
+    sparse tables as the rows the batch touches (``rows``: ``model.rows(batch)`` if known)."""
+    rows = model.rows(batch) if rows is None else rows
     view: Dict[str, object] = {}
     for spec in model.param_specs():
         value = params[spec.name]
@@ -49,3 +52,12 @@ def dense_grads(specs: Sequence[ParamSpec], grads: Grads, like: Mapping[str, obj
 def zero_grads(specs: Sequence[ParamSpec], like: Mapping[str, object]) -> Dict[str, object]:
     """Zero gradients shaped like the parameters (a worker whose share of a step is empty)."""
     return {spec.name: array_module(like[spec.name]).zeros_like(like[spec.name]) for spec in specs}
+
+
+def part_init(model: Model, seed: int, specs: Sequence[ParamSpec]) -> PartInit:
+    """The initial values of ``model``'s tables, made per part when the model can
+    (``init_elements``), else sliced from ``init_params``'s whole tables."""
+    elements = getattr(model, "init_elements", None)
+    if elements is None:
+        return whole_tables(specs, checked(model.init_params(seed), specs))
+    return PartInit(specs, lambda table, flat: elements(seed, specs[table].name, flat))

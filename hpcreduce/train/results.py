@@ -151,7 +151,10 @@ class TrainResult:
     ``params``: the trained parameters, whole (PS mode, a model above ``ps.final.WHOLE_BYTES``:
     this rank's part: the dense tables and, on a server, its own rows as ``SparseRows``), and
     ``gradient`` (sandblaster mode): the flat objective gradient at them (both kept in memory,
-    never written); ``memory``: ``peak_rss_bytes`` and ``roles`` by rank (PS mode).
+    never written); ``memory``: ``peak_rss_bytes`` and ``roles`` by rank (PS mode);
+    ``start``: the initial model's held-out ``loss`` and ``accuracy``, and ``diverged``: None, or
+    the signs of divergence with ``worse_than_start``, ``likely_cause`` and ``advice``
+    (``train.divergence``; both set at the end of every run).
     ``to_json()`` is what ``--json`` writes, under the names scripts read.
     """
 
@@ -173,6 +176,8 @@ class TrainResult:
     gradient: Optional[np.ndarray] = field(default=None, repr=False)
     nodes: List[str] = field(default_factory=list)
     memory: Optional[Dict[str, Any]] = None
+    start: Optional[Dict[str, float]] = None
+    diverged: Optional[Dict[str, Any]] = None
 
     @property
     def mode(self) -> str:
@@ -191,7 +196,8 @@ class TrainResult:
         found = {"config": self.config.as_dict(), "mode": self.mode, "model": self.model, "ranks": self.ranks,
                  "workers": self.worker_count, "servers": self.servers, "dataset": self.dataset, "steps": self.steps,
                  "traffic": self.traffic, "staleness": self.staleness, "wall_s": self.wall_s,
-                 "train_s": self.train_s, "samples_per_s": self.samples_per_s, "final": asdict(self.final)}
+                 "train_s": self.train_s, "samples_per_s": self.samples_per_s, "final": asdict(self.final),
+                 "start": self.start, "diverged": self.diverged}
         if self.nodes:
             found["nodes"] = self.nodes
         if self.ps is not None:
@@ -214,7 +220,15 @@ def final_line(result: TrainResult) -> str:
             f"(held out: {data['test_examples']} examples{reference})  "
             f"checksum {final.checksum:.12e}  {result.wall_s:.2f} s, "
             f"{result.samples_per_s:.0f} samples/s on {result.worker_count} workers")
-    return line + (f"\n{memory_line(result.memory)}" if result.memory else "")
+    line += f"\n{memory_line(result.memory)}" if result.memory else ""
+    return line + (f"\n{diverged_line(result.diverged)}" if result.diverged else "")
+
+
+def diverged_line(diverged: Mapping[str, Any]) -> str:
+    """``warning: the run diverged: SIGNS; likely cause: ...; try ...`` (``train.divergence``)."""
+    ended = "the model ended worse than it started" if diverged["worse_than_start"] else "the run diverged"
+    return (f"warning: {ended}: {'; '.join(diverged['signs'])}. Likely cause: {diverged['likely_cause']}; "
+            f"try {diverged['advice']}")
 
 
 def memory_line(memory: Mapping[str, Any]) -> str:

@@ -6,11 +6,13 @@ topology part's; ``{mode}`` is the ``--mode`` flag on the command line).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, List, Optional
 
 from ..errors import SettingProblem, setting_problem
 from ..ps.layout import servers_problem
 from ..ps.optimizers import OPTIMIZERS
+from ..runtime.options import default_of
 from ..sandblaster import METHODS, roles_problem
 
 if TYPE_CHECKING:
@@ -74,6 +76,9 @@ def sandblaster_problems(sandblaster: "Sandblaster", config: "TrainConfig", size
     if config.device == "gpu":
         found.append(setting_problem("{device} gpu applies to {mode} ring and ps; {mode} sandblaster computes on "
                                      "the host"))
+    if config.lr != _default(config, "lr"):
+        found.append(setting_problem("{lr} applies to {mode} ring and ps; {mode} sandblaster's line search sets "
+                                     "the length of each step (leave {lr} out)"))
     if sandblaster.unit is not None and not 1 <= sandblaster.unit <= config.batch:
         found.append(setting_problem("{unit} must be from 1 to {batch} ({size}), got {value}",
                                      size=config.batch, value=sandblaster.unit))
@@ -88,6 +93,11 @@ def sandblaster_problems(sandblaster: "Sandblaster", config: "TrainConfig", size
                                      "{servers} 1, whose slice has no replica: nothing could recover it; "
                                      "use {servers} 2 or more"))
     return [problem for problem in found if problem is not None] + _server_growth_problems(config)
+
+
+def _default(config: "TrainConfig", name: str) -> object:
+    """The default of ``config``'s field ``name``."""
+    return next(default_of(f) for f in dataclasses.fields(config) if f.name == name)
 
 
 def _server_growth_problems(config: "TrainConfig") -> List[SettingProblem]:

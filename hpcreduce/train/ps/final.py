@@ -1,9 +1,9 @@
 """The end of a PS run without the whole model on any rank: initial values per shard,
 held-out evaluation, the checksum, the memory report.
 
-- ``initial_shards``, ``part_init``: a server makes only its own elements when the model has
+- ``initial_shards``: a server makes only its own elements when the model has
   ``init_elements(seed, name, flat)`` (logreg); otherwise the whole tables are made once
-  and sliced (a model small enough for that).
+  and sliced (a model small enough for that; ``params.part_init``).
 - ``evaluate_sharded``: every rank evaluates its share of the test split with the dense
   tables and the rows its examples touch, fetched from their servers (``ps.gather.fetch_rows``).
 - ``sharded_checksum``: each server sums its own pieces and rows exactly (``results.exact_sum``);
@@ -22,9 +22,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ...ps.gather import fetch_rows, gather_params
-from ...ps.init import CHUNK, PartInit, whole_tables
+from ...ps.init import CHUNK
 from ...ps.layout import Layout
-from ...ps.start import checked
 from ...ps.shard_state import ShardState
 from ...ps.tables import ParamSpec, numel
 from ...runtime.context import Context
@@ -32,6 +31,7 @@ from ...runtime.memory import peak_rss_bytes
 from ..data import Dataset
 from ..evaluation import EVAL_CHUNK, evaluate_examples
 from ..model import Model, SparseRows
+from ..params import part_init
 from ..partition import share_bounds
 from ..results import checksum_terms, exact_float, exact_sum
 from .ps_setup import PSSetup
@@ -44,14 +44,6 @@ def initial_shards(setup: PSSetup, layout: Layout, keys: Sequence[int]) -> List[
     tables = setup.tables
     return ShardState.create_many(layout, keys, part_init(setup.model, setup.config.seed, tables.specs),
                                   tables.optimizers)
-
-
-def part_init(model: Model, seed: int, specs: Sequence[ParamSpec]) -> PartInit:
-    """The initial values of ``model``'s tables, made per part when the model can."""
-    elements = getattr(model, "init_elements", None)
-    if elements is None:
-        return whole_tables(specs, checked(model.init_params(seed), specs))
-    return PartInit(specs, lambda table, flat: elements(seed, specs[table].name, flat))
 
 
 class FetchedRows:

@@ -1,7 +1,7 @@
 """``run_ps_training``: train a model with parameter servers (``hpcreduce train --mode ps``).
 
 Ranks 0..K-1 serve the model's shards (``hpcreduce.ps``; each server makes only its own
-part: ``final.part_init``), the others run ``loop.WorkerLoop``; when every worker has
+part: ``params.part_init``), the others run ``loop.WorkerLoop``; when every worker has
 released them the servers stop, and all ranks together evaluate the final parameters on
 the held-out split, each rank with the rows its share touches, and checksum them shard by
 shard (``final``: no rank assembles a model above ``final.WHOLE_BYTES``), and build the
@@ -33,9 +33,9 @@ from ..config import TrainConfig
 from ..data import Dataset
 from ..model import Model
 from ..observe import Observer
+from ..params import part_init
 from ..results import TrainResult
 from .fallback import Fallback
-from .final import part_init
 from .loop import WorkerLoop
 from .ps_driver import PSDriver
 from .ps_results import ps_result
