@@ -117,10 +117,9 @@ def test_a_lost_daemon_ends_clearly_or_recovers_and_the_soak_says_which(tmp_path
     run = SoakRun(0, "ring", "bsp", 4, 0, "daemon", external=External("daemon", 2, 3))
     outcome = soak.Soak(tmp_path, args).soak(run)
     assert "SIGKILL node2's prted after step 3" in (tmp_path / "run-0000.kills").read_text()
-    # while issue 26's daemon loss is open, Open MPI's mpirun exits 0 without the result: reported so
-    assert outcome.passed or outcome.problems == ["exit status 0 but no JSON written"], outcome
-    said = soak.render_outcome(outcome, 1)
-    assert said.endswith((": ok", ": FAILED: exit status 0 but no JSON written")) or ": ok, a clear error: " in said
+    # Open MPI's mpirun exits 0 after losing a daemon; the launcher makes that a clear non-zero end
+    assert outcome.passed and outcome.error and "lost the daemon of node(s) node2" in outcome.error, outcome
+    assert ": ok, a clear error: hpcreduce: the job did not finish" in soak.render_outcome(outcome, 1)
 
 
 def test_a_clear_error_is_hpcreduce_s_own_line_without_a_traceback():

@@ -269,12 +269,13 @@ def _end_leftovers(marker: str, striker: Optional[Striker] = None) -> int:
     return len(left)
 
 
-CLEAR_ERROR = re.compile(r"^hpcreduce( train)?: (error\b|[A-Za-z]+Error: )")
+CLEAR_ERROR = re.compile(r"^hpcreduce( train)?: (error\b|[A-Za-z]+Error: |the job did not finish: )")
 
 
 def clear_error(output: str) -> Optional[str]:
-    """The error line hpcreduce printed (``hpcreduce train: error ...``, or the deadline watchdog's
-    ``hpcreduce: DeadlineExceededError: ...``), if the output has one and no Python traceback."""
+    """The error line hpcreduce printed (``hpcreduce train: error ...``, the deadline watchdog's
+    ``hpcreduce: DeadlineExceededError: ...``, or the launcher's ``hpcreduce: the job did not
+    finish: ...``), if the output has one and no Python traceback."""
     if "Traceback (most recent call last)" in output:
         return None
     return next((line.strip() for line in output.splitlines() if CLEAR_ERROR.match(line.strip())), None)
