@@ -69,6 +69,8 @@ def derived(medians: Dict[str, float]) -> Dict[str, float]:
             continue
         out[f"{name}_vs_torch_ddp"] = medians[name] / medians["torch_ddp"]
         out[f"{name}_vs_loop"] = medians[name] / medians["mpi4py_loop"]
+    out["check_share_of_step"] = 1 - medians["hpcreduce_ddp_no_check"] / medians["hpcreduce_ddp"]
+    out["allreduce_gradients_check_share"] = 1 - medians["allreduce_gradients_no_check"] / medians["allreduce_gradients"]
     for name in ("hpcreduce_ddp", "hpcreduce_ddp_thread"):
         exposed = medians[name] - medians["compute"]
         out[f"{name}_hidden_share"] = 1 - exposed / loop_comm if loop_comm > 0 else float("nan")
