@@ -18,12 +18,15 @@ Call = Callable[[], object]
 
 
 def interleaved_medians(comm: MPI.Intracomm, candidates: Dict[str, Call], *,
-                        warmup: int, iterations: int) -> Dict[str, float]:
-    """Median seconds per call of each candidate, calls interleaved round-robin."""
+                        warmup: int, iterations: int, rotate: bool = False) -> Dict[str, float]:
+    """Median seconds per call of each candidate, calls interleaved round-robin (with ``rotate``,
+    each round starts one candidate later, so none always follows the same one: a candidate
+    that leaves threads busy, as torch's gloo does, slows every candidate alike)."""
     names = list(candidates)
     times = np.zeros((len(names), iterations))
     for round_index in range(warmup + iterations):
-        for row, name in enumerate(names):
+        shift = round_index % len(names) if rotate else 0
+        for row, name in [(row, names[row]) for row in (*range(shift, len(names)), *range(shift))]:
             comm.Barrier()
             start = time.perf_counter()
             candidates[name]()

@@ -113,7 +113,7 @@ def torch_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
                         help="bucket size of both DDPs in MB (default 25, torch DDP's)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
-    parser.add_argument("--iterations", type=int, default=30, help="timed rounds (default 30)")
+    parser.add_argument("--iterations", type=int, default=60, help="timed rounds (default 60)")
 
 
 def torch_problems(args: argparse.Namespace) -> List[str]:
