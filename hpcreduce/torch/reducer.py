@@ -1,8 +1,9 @@
 """Bucket reductions started from autograd hooks, waited for at the end of backward.
 
-Each parameter's post-accumulate-grad hook puts its gradient into its bucket view (a
-gradient autograd made anew, after ``zero_grad(set_to_none=True)``, is copied in) and counts
-it; once a bucket's last gradient is ready, it and any later buckets already complete are
+Each parameter's post-accumulate-grad hook puts its gradient, divided by the number of
+ranks, into its bucket view (a gradient autograd made anew, after ``zero_grad(set_to_none=True)``,
+is copied in and divided in the same pass, as DDP does; one accumulated in place is divided
+there) and counts it; once a bucket's last gradient is ready, it and any later buckets already complete are
 handed to the reduction thread, in bucket order, which is the same on every rank. At the
 end of backward (an autograd callback) buckets still incomplete are handed over with the
 missing gradients as zeros (a parameter unused in this step), the thread is waited for,
@@ -54,6 +55,8 @@ class Reducer:
         self.problems: Dict[Tuple[int, int], str] = {}  # (bucket, position) -> why its view is NaN
         self._running = False
         self._next = 0
+        self._scale = 1.0
+        self._fired: Set[int] = set()  # parameters whose gradient came in this synchronised backward
         self._finite: List[bool] = [True] * len(buckets)
         self._comm: Optional[MPI.Intracomm] = None
         self._source: Optional[MPI.Intracomm] = None
@@ -79,11 +82,15 @@ class Reducer:
             if not self._running:
                 self._begin()
             bucket, position = self.where[id(param)]
+            scale = self._scale if self.syncing else 1.0
             view = param.grad
             if view is None or view.data_ptr() != bucket.views[position].data_ptr():
-                self._take(bucket, position, param)
+                self._take(bucket, position, param, scale)
+            elif scale != 1.0:
+                view.mul_(scale)  # accumulated in place (also over no_sync backwards)
             self.fresh.add(id(param))
             if self.syncing:
+                self._fired.add(id(param))
                 bucket.waiting -= 1
                 if bucket.waiting == 0:
                     self._hand_over_ready()
@@ -101,8 +108,8 @@ class Reducer:
         except Exception:  # the error that matters is the one being raised
             pass
 
-    def _take(self, bucket: Bucket, position: int, param: torch.Tensor) -> None:
-        """Put a gradient autograd made anew into its view (or note why it cannot go there)."""
+    def _take(self, bucket: Bucket, position: int, param: torch.Tensor, scale: float) -> None:
+        """Put a gradient autograd made anew into its view, times ``scale`` (or note why it cannot go there)."""
         grad, view = param.grad, bucket.views[position]
         if grad is None:
             return
@@ -116,13 +123,18 @@ class Reducer:
         if why:
             self.problems[(bucket.index, position)] = why
             return
-        view.copy_(grad)
+        if scale != 1.0:
+            torch.mul(grad, scale, out=view)
+        else:
+            view.copy_(grad)
         param.grad = view
 
     def _begin(self) -> None:
         """The first gradient of a backward: count every bucket's gradients, wait at the end."""
         self._running = True
         self._next = 0
+        self._scale = 1.0 / resolve(self.comm_arg).size
+        self._fired.clear()
         for bucket in self.buckets:
             bucket.waiting = len(bucket.params)
         torch.autograd.Variable._execution_engine.queue_callback(self._finish)
@@ -174,7 +186,11 @@ class Reducer:
             return
         for bucket in self.buckets[self._next:]:
             for position, (param, view) in enumerate(zip(bucket.params, bucket.views)):
-                if id(param) not in self.fresh and (bucket.index, position) not in self.problems:
+                if id(param) in self._fired or (bucket.index, position) in self.problems:
+                    continue
+                if id(param) in self.fresh:  # accumulated inside no_sync, not in this backward
+                    view.mul_(self._scale)
+                else:
                     view.zero_()
                     param.grad = view
             bucket.waiting = 0

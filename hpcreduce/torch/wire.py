@@ -1,11 +1,11 @@
-"""One bucket's mean over the ranks: at full precision, or 16 bits on the wire with float32 sums.
+"""One bucket's sum over the ranks (its gradients came in divided by N: the mean), at full
+precision, or 16 bits on the wire with float32 sums.
 
 Full precision (a float32/float64 bucket, no compression): ``MPI_Allreduce`` (SUM) in the
-bucket's own memory (a CUDA bucket through a host copy unless MPI is CUDA-aware), then a
-multiply by 1/N. 16 bits (a bfloat16/float16 bucket, or ``compression`` "bf16"/"fp16" on a
+bucket's own memory (a CUDA bucket through a host copy unless MPI is CUDA-aware). 16 bits (a bfloat16/float16 bucket, or ``compression`` "bf16"/"fp16" on a
 float32 one): the bucket, cast to 16 bits and padded to N equal chunks, goes through
-``MPI_Alltoall`` (rank r receives every rank's chunk r), rank r sums its chunk in float32 and
-divides by N, rounds it to 16 bits, and ``MPI_Allgather`` gives every rank every chunk; each
+``MPI_Alltoall`` (rank r receives every rank's chunk r), rank r sums its chunk in float32,
+rounds it to 16 bits, and ``MPI_Allgather`` gives every rank every chunk; each
 rank casts the same 16-bit result back into its bucket, so all ranks hold identical values.
 Bytes each rank sends per bucket of n values: 2 (N-1)/N n x 4 at float32 (Open MPI's own
 algorithm choice, ring-like for large buckets) and 2 (N-1)/N n x 2 at 16 bits: half.
@@ -49,7 +49,7 @@ class BucketWire:
         return 2 * (size - 1) * count * torch.tensor([], dtype=self.dtype).element_size() // size
 
     def reduce(self, comm: MPI.Intracomm) -> None:
-        """Replace the bucket by its mean over ``comm``'s ranks (collective)."""
+        """Replace the bucket by its sum over ``comm``'s ranks (collective)."""
         if comm.Get_size() == 1:
             return
         if self.dtype in NARROW:
@@ -67,7 +67,6 @@ class BucketWire:
             self._host.copy_(flat)
             comm.Allreduce(MPI.IN_PLACE, mpi_buffer(self._host), op=MPI.SUM)
             flat.copy_(self._host)
-        flat.mul_(1.0 / comm.Get_size())
 
     def _reduce_narrow(self, comm: MPI.Intracomm) -> None:
         flat, size = self.bucket.flat, comm.Get_size()
@@ -79,7 +78,7 @@ class BucketWire:
         send, recv = self._send, self._recv
         send[:count].copy_(flat)
         comm.Alltoall(mpi_buffer(send), mpi_buffer(recv))
-        mine = recv.view(size, chunk).sum(0, dtype=torch.float32).mul_(1.0 / size).to(self.dtype)
+        mine = recv.view(size, chunk).sum(0, dtype=torch.float32).to(self.dtype)
         comm.Allgather(mpi_buffer(mine), mpi_buffer(send))
         flat.copy_(send[:count])
 
