@@ -128,6 +128,9 @@ def test_a_clear_error_is_hpcreduce_s_own_line_without_a_traceback():
     assert soak.clear_error("hpcreduce: DeadlineExceededError: rank 0 of 5 waited\n").startswith("hpcreduce: Deadline")
     assert soak.clear_error("Traceback (most recent call last):\nhpcreduce train: error: boom\n") is None
     assert soak.clear_error("MPI_ERR_OTHER\nhpcreduce: OMPI_MCA_osc=^ucx mpirun -n 4\n") is None
+    growth = "hpcreduce: rank 3: a rank died during the growth at step 4 (spawning 1 rank(s)) (...)"
+    assert soak.clear_error(f"x\n{growth}\n") == growth
+    assert soak.clear_error("hpcreduce: the job did not finish: mpirun lost the daemon of node(s) node2 and exited 0\n")
 
 
 def test_bad_soak_flags_are_refused_by_name_and_node_loss_without_nodes_is_skipped_saying_why(tmp_path):

@@ -269,13 +269,15 @@ def _end_leftovers(marker: str, striker: Optional[Striker] = None) -> int:
     return len(left)
 
 
-CLEAR_ERROR = re.compile(r"^hpcreduce( train)?: (error\b|[A-Za-z]+Error: |the job did not finish: )")
+CLEAR_ERROR = re.compile(r"^hpcreduce( train)?: (rank \d+: )?(error\b|[A-Za-z]+Error: |the job did not finish: "
+                         r"|a rank died during )")
 
 
 def clear_error(output: str) -> Optional[str]:
     """The error line hpcreduce printed (``hpcreduce train: error ...``, the deadline watchdog's
-    ``hpcreduce: DeadlineExceededError: ...``, or the launcher's ``hpcreduce: the job did not
-    finish: ...``), if the output has one and no Python traceback."""
+    ``hpcreduce: DeadlineExceededError: ...``, the launcher's ``hpcreduce: the job did not
+    finish: ...``, or a failed growth's ``hpcreduce: rank R: a rank died during ...``), if the
+    output has one and no Python traceback."""
     if "Traceback (most recent call last)" in output:
         return None
     return next((line.strip() for line in output.splitlines() if CLEAR_ERROR.match(line.strip())), None)
