@@ -149,7 +149,7 @@ class Reducer:
         for (index, position) in self.problems:
             if index == bucket.index:
                 bucket.views[position].fill_(float("nan"))
-        comm, wire, check = self._communicator(), self.wires[bucket.index], self.check_finite or self.problems
+        comm, wire, check = self._communicator(), self.wires[bucket.index], self.check_finite or bool(self.problems)
         ready = None
         if bucket.flat.device.type == "cuda":
             ready = torch.cuda.Event()
@@ -222,7 +222,8 @@ def guard_optimizer_steps() -> None:
                 stepping = {id(p) for group in optimizer.param_groups for p in group["params"]}
                 unsynced = stepping & reducer.fresh
                 if unsynced:
-                    name = next(bucket.names[pos] for key in unsynced for bucket, pos in [reducer.where[key]])
+                    bucket, position = reducer.where[next(iter(unsynced))]
+                    name = bucket.names[position]
                     raise UnsupportedInputError(
                         f"optimizer.step() over gradients accumulated inside no_sync() and not reduced "
                         f"(parameter {name!r} among {len(unsynced)}): every rank would step on its own gradient. "
