@@ -1,16 +1,15 @@
 """``hpcreduce bench torch``: the DDP wrapper against torch DDP (gloo) and a plain mpi4py loop.
 
-Per model (``mlp``: 6 x 512-wide linear layers, 6.3 MB of gradients; ``cnn``: convolutions
-whose backward takes longer than the reduction), every candidate of ``torch_peers`` steps
-in turn, interleaved round by round (each round starting one candidate later), one torch
-thread per rank, the same batch and the same
-starting parameters: median step times, each relative to torch DDP's and to the plain loop's,
-and the share of the plain loop's communication (its step minus ``compute``) that the
-wrapper hides. Then torch DDP and the wrapper train 30 steps more from the same parameters:
-the largest parameter difference (target: 1e-6). Each step's CPU time (all of a rank's
-threads, rank 0) beside its wall time shows whether a core was idle that overlap could use. The NaN/Inf check's cost is the step with
-it against the same wrapper without it. Bytes each rank sends per step are the
-wrapper's own count (float32 and bf16 wires).
+Per model (``mlp``: 6 x 512-wide linear layers, 6.3 MB of gradients; ``cnn``: convolutions whose
+backward takes longer than the reduction), every candidate of ``torch_peers`` steps in turn,
+interleaved round by round (each round starting one candidate later), one torch thread per rank,
+the same batch and the same starting parameters: median step times, each relative to torch DDP's
+and to the plain loop's, and the share of the plain loop's communication (its step minus
+``compute``) that the wrapper hides. Then torch DDP and the wrapper train 30 steps more from the
+same parameters: the largest parameter difference (target: 1e-6). Each step's CPU time (all of a
+rank's threads, rank 0) beside its wall time shows whether a core was idle that overlap could
+use. The NaN/Inf check's cost is the step with it against the same wrapper without it, and its pass alone. Bytes
+each rank sends per step are the wrapper's own count (float32 and bf16 wires).
 """
 from __future__ import annotations
 
@@ -45,7 +44,8 @@ def run(context: Context, args) -> Dict[str, object]:
                                       warmup=args.warmup, iterations=args.iterations, rotate=True)
         wrapper = modules["hpcreduce_ddp"]
         row: Dict[str, object] = {"model": model, "batch_per_rank": BATCH[model], "step_s": medians,
-                                  "cpu_s": {name: statistics.median(times[args.warmup:]) for name, times in cpu.items()},
+                                  "cpu_s": {name: statistics.median(times[args.warmup:])
+                                            for name, times in cpu.items()},
                                   "gradient_bytes": sum(p.numel() * 4 for p in wrapper.parameters()),
                                   "bytes_sent_per_step": wire,
                                   "max_difference_vs_torch_ddp": agreement(model, comm, initial, args.bucket_cap_mb)}
@@ -86,7 +86,8 @@ def derived(medians: Dict[str, float]) -> Dict[str, float]:
         out[f"{name}_vs_torch_ddp"] = medians[name] / medians["torch_ddp"]
         out[f"{name}_vs_loop"] = medians[name] / medians["mpi4py_loop"]
     out["check_share_of_step"] = 1 - medians["hpcreduce_ddp_no_check"] / medians["hpcreduce_ddp"]
-    out["allreduce_gradients_check_share"] = 1 - medians["allreduce_gradients_no_check"] / medians["allreduce_gradients"]
+    out["allreduce_gradients_check_share"] = (1 - medians["allreduce_gradients_no_check"]
+                                              / medians["allreduce_gradients"])
     for name in ("hpcreduce_ddp", "hpcreduce_ddp_thread"):
         exposed = medians[name] - medians["compute"]
         out[f"{name}_hidden_share"] = 1 - exposed / loop_comm if loop_comm > 0 else float("nan")
@@ -122,7 +123,8 @@ def render(result: Dict[str, object]) -> str:
                      f"{sent['hpcreduce_ddp_bf16'] / 2 ** 20:.2f} MiB (bf16 wire)")
         lines.append(f"  the NaN/Inf check's share of the step: {row['check_share_of_step']:.3f} (wrapper), "
                      f"{row['allreduce_gradients_check_share']:.3f} (allreduce_gradients); its pass alone "
-                     f"{row['check_pass_s'] * 1e3:.3f} ms ({row['check_pass_s'] / times['hpcreduce_ddp']:.3f} of the step)")
+                     f"{row['check_pass_s'] * 1e3:.3f} ms "
+                     f"({row['check_pass_s'] / times['hpcreduce_ddp']:.3f} of the step)")
         lines.append(f"  share of the loop's communication hidden: {row['hpcreduce_ddp_hidden_share']:.2f} (wrapper), "
                      f"{row['hpcreduce_ddp_thread_hidden_share']:.2f} (on the thread); "
                      f"largest parameter difference vs torch DDP after 30 steps: "

@@ -4,7 +4,7 @@ Parameters that take a gradient are bucketed in reverse registration order (the 
 backward tends to produce their gradients, as DDP does), a new bucket starting at a change of
 dtype or device or when the next parameter would take the bucket past ``cap_bytes`` (the first
 bucket past 1 MiB, as DDP's first bucket). Every
-rank builds the same plan from the same module; ``signature`` is what the ranks compare.
+rank builds the same plan from the same module; ``layout`` is what the ranks compare.
 """
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ def build(named: Sequence[Tuple[str, torch.nn.Parameter]], cap_bytes: int) -> Li
     return buckets
 
 
-def signature(buckets: Sequence[Bucket]) -> List[Tuple[int, str, Tuple[int, ...], str]]:
+def layout(named: Sequence[Tuple[str, torch.nn.Parameter]],
+           cap_bytes: int) -> List[Tuple[int, str, Tuple[int, ...], str]]:
     """What must be the same on every rank: each bucket's parameters, shapes and dtypes, in order."""
-    return [(bucket.index, name, tuple(param.shape), str(param.dtype))
-            for bucket in buckets for name, param in zip(bucket.names, bucket.params)]
+    return [(number, named[i][0], tuple(named[i][1].shape), str(named[i][1].dtype))
+            for number, members in enumerate(plan(named, cap_bytes)) for i in members]

@@ -22,7 +22,7 @@ import torch
 from ..collectives.broadcast import broadcast_tensor
 from ..collectives.validate import InputProblem, ProblemKind, agree, raise_local, stable_hash
 from ..runtime.context import resolve
-from .buckets import REDUCIBLE, build, plan
+from .buckets import REDUCIBLE, build, layout
 from .parameters import broadcast_parameters
 from .reducer import Reducer, guard_optimizer_steps
 from .wire import COMPRESSIONS
@@ -52,13 +52,12 @@ class DistributedDataParallel(torch.nn.Module):
         named = [(name, param) for name, param in module.named_parameters() if param.requires_grad]
         cap = int(bucket_cap_mb * 2 ** 20)
         problem = _problem(module, named, compression, cap)
-        layout = [(number, named[i][0], tuple(named[i][1].shape), str(named[i][1].dtype))
-                  for number, members in enumerate(plan(named, max(cap, 1))) for i in members]
+        buckets = layout(named, max(cap, 1))
         if context.joined:
             raise_local("DistributedDataParallel", problem, context.rank)
         else:
             agree(context, "DistributedDataParallel",
-                  [("buckets", stable_hash(layout), lambda: layout),
+                  [("buckets", stable_hash(buckets), lambda: buckets),
                    ("bucket_cap_mb, compression", stable_hash([cap, compression]), lambda: [cap, compression])],
                   problem)
             broadcast_parameters(module, comm=context)
@@ -95,8 +94,9 @@ class DistributedDataParallel(torch.nn.Module):
     def _check_parameters(self) -> None:
         """A parameter replaced or reshaped since wrapping goes to the reduction as NaN (every rank stops)."""
         current = [param for param in self.module.parameters() if param.requires_grad]
-        if len(current) == len(self._named) and all(
-                now is then and now.shape == shape for now, (_, then), shape in zip(current, self._named, self._shapes)):
+        pairs = zip(current, self._named, self._shapes)
+        if len(current) == len(self._named) and all(now is then and now.shape == shape
+                                                    for now, (_, then), shape in pairs):
             return
         for (name, then), shape in zip(self._named, self._shapes):
             owner, _, leaf = name.rpartition(".")

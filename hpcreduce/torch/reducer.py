@@ -117,7 +117,8 @@ class Reducer:
         if grad.is_sparse:
             why = "its gradient is sparse (use a dense layer, or the parameter server's rows)"
         elif grad.shape != view.shape:
-            why = f"its gradient has shape {tuple(grad.shape)}, its bucket {tuple(view.shape)} (it changed after wrapping)"
+            why = (f"its gradient has shape {tuple(grad.shape)}, its bucket {tuple(view.shape)} "
+                   f"(it changed after wrapping)")
         elif grad.dtype != view.dtype or grad.device != view.device:
             why = f"its gradient is {grad.dtype} on {grad.device}, its bucket {view.dtype} on {view.device}"
         if why:
@@ -208,7 +209,8 @@ class Reducer:
 
     def _verdict(self, bad: List[str], problems: Dict[Tuple[int, int], str]) -> str:
         mine = "; ".join(f"{self.buckets[index].names[position]}: {why}" for (index, position), why in problems.items())
-        return (f"DistributedDataParallel, step {self.steps - 1}: the reduced gradient of {', '.join(bad) or 'nothing'} "
+        return (f"DistributedDataParallel, step {self.steps - 1}: the reduced gradient of "
+                f"{', '.join(bad) or 'nothing'} "
                 f"holds NaN or Inf (a rank's gradient did, or could not be reduced"
                 f"{': on this rank, ' + mine if mine else ''}); the optimizer must not step on it. "
                 f"Under loss scaling, which expects this, pass check_finite=False")

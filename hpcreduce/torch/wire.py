@@ -2,13 +2,14 @@
 precision, or 16 bits on the wire with float32 sums.
 
 Full precision (a float32/float64 bucket, no compression): ``MPI_Allreduce`` (SUM) in the
-bucket's own memory (a CUDA bucket through a host copy unless MPI is CUDA-aware). 16 bits (a bfloat16/float16 bucket, or ``compression`` "bf16"/"fp16" on a
-float32 one): the bucket, cast to 16 bits and padded to N equal chunks, goes through
-``MPI_Alltoall`` (rank r receives every rank's chunk r), rank r sums its chunk in float32,
-rounds it to 16 bits, and ``MPI_Allgather`` gives every rank every chunk; each
-rank casts the same 16-bit result back into its bucket, so all ranks hold identical values.
-Bytes each rank sends per bucket of n values: 2 (N-1)/N n x 4 at float32 (Open MPI's own
-algorithm choice, ring-like for large buckets) and 2 (N-1)/N n x 2 at 16 bits: half.
+bucket's own memory (a CUDA bucket through a host copy unless MPI is CUDA-aware). 16 bits (a
+bfloat16/float16 bucket, or ``compression`` "bf16"/"fp16" on a float32 one): the bucket, cast to
+16 bits and padded to N equal chunks, goes through ``MPI_Alltoall`` (rank r receives every
+rank's chunk r), rank r sums its chunk in float32, rounds it to 16 bits, and ``MPI_Allgather``
+gives every rank every chunk; each rank casts the same 16-bit result back into its bucket, so
+all ranks hold identical values. Bytes each rank sends per bucket of n values: 2 (N-1)/N n x 4
+at float32 (Open MPI's own algorithm choice, ring-like for large buckets) and 2 (N-1)/N n x 2 at
+16 bits: half.
 """
 from __future__ import annotations
 
