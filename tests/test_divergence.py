@@ -38,6 +38,14 @@ def test_each_sign_is_named_and_only_a_model_worse_than_its_start_is_worse(losse
     assert said in " | ".join(found["signs"]) and found["worse_than_start"] is worse, found
 
 
+def test_a_run_too_short_to_judge_is_reported_but_not_worse():
+    found = verdict(result_of([0.69, 1.64, 1.2], 0.75, TrainConfig(steps=3), start_loss=0.69))
+    assert "held-out loss 0.75 above the initial model's 0.69" in " | ".join(found["signs"]), found
+    assert found["worse_than_start"] is False, found
+    broken = verdict(result_of([0.69, 1.64, 1.2], 0.75, TrainConfig(steps=3), checksum=math.nan))
+    assert broken["worse_than_start"] is True, broken
+
+
 def test_the_likely_cause_names_staleness_the_learning_rate_or_the_batch():
     asp = verdict(result_of([1.0], 9.0, TrainConfig(lr=0.5, optimizer="momentum",
                                                      topology=PS(consistency="asp", fetch_every=4))))

@@ -7,7 +7,9 @@ Signs (any one makes ``result.diverged`` a dict; None when there is none):
 - a held-out loss above the initial model's (``result.start``, the model the run started
   from, evaluated on the same held-out split): the model ended worse than it started.
 The last (or non-finite values) sets ``worse_than_start``: ``hpcreduce train`` then exits
-``DIVERGED_EXIT``. ``likely_cause`` and ``advice`` name the settings that usually cause it:
+``DIVERGED_EXIT``. A run of fewer than ``JUDGED_FROM`` steps is reported but not judged worse
+for its held-out loss: adaptive optimizers overshoot in their first steps (the default logreg
+run: held-out loss 0.749 after 3 steps against 0.693 at the start, 0.626 after 4). ``likely_cause`` and ``advice`` name the settings that usually cause it:
 staleness under ASP/SSP, the learning rate, the optimizer. Cost: one held-out evaluation of
 the initial model and one small broadcast, at the end only (nothing on the training path).
 """
@@ -25,6 +27,7 @@ from .results import TrainResult
 
 DIVERGED_EXIT = 5  # hpcreduce train: the trained model ended worse than it started (3: a deadline abort, 4: growth)
 GROWTH = 2.0
+JUDGED_FROM = 10  # steps: a shorter run's held-out loss may still be its first steps' overshoot
 ADAPTIVE = ("adagrad",)  # step sizes that shrink by themselves: the cure for too large a step
 
 
@@ -45,10 +48,13 @@ def verdict(result: TrainResult) -> Optional[Dict[str, Any]]:
     if broken:
         signs.append("non-finite held-out loss or weights")
     signs += _training_signs([row["loss"] for row in result.steps if row.get("examples", 1)])
-    worse = broken or final.loss > start["loss"]
-    if worse and not broken:
+    above = final.loss > start["loss"]
+    worse = broken or (above and result.config.steps >= JUDGED_FROM)
+    if above and not broken:
         signs.append(f"held-out loss {final.loss:.4g} above the initial model's {start['loss']:.4g} "
-                     f"(accuracy {final.accuracy:.4f}, initially {start['accuracy']:.4f})")
+                     f"(accuracy {final.accuracy:.4f}, initially {start['accuracy']:.4f})"
+                     + ("" if worse else f", after {result.config.steps} steps: too few to judge "
+                                         f"(first steps overshoot; from {JUDGED_FROM} the run fails)"))
     if not signs:
         return None
     cause, advice = likely_cause(result.config, result.staleness)
