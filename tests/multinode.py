@@ -14,6 +14,8 @@ from typing import Dict, List, Optional, Sequence
 
 import pytest
 
+from hpcreduce.runtime.processes import describe, processes_naming as running_naming
+
 AGENT = """#!/bin/bash
 # mpirun's ssh agent for "nodes" on this host: the daemon gets its own UTS namespace and hostname.
 while [[ "$1" == -* ]]; do shift; done
@@ -78,14 +80,5 @@ def _runs_ranks(pid: int) -> bool:
 
 
 def processes_naming(text: str) -> List[str]:
-    """Command lines of the running processes that contain ``text`` (a test's own folder, say)."""
-    found = []
-    for name in (name for name in os.listdir("/proc") if name.isdigit()):
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as cmdline:
-                words = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in words and int(name) != os.getpid():
-            found.append(f"{name}: {words}")
-    return found
+    """The running processes whose command line contains ``text`` (a test's own folder, say), described."""
+    return [describe(pid) for pid in running_naming(text)]

@@ -43,8 +43,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..ft import inject
 from ..runtime.files import write_json
 from ..runtime.jobs import run_job
+from ..runtime.processes import processes_naming
 from . import soak_plan
-from .soak_faults import Nodes, Striker, processes_naming, two_nodes
+from .soak_faults import Nodes, Striker, two_nodes
 from .soak_plan import SoakRun, command_line, draw_runs
 
 NAME = "soak"

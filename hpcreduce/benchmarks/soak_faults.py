@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
+from ..runtime.processes import processes_naming
+
 POLL_S = 0.02
 AGENT = """#!/bin/bash
 # mpirun's ssh agent for "nodes" on this host: the daemon gets its own UTS namespace and hostname.
@@ -71,16 +73,6 @@ def two_nodes(folder: Path, ranks: int) -> Tuple[Optional[Nodes], str]:
     env = {"PRTE_MCA_plm_ssh_agent": str(agent), "OMPI_MCA_mpi_yield_when_idle": "1",
            "PRTE_MCA_hwloc_default_binding_policy": "none"}
     return Nodes(str(hosts), env), ""
-
-
-def processes_naming(marker: str) -> List[int]:
-    """The processes (not this one) whose command line contains ``marker``."""
-    found = []
-    needle = marker.encode()
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if entry.isdigit() and int(entry) != os.getpid() and needle in _read(f"/proc/{entry}/cmdline"):
-            found.append(int(entry))
-    return found
 
 
 def _read(path: str) -> bytes:

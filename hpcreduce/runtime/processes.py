@@ -49,18 +49,36 @@ def adopting_orphans() -> Iterator[bool]:
         prctl(_PR_SET_CHILD_SUBREAPER, previous.value, 0, 0, 0)
 
 
+def pids() -> List[int]:
+    """Every running process's pid (none where there is no ``/proc``)."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()] if os.path.isdir("/proc") else []
+
+
+def command_line(pid: int) -> str:
+    """``pid``'s command line, its words joined by spaces ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def processes_naming(text: str) -> List[int]:
+    """The processes other than this one whose command line contains ``text``."""
+    me = os.getpid()
+    return [pid for pid in pids() if pid != me and text in command_line(pid)]
+
+
 def _table() -> Dict[int, Tuple[int, int]]:
     """Every process's (parent, session), by pid."""
     table = {}
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not name.isdigit():
-            continue
+    for pid in pids():
         try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
                 fields = stat.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue  # gone meanwhile
-        table[int(name)] = (int(fields[1]), int(fields[3]))
+        table[pid] = (int(fields[1]), int(fields[3]))
     return table
 
 
@@ -72,12 +90,7 @@ def children() -> Set[int]:
 
 def describe(pid: int) -> str:
     """``pid`` and its command line, shortened."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            words = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        words = "?"
-    return f"{pid} ({words[:80]})"
+    return f"{pid} ({command_line(pid)[:80] or '?'})"
 
 
 def _kill_trees(roots: Set[int], table: Dict[int, Tuple[int, int]]) -> List[int]:
