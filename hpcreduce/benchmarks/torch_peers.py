@@ -17,7 +17,8 @@ from typing import Callable, Dict, Tuple
 import torch
 from mpi4py import MPI
 
-import hpcreduce.torch as hpt
+from .. import torch as hpt
+from ..runtime.nodes import rank_nodes
 
 Step = Callable[[], None]
 
@@ -54,14 +55,12 @@ def start_gloo(comm: MPI.Intracomm) -> None:
     if torch.distributed.is_initialized():
         return
     address = None
+    one_node = len(set(rank_nodes(comm))) == 1
     if comm.Get_rank() == 0:
         with socket.socket() as probe:
             probe.bind(("", 0))
             port = probe.getsockname()[1]
-        same_node = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size() == comm.Get_size()
-        address = ("127.0.0.1" if same_node else socket.gethostbyname(socket.gethostname()), port)
-    else:
-        comm.Split_type(MPI.COMM_TYPE_SHARED)
+        address = ("127.0.0.1" if one_node else socket.gethostbyname(socket.gethostname()), port)
     host, port = comm.bcast(address, root=0)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=comm.Get_rank(),
                                          world_size=comm.Get_size())

@@ -29,7 +29,6 @@ class Bucket:
     names: List[str]
     params: List[torch.nn.Parameter]
     views: List[torch.Tensor]
-    spans: List[Tuple[int, int]]
     waiting: int = field(default=0, init=False)  # gradients not yet ready in this backward
 
     @property
@@ -55,27 +54,29 @@ def plan(named: Sequence[Tuple[str, torch.nn.Parameter]], cap_bytes: int) -> Lis
     return groups
 
 
+def gradients_into(params: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    """A flat buffer for ``params`` (one dtype and device) and each one's gradient as a view of
+    it, end to end, in order (current gradients kept; none: zeros)."""
+    first = params[0]
+    flat = torch.zeros(sum(param.numel() for param in params), dtype=first.dtype, device=first.device)
+    views, offset = [], 0
+    for param in params:
+        view = flat[offset:offset + param.numel()].view_as(param)
+        offset += param.numel()
+        if param.grad is not None:
+            view.copy_(param.grad)
+        param.grad = view
+        views.append(view)
+    return flat, views
+
+
 def build(named: Sequence[Tuple[str, torch.nn.Parameter]], cap_bytes: int) -> List[Bucket]:
-    """The buckets of ``named``, each parameter's gradient becoming a view of its bucket (current
-    gradients kept; none: zeros)."""
+    """The buckets of ``named``, each parameter's gradient becoming a view of its bucket."""
     buckets = []
     for number, members in enumerate(plan(named, cap_bytes)):
-        first = named[members[0]][1]
-        flat = torch.zeros(sum(named[i][1].numel() for i in members), dtype=first.dtype, device=first.device)
-        bucket = Bucket(number, flat, [], [], [], [])
-        offset = 0
-        for i in members:
-            name, param = named[i]
-            view = flat[offset:offset + param.numel()].view_as(param)
-            if param.grad is not None:
-                view.copy_(param.grad)
-            param.grad = view
-            bucket.names.append(name)
-            bucket.params.append(param)
-            bucket.views.append(view)
-            bucket.spans.append((offset, offset + param.numel()))
-            offset += param.numel()
-        buckets.append(bucket)
+        params = [named[i][1] for i in members]
+        flat, views = gradients_into(params)
+        buckets.append(Bucket(number, flat, [named[i][0] for i in members], params, views))
     return buckets
 
 

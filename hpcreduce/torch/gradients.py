@@ -11,6 +11,7 @@ from ..collectives import allreduce_many
 from ..collectives.buckets import fusion_threshold, plan_buckets, register
 from ..collectives.validate import Unusable
 from ..errors import UnsupportedInputError
+from .buckets import gradients_into
 from .views import Parameters, array_view, named
 
 BUCKET_ATTRIBUTE = "_hpcreduce_gradient_view"
@@ -36,17 +37,10 @@ def bucket_gradients(parameters: Parameters, *, threshold_bytes: Optional[int] =
             raise UnsupportedInputError(f"bucket_gradients: parameter {name!r}: {reason}")
         like.append(view)
     for bucket in plan_buckets(like, fusion_threshold(threshold_bytes)):
-        first = params[bucket[0]]
-        flat = torch.zeros(sum(params[i].numel() for i in bucket), dtype=first.dtype, device=first.device)
+        flat, views = gradients_into([params[i] for i in bucket])
         storage = array_view(flat)[0]
         register(storage)
-        offset = 0
-        for i in bucket:
-            view = flat[offset:offset + params[i].numel()].view_as(params[i])
-            offset += params[i].numel()
-            if params[i].grad is not None:
-                view.copy_(params[i].grad)
-            params[i].grad = view
+        for i, view in zip(bucket, views):
             setattr(params[i], BUCKET_ATTRIBUTE, (view, storage))
 
 

@@ -10,6 +10,7 @@ from ..collectives.validate import agree, root_check
 from ..errors import InputMismatchError
 from ..runtime.context import resolve
 
+
 def state_tensors(module: Union[torch.nn.Module, Dict[str, torch.Tensor]]) -> List[Tuple[str, torch.Tensor]]:
     """Parameters and buffers (a module's ``state_dict``, sharing its storage), by name."""
     state = module.state_dict() if isinstance(module, torch.nn.Module) else module
