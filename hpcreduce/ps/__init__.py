@@ -26,8 +26,8 @@ from .handles import Handle, PushResult
 from .optimizers import OPTIMIZERS
 from .server import Server
 from .start import start
-from .tables import ParamSpec
+from .tables import Dynamic, ParamSpec, dynamic_table
 from .worker import Worker
 
-__all__ = ["start", "ParamSpec", "Consistency", "OPTIMIZERS", "Server", "Worker", "Handle", "PushResult",
+__all__ = ["start", "ParamSpec", "Dynamic", "dynamic_table", "Consistency", "OPTIMIZERS", "Server", "Worker", "Handle", "PushResult",
            "PSConfigError", "PSInputError", "PSRefusedError", "PSTrainingError"]

@@ -5,6 +5,11 @@ A dense table is a tensor, cut into element ranges over the shards; a sparse tab
 rows by id through a ``RowIndex``: a direct index for tables up to 2**22 rows, above that
 a bucketed binary search over the sorted ids it owns (kept as int32 while they fit), so a
 large table costs a shard memory for its own rows, not for the table's.
+
+A *dynamic* table (``ParamSpec(..., dynamic=Dynamic(...))``, ``shape[0]`` 0) has no fixed
+rows: it is keyed by any int64 id, a row exists once pushes admitted its id, and a shard
+evicts its coldest rows past a memory budget (``ps.dynamic_rows``). An id without a row
+reads as its initial value, a function of (seed, table, id) alone (``initial_rows``).
 """
 from __future__ import annotations
 
@@ -12,6 +17,46 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import numpy as np
+
+from ..arrays.hashing import GOLDEN, mix64, name_key, unit_uniform
+
+EVICTIONS = ("lru", "lfu")
+
+
+@dataclass(frozen=True)
+class Dynamic:
+    """How a dynamic table's rows come and go on each shard.
+
+    ``admit_after``: an id gets a row on the push that sees it for the ``admit_after``-th
+    time (1: its first push); the pushes before are counted and their gradients dropped.
+    ``admit_probability``: then admitted with this probability (a coin per (id, sighting),
+    the same on a replica). ``budget_bytes``: per shard, values, optimizer state and index
+    included (0: unbounded); past it the coldest rows go, ``eviction`` by least recent
+    (``lru``) or least frequent (``lfu``) use, and an evicted id that comes back starts
+    again. ``init_scale``: rows start N(0, init_scale**2), drawn from (``seed``, table, id).
+    """
+
+    admit_after: int = 1
+    admit_probability: float = 1.0
+    budget_bytes: int = 0
+    eviction: str = "lru"
+    init_scale: float = 0.01
+    seed: int = 0
+
+    def problem(self) -> Optional[str]:
+        """What is wrong with these settings (None when nothing is)."""
+        if isinstance(self.admit_after, bool) or not isinstance(self.admit_after, (int, np.integer)) \
+                or self.admit_after < 1:
+            return f"admit_after must be a whole number >= 1 (pushes of an id before it gets a row), got {self.admit_after!r}"
+        if not 0.0 < float(self.admit_probability) <= 1.0:
+            return f"admit_probability must be in (0, 1], got {self.admit_probability!r}"
+        if not isinstance(self.budget_bytes, (int, np.integer)) or self.budget_bytes < 0:
+            return f"budget_bytes must be a whole number of bytes >= 0 (0: unbounded), got {self.budget_bytes!r}"
+        if self.eviction not in EVICTIONS:
+            return f"eviction must be one of {', '.join(EVICTIONS)}, got {self.eviction!r}"
+        if not np.isfinite(self.init_scale) or self.init_scale < 0:
+            return f"init_scale must be finite and >= 0, got {self.init_scale!r}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -23,6 +68,39 @@ class ParamSpec:
     shape: Tuple[int, ...]
     dtype: str = "float32"
     sparse: bool = False
+    dynamic: Optional[Dynamic] = None
+
+    def problem(self) -> Optional[str]:
+        """What is wrong with this declaration (None when nothing is)."""
+        if self.dynamic is None:
+            return None
+        if not self.sparse or len(self.shape) < 2 or self.shape[0] != 0:
+            return (f"table {self.name!r} is dynamic, so it must be sparse with shape (0, *row_shape) "
+                    f"(rows come and go by id), got sparse={self.sparse}, shape={tuple(self.shape)}")
+        problem = self.dynamic.problem()
+        return f"table {self.name!r}: {problem}" if problem else None
+
+
+def dynamic_table(name: str, row_shape, dynamic: Dynamic = Dynamic(), dtype: str = "float32") -> ParamSpec:
+    """A dynamic sparse table of rows shaped ``row_shape`` (an int: a vector), keyed by any int64 id."""
+    row = (int(row_shape),) if isinstance(row_shape, (int, np.integer)) else tuple(row_shape)
+    return ParamSpec(name, (0,) + row, dtype, sparse=True, dynamic=dynamic)
+
+
+def initial_rows(spec: ParamSpec, ids: np.ndarray) -> np.ndarray:
+    """The initial values of rows ``ids`` of dynamic table ``spec``: N(0, init_scale**2),
+    each element a function of (seed, table name, id, column) alone, so any shard, replica
+    or worker makes the same ones."""
+    dynamic = spec.dynamic
+    width = row_width(spec)
+    with np.errstate(over="ignore"):
+        key = mix64(np.array([dynamic.seed], np.uint64) * GOLDEN ^ name_key(spec.name))
+        hashed_ids = mix64(key ^ (np.asarray(ids, dtype=np.int64).astype(np.uint64) * GOLDEN))
+        hashed = mix64(hashed_ids[:, None] + np.arange(1, width + 1, dtype=np.uint64) * GOLDEN)
+        first = 1.0 - unit_uniform(hashed)
+        second = unit_uniform(mix64(hashed ^ GOLDEN))
+    values = np.sqrt(-2.0 * np.log(first)) * np.cos(2.0 * np.pi * second) * dynamic.init_scale
+    return values.astype(spec.dtype).reshape((len(hashed_ids),) + tuple(spec.shape[1:]))
 
 
 def numel(spec: ParamSpec) -> int:

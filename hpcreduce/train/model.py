@@ -72,7 +72,7 @@ class Model:
 def checked_grads(model: Model, specs: Sequence[ParamSpec], output: StepOutput) -> Grads:
     """``output.grads`` when they match ``specs`` (one gradient per parameter, no other: a
     dense one an array of the parameter's shape and dtype, a sparse one ``SparseRows``
-    with unique in-range ids and values of the rows' shape and dtype); else a
+    with unique in-range ids (any int64 for a dynamic table) and values of the rows' shape and dtype); else a
     ``ModelError`` naming the model and the parameter. Cost: O(ids) for sparse ones."""
     where = f"model {model.name!r}: loss_and_grads"
     grads = getattr(output, "grads", None)
@@ -107,7 +107,7 @@ def gradient_problem(spec: ParamSpec, grad: object) -> Optional[str]:
         return problem
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
         return f"has ids of dtype {ids.dtype} and shape {tuple(ids.shape)}; they must be 1-D integers"
-    if ids.size and bool(((ids < 0) | (ids >= spec.shape[0])).any()):
+    if ids.size and spec.dynamic is None and bool(((ids < 0) | (ids >= spec.shape[0])).any()):
         return f"has row ids outside [0, {spec.shape[0]})"
     if ids.size > 1 and not bool((ids[1:] > ids[:-1]).all()) and len(array_module(ids).unique(ids)) != ids.size:
         return "has repeated row ids (sum their rows into one)"
