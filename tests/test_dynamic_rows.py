@@ -153,3 +153,10 @@ def test_declarations_that_cannot_work_are_named():
     assert "admit_after must be a whole number >= 1" in dynamic_table("e", 2, Dynamic(admit_after=-1)).problem()
     assert "eviction must be one of lru, lfu" in dynamic_table("e", 2, Dynamic(eviction="fifo")).problem()
     assert "admit_probability must be in (0, 1]" in dynamic_table("e", 2, Dynamic(admit_probability=0)).problem()
+
+
+def test_dynamic_tables_on_real_servers_values_admission_and_bad_input():
+    from mpi_run import mpirun
+    result = mpirun(4, "ps_dynamic.py", timeout=180)
+    assert result.returncode == 0, result
+    assert "ps dynamic: all checks passed" in result.output and "Traceback" not in result.output, result
