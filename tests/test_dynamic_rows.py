@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hpcreduce.errors import CheckpointMismatchError
-from hpcreduce.ps.dynamic_rows import DynamicTable, budget_rows, row_bytes, sketch_bytes
+from hpcreduce.ps.dynamic_rows import DynamicTable, budget_rows, held_bytes
 from hpcreduce.ps.fragments import assemble, cut
 from hpcreduce.ps.id_index import IdIndex
 from hpcreduce.ps.optimizers import make_optimizer
@@ -20,7 +20,7 @@ SGD = make_optimizer("sgd", 1.0)
 
 
 def budget_of(rows: int, spec: ParamSpec, optimizer=SGD) -> int:
-    return sketch_bytes(spec) + rows * row_bytes(spec, optimizer)
+    return held_bytes(rows, spec, optimizer)
 
 
 def table(spec: ParamSpec, optimizer=SGD) -> DynamicTable:

@@ -26,21 +26,25 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from ..arrays.hashing import GOLDEN, mix64, name_key, unit_uniform
-from .id_index import IdIndex
+from .id_index import CELL_BYTES, IdIndex, cells_for
 from .optimizers import Optimizer
 from .tables import ParamSpec, initial_rows
 
 SKETCH_DEPTH, SKETCH_WIDTH = 4, 1 << 20  # uint16 counters: 8 MiB per table that counts sightings
 SKETCH_CAP = np.iinfo(np.uint16).max
 EVICT_SHARE = 8  # an eviction frees at least budget // EVICT_SHARE rows
-INDEX_BYTES_PER_ROW = 32
 ROW_EVENTS = ("seen", "admitted", "evicted", "dropped")
 
 
 def row_bytes(spec: ParamSpec, optimizer: Optimizer) -> int:
-    """Bytes one row costs a shard: values, optimizer state, id, use counters, index."""
+    """Bytes one row costs a shard beside the index: values, optimizer state, id, use counters."""
     values = int(np.prod(spec.shape[1:], dtype=np.int64)) * np.dtype(spec.dtype).itemsize
-    return values * (1 + len(optimizer.state_names)) + 24 + INDEX_BYTES_PER_ROW
+    return values * (1 + len(optimizer.state_names)) + 24
+
+
+def held_bytes(rows: int, spec: ParamSpec, optimizer: Optimizer) -> int:
+    """What ``rows`` rows cost a shard at most: the rows, an index sized for them, the sketch."""
+    return rows * row_bytes(spec, optimizer) + cells_for(rows) * CELL_BYTES + sketch_bytes(spec)
 
 
 def sketch_bytes(spec: ParamSpec) -> int:
@@ -53,7 +57,15 @@ def budget_rows(spec: ParamSpec, optimizer: Optimizer) -> int:
     budget = spec.dynamic.budget_bytes
     if not budget:
         return 0
-    return max(0, (budget - sketch_bytes(spec)) // row_bytes(spec, optimizer))
+    per_row, fixed = row_bytes(spec, optimizer), sketch_bytes(spec)
+    rows = max(0, (budget - fixed) // (per_row + 2 * CELL_BYTES))
+    while rows:  # the index's cells come in powers of two: the most rows that fit with theirs
+        cells = cells_for(rows)
+        fit = (budget - fixed - cells * CELL_BYTES) // per_row
+        if fit >= rows:
+            break
+        rows = min(rows - 1, max(fit, cells // 4))
+    return rows
 
 
 class DynamicTable:
@@ -184,6 +196,7 @@ class DynamicTable:
         for array in self._arrays():
             array[holes] = array[movers]
         self.count = remaining
+        self.index = None  # the old cells go before the new ones are made: no two indexes at once
         self.index = IdIndex.of(self._ids[:remaining], room=max(self.budget - remaining, 0))
 
     def _create(self, ids: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from ..arrays.hashing import GOLDEN, mix64
 
 MIN_CELLS = 1 << 10
 EMPTY = -1
+CELL_BYTES = 16  # an int64 key and an int64 slot
 
 
 def _start_cells(ids: np.ndarray, mask: int) -> np.ndarray:
