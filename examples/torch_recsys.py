@@ -6,7 +6,7 @@
 Each example has a few dense features and ``--hot`` ids in each of ``--fields`` categorical
 fields. The model (DLRM's shape): a bottom MLP embeds the dense features, one
 ``PSEmbeddingBag`` per field pools its ids (the tables live on the servers, which train them
-with Adagrad), the pairwise dot products of those vectors and the bottom's output go to a
+with Adagrad; dynamic tables, a row made when its id first arrives, or ``--fixed`` ones), the pairwise dot products of those vectors and the bottom's output go to a
 top MLP that gives the click logit. ``hpcreduce.torch.start_hybrid`` puts the tables on
 ranks 0..servers-1 and wraps the rest in ``DistributedDataParallel`` over the workers, as
 PERSIA trains. The clicks come from ``Clicks``: a known factorisation-machine truth over
@@ -14,7 +14,7 @@ Zipf-popular ids, so the truth's own held-out loss is printed as the floor; any 
 its ``batches(stream)`` and batch layout can replace it.
 """
 import argparse
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 import torch
@@ -65,12 +65,13 @@ def mlp(*widths: int) -> torch.nn.Sequential:
 
 
 class DLRM(torch.nn.Module):
-    """Bottom MLP, one PSEmbeddingBag per field, dot interactions, top MLP."""
+    """Bottom MLP, one PSEmbeddingBag per field (``rows`` None: dynamic tables, keyed by any
+    int64 id; else fixed tables of ``rows`` rows), dot interactions, top MLP."""
 
-    def __init__(self, fields: int, vocab: int, dim: int, hidden: int):
+    def __init__(self, fields: int, rows: Optional[int], dim: int, hidden: int):
         super().__init__()
         self.bottom = mlp(DENSE_FEATURES, hidden, dim)
-        self.bags = torch.nn.ModuleList(hpt.PSEmbeddingBag(f"field{f}", dim, vocab, mode="sum", init_scale=0.1)
+        self.bags = torch.nn.ModuleList(hpt.PSEmbeddingBag(f"field{f}", dim, rows, mode="sum", init_scale=0.1)
                                         for f in range(fields))
         pairs = (fields + 1) * fields // 2
         self.top = mlp(dim + pairs, hidden, 1)
@@ -96,6 +97,8 @@ def main() -> None:
     parser.add_argument("--fields", type=int, default=4)
     parser.add_argument("--hot", type=int, default=2, help="ids per field per example")
     parser.add_argument("--vocab", type=int, default=1000, help="ids per field")
+    parser.add_argument("--fixed", action="store_true",
+                        help="fixed tables of --vocab rows (default: dynamic tables, rows made as ids arrive)")
     parser.add_argument("--dim", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.3, help="the servers' Adagrad rate for the tables")
@@ -105,7 +108,7 @@ def main() -> None:
 
     ctx = hpcreduce.init()
     torch.manual_seed(args.seed)
-    model = DLRM(args.fields, args.vocab, args.dim, args.hidden)
+    model = DLRM(args.fields, args.vocab if args.fixed else None, args.dim, args.hidden)
     job = hpt.start_hybrid(model, servers=args.servers, consistency=args.consistency,
                            staleness=args.staleness if args.consistency == "ssp" else 0,
                            optimizer="adagrad", lr=args.lr, seed=args.seed)

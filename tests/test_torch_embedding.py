@@ -12,15 +12,17 @@ pytest.importorskip("torch")
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "torch_recsys.py"
 
 
-def test_embedding_bag_equals_torch_and_hybrid_keeps_workers_equal():
-    job = mpirun(3, "torch_embedding.py", timeout=60)
+@pytest.mark.parametrize("table", ["fixed", "dynamic"])
+def test_embedding_bag_equals_torch_and_hybrid_keeps_workers_equal(table):
+    job = mpirun(3, "torch_embedding.py", table, timeout=60)
     assert job.returncode == 0, job
     assert "PSEmbeddingBag equals nn.EmbeddingBag on 2 workers; dense parameters identical" in job.output, job
     assert "torch embedding: all checks passed" in job.output, job
 
 
-def test_recsys_example_lowers_the_held_out_loss():
-    job = mpirun(4, str(EXAMPLE), "--servers", "1", "--steps", "60", "--batch", "128", timeout=60)
+@pytest.mark.parametrize("tables", [[], ["--fixed"]])
+def test_recsys_example_lowers_the_held_out_loss(tables):
+    job = mpirun(4, str(EXAMPLE), "--servers", "1", "--steps", "60", "--batch", "128", *tables, timeout=60)
     assert job.returncode == 0, job
     line = next(line for line in job.output.splitlines() if line.startswith("hybrid on 4 ranks"))
     words = line.split()

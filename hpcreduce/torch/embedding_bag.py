@@ -72,6 +72,7 @@ class PSEmbeddingBag(torch.nn.Module):
     def prefetch(self, input: torch.Tensor) -> None:
         """Start pulling ``input``'s rows now; the next forward on this very tensor uses them
         (call it for every bag before the model's forward: all pulls are in flight together)."""
+        self._drop_prefetched()
         unique, local = torch.unique(input, sorted=True, return_inverse=True)
         self._prefetched = (input, unique, local, self._bound().pull_rows_async(self.table, _ids(unique)))
 
@@ -81,10 +82,10 @@ class PSEmbeddingBag(torch.nn.Module):
         with ``offsets`` (where each bag starts), as ``F.embedding_bag`` takes them."""
         if input.dtype not in (torch.int64, torch.int32):
             raise PSInputError(f"PSEmbeddingBag {self.table!r}: ids must be int64 or int32, got {input.dtype}")
-        prefetched, self._prefetched = self._prefetched, None
-        if prefetched is not None and prefetched[0] is input:
-            _, unique, local, handle = prefetched
+        if self._prefetched is not None and self._prefetched[0] is input:
+            (_, unique, local, handle), self._prefetched = self._prefetched, None
         else:
+            self._drop_prefetched()
             unique, local = torch.unique(input, sorted=True, return_inverse=True)
             handle = self._bound().pull_rows_async(self.table, _ids(unique))
         rows = torch.from_numpy(handle.wait()).to(input.device)
@@ -109,6 +110,12 @@ class PSEmbeddingBag(torch.nn.Module):
     def extra_repr(self) -> str:
         rows = "dynamic" if self.num_embeddings is None else self.num_embeddings
         return f"{self.table!r}, {rows}, {self.embedding_dim}, mode={self.mode!r}"
+
+    def _drop_prefetched(self) -> None:
+        """Finish a prefetch no forward used (its reply must land before its buffer goes)."""
+        if self._prefetched is not None:
+            self._prefetched[3].wait()
+            self._prefetched = None
 
     def _bound(self):
         if self.worker is None:

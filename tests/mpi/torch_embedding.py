@@ -7,7 +7,8 @@
 2. hybrid: five more steps with a torch optimizer on the dense part; every worker's dense
    parameters are then bit-identical, and the rows moved.
 3. bad input, on every rank: an unbound bag, a model without bags, two bags naming one table.
-Argument ``dynamic``: the bags' tables are dynamic (keyed by any int64 id) instead of fixed.
+Argument ``dynamic``: the bags' tables are dynamic (keyed by any int64 id, here ids past 2**40);
+``fixed``: fixed tables of 40 rows.
 """
 import sys
 
