@@ -11,7 +11,7 @@ top MLP that gives the click logit. ``hpcreduce.torch.start_hybrid`` puts the ta
 ranks 0..servers-1 and wraps the rest in ``DistributedDataParallel`` over the workers, as
 PERSIA trains. The clicks come from ``Clicks``: a known factorisation-machine truth over
 Zipf-popular ids, so the truth's own held-out loss is printed as the floor; any data with
-its ``batches(stream)`` and batch layout can replace it.
+its ``batches(stream, size)`` and batch layout can replace it.
 """
 import argparse
 from typing import Iterator, Optional, Tuple
@@ -23,7 +23,7 @@ import hpcreduce
 import hpcreduce.torch as hpt
 from hpcreduce.ps import Server
 
-DENSE_FEATURES, TRUE_DIM = 4, 4
+DENSE_FEATURES, TRUE_DIM, HELD_OUT = 4, 4, 4096
 Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # dense float32 (b, 4), ids int64 (b, fields, hot), labels (b,)
 
 
@@ -31,7 +31,7 @@ class Clicks:
     """Synthetic clicks with a known truth. Field f's ids have popularity ~ 1/id over
     [0, vocab); the true logit is the sum over field pairs of the dot products of the fields'
     pooled true vectors, plus a linear term of the dense features; labels are drawn from it.
-    The truth is the same on every rank; ``batches(stream)`` differ by stream."""
+    The truth is the same on every rank; ``batches(stream, size)`` differ by stream."""
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -46,14 +46,14 @@ class Clicks:
         gram = np.einsum("bfk,bgk->bfg", pooled, pooled)
         return (gram.sum(axis=(1, 2)) - np.einsum("bff->b", gram)) / 2 + dense @ self.dense_weights
 
-    def batches(self, stream: int) -> Iterator[Batch]:
-        """Endless batches of ``--batch`` examples of stream ``stream`` (a worker's index; -1: held out)."""
+    def batches(self, stream: int, size: int) -> Iterator[Batch]:
+        """Endless batches of ``size`` examples of stream ``stream`` (a worker's index; -1: held out)."""
         args = self.args
         rng = np.random.default_rng([args.seed, 1, stream + 1])
         while True:
-            dense = rng.normal(size=(args.batch, DENSE_FEATURES)).astype(np.float32)
-            ids = (args.vocab ** rng.random((args.batch, args.fields, args.hot))).astype(np.int64) - 1
-            labels = (rng.random(args.batch) < 1 / (1 + np.exp(-self.logit(dense, ids)))).astype(np.float32)
+            dense = rng.normal(size=(size, DENSE_FEATURES)).astype(np.float32)
+            ids = (args.vocab ** rng.random((size, args.fields, args.hot))).astype(np.int64) - 1
+            labels = (rng.random(size) < 1 / (1 + np.exp(-self.logit(dense, ids)))).astype(np.float32)
             yield torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(labels)
 
 
@@ -117,7 +117,7 @@ def main() -> None:
         return
     loss_fn = torch.nn.BCEWithLogitsLoss()
     data = Clicks(args)
-    test_dense, test_ids, test_labels = next(data.batches(-1))
+    test_dense, test_ids, test_labels = next(data.batches(-1, HELD_OUT))
     floor = loss_fn(torch.from_numpy(data.logit(test_dense.numpy(), test_ids.numpy())), test_labels).item()
 
     def held_out_loss() -> float:
@@ -125,7 +125,7 @@ def main() -> None:
             return loss_fn(job.module(test_dense, test_ids), test_labels).item()
     before = held_out_loss()
     optimizer = torch.optim.Adam(job.module.parameters(), lr=args.dense_lr)
-    for step, (dense, ids, labels) in zip(range(args.steps), data.batches(job.comm.Get_rank())):
+    for step, (dense, ids, labels) in zip(range(args.steps), data.batches(job.comm.Get_rank(), args.batch)):
         optimizer.zero_grad()
         loss_fn(job.module(dense, ids), labels).backward()    # dense gradients averaged over workers
         job.push()                                            # row gradients to the servers

@@ -1,4 +1,4 @@
-"""hpcreduce.torch's PSEmbeddingBag and start_hybrid on 3 ranks (1 server, 2 workers).
+"""hpcreduce.torch's PSEmbeddingBag and start_hybrid on K servers and the other ranks' workers.
 
 1. equivalence: each worker's pooled rows and loss gradient equal a local nn.EmbeddingBag
    holding the same rows (sum with offsets and per-sample weights, mean on 2-D ids, the bag
@@ -7,8 +7,8 @@
 2. hybrid: five more steps with a torch optimizer on the dense part; every worker's dense
    parameters are then bit-identical, and the rows moved.
 3. bad input, on every rank: an unbound bag, a model without bags, two bags naming one table.
-Argument ``dynamic``: the bags' tables are dynamic (keyed by any int64 id, here ids past 2**40);
-``fixed``: fixed tables of 40 rows.
+Arguments: ``dynamic`` (the bags' tables are dynamic, keyed by any int64 id, here ids past
+2**40) or ``fixed`` (tables of 40 rows), then the number of servers (default 1; the rest work).
 """
 import sys
 
@@ -25,7 +25,8 @@ ctx = hpcreduce.init()
 rank = ctx.rank
 failures = []
 ROWS, DIM = 40, 4
-DYNAMIC = "dynamic" in sys.argv[1:]
+DYNAMIC = sys.argv[1] == "dynamic"
+SERVERS = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 ID_BASE = (1 << 40) if DYNAMIC else 0  # far outside any fixed range: only a dynamic table takes these
 
 
@@ -47,7 +48,7 @@ class Model(torch.nn.Module):
 
 torch.manual_seed(rank)  # different dense weights everywhere: DDP gives every worker the first's
 model = Model()
-job = hpt.start_hybrid(model, servers=1, consistency="bsp", optimizer="sgd", lr=1.0)
+job = hpt.start_hybrid(model, servers=SERVERS, consistency="bsp", optimizer="sgd", lr=1.0)
 if isinstance(job, Server):
     job.serve()
 else:
