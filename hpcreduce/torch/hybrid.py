@@ -40,8 +40,9 @@ from .embedding_bag import PSEmbeddingBag
 
 class HybridWorker:
     """A worker of a hybrid job: ``module`` (the model wrapped in ``DistributedDataParallel``
-    over the workers' communicator ``comm``), ``bags`` (its bound ``PSEmbeddingBag``s by table)
-    and ``worker`` (the ``hpcreduce.ps.Worker`` they pull and push through)."""
+    over the workers' communicator ``comm``; the model itself when it has no dense parameter),
+    ``bags`` (its bound ``PSEmbeddingBag``s by table) and ``worker`` (the ``hpcreduce.ps.Worker``
+    they pull and push through)."""
 
     def __init__(self, module: DistributedDataParallel, bags: Dict[str, PSEmbeddingBag], worker, comm: MPI.Intracomm):
         self.module, self.bags, self.worker, self.comm = module, bags, worker, comm
@@ -76,8 +77,10 @@ def start_hybrid(module: torch.nn.Module, *, servers: int = 1, consistency: str 
     tables of ``module``'s ``PSEmbeddingBag``s (fixed tables initialised from ``seed``), a
     ``HybridWorker`` elsewhere. ``consistency``/``staleness``: when the servers answer pulls
     (``ps.Consistency``); ``optimizer``/``lr``: the servers' update of the rows; ``ddp_options``:
-    ``DistributedDataParallel``'s (bucket_cap_mb, compression, ...) for the dense part.
-    Bad input (no bag, two bags naming one table, ranks whose bags differ) raises on every rank."""
+    ``DistributedDataParallel``'s (bucket_cap_mb, compression, ...) for the dense part (a module
+    with no dense parameter is not wrapped). A dynamic table starts from its ``Dynamic``'s seed.
+    Bad input (no bag, two bags naming one table, ranks whose bags differ) raises on every rank;
+    a dense part the wrapper refuses raises on every worker, which release the servers first."""
     context = resolve(comm)
     bags = [bag for bag in module.modules() if isinstance(bag, PSEmbeddingBag)]
     specs = [bag.spec for bag in bags]
@@ -100,5 +103,10 @@ def start_hybrid(module: torch.nn.Module, *, servers: int = 1, consistency: str 
         return role
     for bag in bags:
         bag.bind(role)
-    return HybridWorker(DistributedDataParallel(module, comm=workers, **ddp_options), dict(zip(names, bags)),
-                        role, workers)
+    try:
+        wrapped = DistributedDataParallel(module, comm=workers, **ddp_options) \
+            if any(param.requires_grad for param in module.parameters()) else module
+    except Exception:
+        role.release()  # every worker raised (the wrapper's checks agree): the servers' serve() returns
+        raise
+    return HybridWorker(wrapped, dict(zip(names, bags)), role, workers)

@@ -7,6 +7,8 @@
 2. hybrid: five more steps with a torch optimizer on the dense part; every worker's dense
    parameters are then bit-identical, and the rows moved.
 3. bad input, on every rank: an unbound bag, a model without bags, two bags naming one table.
+4. a dense part DistributedDataParallel refuses raises on every worker and the servers return.
+5. a model of bags alone is not wrapped in DistributedDataParallel and still trains its rows.
 Arguments: ``dynamic`` (the bags' tables are dynamic, keyed by any int64 id, here ids past
 2**40) or ``fixed`` (tables of 40 rows), then the number of servers (default 1; the rest work).
 """
@@ -116,6 +118,31 @@ for what, module in (("no bag", torch.nn.Linear(2, 2)),
         check(False, f"start_hybrid took a module with {what}")
     except UnsupportedInputError as err:
         check("PSEmbeddingBag" in str(err), f"{what}: {err}")
+
+# 4. a dense part the wrapper refuses: every worker raises after releasing the servers (no hang)
+role = None
+try:
+    role = hpt.start_hybrid(Model(), servers=SERVERS, compression="bogus")
+except UnsupportedInputError as err:
+    check("compression" in str(err), f"bogus compression: {err}")
+if isinstance(role, Server):
+    role.serve()
+else:
+    check(role is None, "a worker took compression='bogus'")
+
+# 5. a model of bags alone (matrix factorisation) is not wrapped; its rows still train
+users, items = hpt.PSEmbeddingBag("users", DIM, ROWS), hpt.PSEmbeddingBag("items", DIM, ROWS)
+job = hpt.start_hybrid(torch.nn.ModuleList([users, items]), servers=SERVERS, consistency="bsp")
+if isinstance(job, Server):
+    job.serve()
+else:
+    check(job.module is not None and not isinstance(job.module, hpt.DistributedDataParallel), "bags alone wrapped")
+    pair = torch.tensor([[1], [2]])
+    before = job.worker.pull_rows("users", [1, 2])
+    (users(pair) * items(pair)).sum().neg().backward()
+    job.clock()
+    check(not np.allclose(job.worker.pull_rows("users", [1, 2]), before), "bags alone: no row moved")
+    job.release()
 
 failures = [f for part in ctx.comm.allgather(failures) for f in part]
 if rank == 0:
