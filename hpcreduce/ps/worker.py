@@ -132,7 +132,7 @@ class Worker:
     def pull_rows_async(self, table: str, ids) -> Handle:
         """Start reading rows ``ids`` of sparse ``table``; the result is aligned with ids."""
         t, spec = self._table(table, sparse=True)
-        ids = checked_ids(f"pull_rows of {table!r}", ids, spec.shape[0])
+        ids = checked_ids(f"pull_rows of {table!r}", ids, table_rows(spec))
         out = np.empty((len(ids),) + tuple(spec.shape[1:]), dtype=spec.dtype)
         groups = self._by_shard(t, ids)
         wire = self._wire(spec)
@@ -156,7 +156,7 @@ class Worker:
     def push_rows_async(self, table: str, ids, grads: np.ndarray) -> Handle:
         """Start sending the gradients of rows ``ids`` (unique) of sparse ``table``."""
         t, spec = self._table(table, sparse=True)
-        ids = checked_ids(f"push_rows to {table!r}", to_host(ids) if is_device_array(ids) else ids, spec.shape[0])
+        ids = checked_ids(f"push_rows to {table!r}", to_host(ids) if is_device_array(ids) else ids, table_rows(spec))
         grads = to_host(grads) if is_device_array(grads) else grads
         _check_array(f"push_rows to {table!r}: gradients", grads,
                      (len(ids),) + tuple(spec.shape[1:]), spec.dtype)
@@ -374,16 +374,30 @@ def _check_array(what: str, array, shape, dtype, *, output: bool = False) -> Non
         raise PSInputError(f"{what} is read-only; the pulled values are written into it")
 
 
-def checked_ids(what: str, ids, rows: int) -> np.ndarray:
-    """``ids`` as int64, if they are a 1-D integer array of row ids in [0, rows); an id out
-    of range is reported as given (checked before the conversion, which would wrap it)."""
+def table_rows(spec: ParamSpec) -> Optional[int]:
+    """The rows of a fixed sparse table; None for a dynamic one (any int64 id)."""
+    return None if spec.dynamic is not None else spec.shape[0]
+
+
+def checked_ids(what: str, ids, rows: Optional[int]) -> np.ndarray:
+    """``ids`` as int64, if they are a 1-D integer array of row ids in [0, rows) (any int64
+    when ``rows`` is None); an id out of range is reported as given (checked before the
+    conversion, which would wrap it)."""
     try:
         array = np.asarray(ids)
     except (ValueError, TypeError, OverflowError) as err:
         raise PSInputError(f"{what}: ids must be a one-dimensional integer array ({err})") from None
+    if array.dtype == object and array.ndim == 1 and all(isinstance(i, int) for i in array.tolist()):
+        outside = next(i for i in array.tolist() if not -2**63 <= i < 2**63)
+        raise PSInputError(f"{what}: id {outside} is outside int64 (row ids are int64)")
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise PSInputError(f"{what}: ids must be a one-dimensional integer array, "
                            f"got dtype {array.dtype} and shape {array.shape}")
+    if rows is None:
+        bad = array[array > np.iinfo(np.int64).max] if array.dtype.kind == "u" else array[:0]
+        if bad.size:
+            raise PSInputError(f"{what}: id {int(bad[0])} is outside int64 (dynamic tables are keyed by int64)")
+        return array.astype(np.int64, copy=False)
     bad = array[array >= rows] if array.dtype.kind == "u" else array[(array < 0) | (array >= rows)]
     if bad.size:
         raise PSInputError(f"{what}: row id {int(bad[0])} out of range [0, {rows})")
