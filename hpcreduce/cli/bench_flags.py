@@ -140,11 +140,9 @@ def embeddings_flags(parser: argparse.ArgumentParser) -> None:
     scale.add_argument("--ids", type=count, default=1 << 20,
                        help="distinct ids in the stream (K, M, G: powers of two; default 1M; the issue's: 1G)")
     scale.add_argument("--push-rows", type=count, default=1 << 16, help="ids per push (default 64K)")
-    scale.add_argument("--table", choices=("dynamic", "fixed"), default="fixed",
-                       help="dynamic: keyed by any int64 id, within --budget; fixed: one row per id of the "
-                            "stream (default %(default)s)")
     scale.add_argument("--budget", type=count, default=64 << 20,
-                       help="a dynamic table's bytes per server (0: unbounded; default 64M)")
+                       help="the table's bytes per server shard, values, optimizer state and index (0: unbounded; "
+                            "default 64M)")
     scale.add_argument("--admit-after", type=int, default=1, help="pushes of an id before it gets a row (default 1)")
     scale.add_argument("--eviction", choices=("lru", "lfu"), default="lru", help="which rows go first (default lru)")
     scale.add_argument("--replicas", action="store_true",
@@ -170,7 +168,7 @@ def embeddings_problems(args: argparse.Namespace) -> List[str]:
     if "scale" in args.parts and args.replicas and args.servers < 2:
         found.append(f"--replicas needs --servers 2 or more (a shard's replica is on the next server), "
                      f"got {args.servers}")
-    if "scale" in args.parts and args.table == "dynamic" and 0 < args.budget < args.push_rows * args.width * 4:
+    if "scale" in args.parts and 0 < args.budget < args.push_rows * args.width * 4:
         found.append(f"--budget {args.budget} is smaller than one push's rows "
                      f"({args.push_rows} x {args.width} float32)")
     if "peers" in args.parts:
