@@ -12,8 +12,8 @@
 A candidate that cannot run here is left out on every rank, with the reason in the JSON. The
 rest are timed interleaved (``timing.interleaved_medians``, each round starting one candidate
 later), ``STEPS_PER_CALL`` steps a call, one torch thread per rank, SGD everywhere. Reported
-per candidate: examples/s (training ranks x ``--batch`` / step time), the bytes each training
-rank sends per step as modelled from this batch's ids and each one's message pattern
+per candidate: examples/s (training ranks x ``--batch`` / step time), the bytes the busiest
+training rank sends per step as modelled from this batch's ids and each one's message pattern
 (``bytes_*``), the RSS each rank gained building it and taking its first step, and the
 process's peak RSS (all candidates together: run one ``--peers`` at a time for each's own peak).
 """
@@ -68,9 +68,10 @@ def measure(context: Context, args) -> Dict[str, object]:
         added_rss[name] = comm.allgather(rss_bytes() - before)
     medians = interleaved_medians(comm, {name: lambda c=c: c.steps(STEPS_PER_CALL) for name, c in built.items()},
                                   warmup=args.warmup, iterations=args.iterations, rotate=True) if built else {}
+    sent = {name: comm.allreduce(c.bytes_per_step, op=MPI.MAX) for name, c in built.items()}  # the busiest trainer
     rows = {name: {"step_s": medians[name] / STEPS_PER_CALL, "trainers": c.trainers,
                    "examples_per_s": c.trainers * shape.batch * STEPS_PER_CALL / medians[name],
-                   "bytes_per_step": c.bytes_per_step, "added_rss_bytes": added_rss[name]}
+                   "bytes_per_step": sent[name], "added_rss_bytes": added_rss[name]}
             for name, c in built.items()}
     return {"shape": shape.__dict__, "servers": args.servers, "steps_per_call": STEPS_PER_CALL, "candidates": rows,
             "left_out": left_out, "peak_rss_bytes": comm.allgather(peak_rss_bytes())}
