@@ -8,8 +8,9 @@ push (ASP, a few pushes in flight), into a dynamic table (``--budget`` bytes a s
 SplitMix64 (a bijection of 64-bit integers, so distinct). Measured: ids per second (the
 slowest worker's), each worker's RSS at ``--rss-points`` points of its stream (flat in the
 ids when nothing grows with them), each server's peak RSS against its base (RSS before the
-stream) and its budgets (one per shard it holds: two with replicas), its load (bytes received) and its summary's ``dynamic_rows``: rows and
-bytes held, ids seen without a row, rows admitted (created) and evicted, gradient rows dropped.
+stream) and its budgets (one per shard it holds: two with replicas), its load (bytes
+received) and its summary's ``dynamic_rows``: rows and bytes held, ids seen without a row,
+rows admitted (created) and evicted, gradient rows dropped.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def stream_ids(begin: int, end: int) -> np.ndarray:
 
 
 def measure(context: Context, args) -> Dict[str, object]:
-    """The stream on K = ``args.servers`` servers; collective; the figures on rank 0 (None elsewhere)."""
+    """The stream on K = ``args.servers`` servers; collective; the figures on rank 0 (an empty dict elsewhere)."""
     spec = dynamic_table(TABLE, args.width, Dynamic(admit_after=args.admit_after, budget_bytes=args.budget,
                                                     eviction=args.eviction))
     tables = Tables.of([spec], "sgd", 1e-3, Consistency("asp"))
@@ -63,7 +64,8 @@ def measure(context: Context, args) -> Dict[str, object]:
     seconds = max(entry["seconds"] for entry in workers)
     return {"servers": args.servers, "workers": len(workers), "replicas": args.replicas,
             "ids": args.ids, "width": args.width, "push_rows": args.push_rows, "budget_bytes": args.budget,
-            "shards_per_server": 2 if args.replicas and args.servers > 1 else 1, "admit_after": args.admit_after, "eviction": args.eviction, "seconds": seconds,
+            "shards_per_server": 2 if args.replicas and args.servers > 1 else 1, "admit_after": args.admit_after,
+            "eviction": args.eviction, "seconds": seconds,
             "ids_per_s": args.ids / seconds, "load_max_over_mean": float(loads.max() / loads.mean()),
             "server": servers, "worker": workers}
 
@@ -117,8 +119,9 @@ def render(result: Dict[str, object]) -> List[str]:
     for server in result["server"]:
         over = (server["peak_rss_bytes"] - server["base_rss_bytes"]) / held_budget if held_budget else float("nan")
         rows = server["dynamic_rows"]
-        lines.append(f"  {server['shard']:>5} {server['base_rss_bytes'] / MiB:9.1f} {server['peak_rss_bytes'] / MiB:9.1f} "
-                     f"{over:19.2f} {rows['bytes'] / MiB:9.1f} " + " ".join(f"{rows[name]:>10}" for name in COLUMNS))
+        lines.append(f"  {server['shard']:>5} {server['base_rss_bytes'] / MiB:9.1f} "
+                     f"{server['peak_rss_bytes'] / MiB:9.1f} {over:19.2f} {rows['bytes'] / MiB:9.1f} "
+                     + " ".join(f"{rows[name]:>10}" for name in COLUMNS))
     for worker in result["worker"]:
         points = ", ".join(f"{point['rss_bytes'] / MiB:.0f}" for point in worker["rss"])
         lines.append(f"  worker slot {worker['slot']}: RSS (MiB) along its {worker['ids']} ids: {points}")

@@ -10,6 +10,7 @@ torch (fbgemm-gpu-cpu 1.9.0 is for torch 2.9).
 """
 from __future__ import annotations
 
+import importlib
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -20,8 +21,7 @@ from .dlrm import DLRM, Shape
 def import_problem() -> Optional[str]:
     """Why TorchRec cannot run here (None: it imports, fbgemm's CPU operators included)."""
     try:
-        import torchrec  # noqa: F401  (loads fbgemm_gpu's operator libraries)
-        import torchrec.distributed  # noqa: F401
+        importlib.import_module("torchrec.distributed")  # loads fbgemm_gpu's operator libraries
     except Exception as err:  # ImportError, or OSError from an fbgemm library built for another torch
         return f"torchrec does not import: {type(err).__name__}: {str(err).splitlines()[0][:300]}"
     return None
@@ -71,7 +71,7 @@ def build(shape: Shape, batch, lr: float) -> Tuple[Callable[[int], None], int]:
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device="cpu"),
                                        constraints=constraints)
     sharders = [EmbeddingBagCollectionSharder()]
-    plan = planner.collective_plan(model, sharders, torch.distributed.GroupMember.WORLD)
+    plan = planner.collective_plan(model, sharders)  # the default (gloo) process group
     sharded = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
     dense_params = dict(in_backward_optimizer_filter(sharded.named_parameters()))
     optimizer = KeyedOptimizerWrapper(dense_params, lambda params: torch.optim.SGD(params, lr=lr))
