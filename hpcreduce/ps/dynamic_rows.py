@@ -9,10 +9,13 @@ order holds the same rows in the same slots:
 
 - an id with no row is *seen* (a count-min sketch of sightings, ``admit_after`` > 1) and gets
   a row on its ``admit_after``-th push, then with ``admit_probability`` (a coin drawn from
-  (id, table version)); until then its gradient is dropped and it reads as ``initial_rows``;
+  (id, table version)); until then its gradient is dropped and it reads as ``initial_rows``.
+  The sketch is fixed in size and ids come without bound, so it ages: every
+  ``SKETCH_WINDOW`` sightings all counts are halved (an id must come back often, not once
+  in a while; the sketch stays a quarter full, so few strangers pass for known ids);
 - past the budget, the coldest rows (least recent or least frequent use, by pushes) are
   evicted, at least an eighth of the budget at once; the live rows are compacted into the
-  first slots and the index is built anew (O(rows), once per batch of evictions).
+  first slots (the last rows move into the holes).
 
 Cost per push of m ids: one index probe (about 1.5 cells an id), the sketch's four cells
 for ids without a row, one optimizer pass over the admitted rows. Memory per row: its
@@ -26,21 +29,26 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from ..arrays.hashing import GOLDEN, mix64, name_key, unit_uniform
-from .id_index import IdIndex
+from .id_index import CELL_BYTES, IdIndex, cells_for
 from .optimizers import Optimizer
 from .tables import ParamSpec, initial_rows
 
 SKETCH_DEPTH, SKETCH_WIDTH = 4, 1 << 20  # uint16 counters: 8 MiB per table that counts sightings
 SKETCH_CAP = np.iinfo(np.uint16).max
+SKETCH_WINDOW = SKETCH_WIDTH // 4  # sightings between two halvings of every count (ageing)
 EVICT_SHARE = 8  # an eviction frees at least budget // EVICT_SHARE rows
-INDEX_BYTES_PER_ROW = 32
 ROW_EVENTS = ("seen", "admitted", "evicted", "dropped")
 
 
 def row_bytes(spec: ParamSpec, optimizer: Optimizer) -> int:
-    """Bytes one row costs a shard: values, optimizer state, id, use counters, index."""
+    """Bytes one row costs a shard beside the index: values, optimizer state, id, use counters."""
     values = int(np.prod(spec.shape[1:], dtype=np.int64)) * np.dtype(spec.dtype).itemsize
-    return values * (1 + len(optimizer.state_names)) + 24 + INDEX_BYTES_PER_ROW
+    return values * (1 + len(optimizer.state_names)) + 24
+
+
+def held_bytes(rows: int, spec: ParamSpec, optimizer: Optimizer) -> int:
+    """What ``rows`` rows cost a shard at most: the rows, an index sized for them, the sketch."""
+    return rows * row_bytes(spec, optimizer) + cells_for(rows) * CELL_BYTES + sketch_bytes(spec)
 
 
 def sketch_bytes(spec: ParamSpec) -> int:
@@ -53,7 +61,15 @@ def budget_rows(spec: ParamSpec, optimizer: Optimizer) -> int:
     budget = spec.dynamic.budget_bytes
     if not budget:
         return 0
-    return max(0, (budget - sketch_bytes(spec)) // row_bytes(spec, optimizer))
+    per_row, fixed = row_bytes(spec, optimizer), sketch_bytes(spec)
+    rows = max(0, (budget - fixed) // (per_row + 2 * CELL_BYTES))
+    while rows:  # the index's cells come in powers of two: the most rows that fit with theirs
+        cells = cells_for(rows)
+        fit = (budget - fixed - cells * CELL_BYTES) // per_row
+        if fit >= rows:
+            break
+        rows = min(rows - 1, max(fit, cells // 4))
+    return rows
 
 
 class DynamicTable:
@@ -72,6 +88,7 @@ class DynamicTable:
         self._allocate(max(16, self.budget))
         self.index = IdIndex.of(self._ids[:0], room=self.budget)
         self.sketch = np.zeros((SKETCH_DEPTH, SKETCH_WIDTH), np.uint16) if spec.dynamic.admit_after > 1 else None
+        self.sightings = 0  # since the sketch's counts were last halved
         with np.errstate(over="ignore"):
             self._salt = mix64(np.array([spec.dynamic.seed], np.uint64) * GOLDEN ^ name_key(spec.name))
 
@@ -156,6 +173,10 @@ class DynamicTable:
         counts = np.minimum(counts, SKETCH_CAP)
         for depth, cell in enumerate(cells):
             self.sketch[depth, cell] = np.maximum(self.sketch[depth, cell], counts.astype(np.uint16))
+        self.sightings += len(ids)
+        if self.sightings >= SKETCH_WINDOW:
+            self.sketch >>= 1
+            self.sightings = 0
         return counts
 
     def _touch(self, slots: np.ndarray) -> None:
@@ -175,16 +196,17 @@ class DynamicTable:
         events["evicted"] += count
 
     def remove(self, slots: np.ndarray) -> None:
-        """Drop the rows at ``slots``: the last live rows move into the holes; index rebuilt."""
+        """Drop the rows at ``slots``: the last live rows move into the holes."""
         keep = np.ones(self.count, dtype=bool)
         keep[slots] = False
         remaining = self.count - len(slots)
         holes = np.flatnonzero(~keep[:remaining])
         movers = np.flatnonzero(keep[remaining:]) + remaining
+        self.index.remove(self._ids[slots])
         for array in self._arrays():
             array[holes] = array[movers]
+        self.index.move(self._ids[holes], holes)
         self.count = remaining
-        self.index = IdIndex.of(self._ids[:remaining], room=max(self.budget - remaining, 0))
 
     def _create(self, ids: np.ndarray) -> np.ndarray:
         """Rows for ``ids`` at their initial values with zeroed optimizer state; their slots."""

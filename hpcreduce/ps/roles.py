@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import PSConfigError, PSTrainingError
 from ..runtime.context import Context
 from .consistency import Consistency
-from .dynamic_rows import budget_rows, row_bytes, sketch_bytes
+from .dynamic_rows import budget_rows, held_bytes
 from .footprint import refuse_unfit, refuse_unfit_problems
 from .layout import Layout
 from .optimizers import Optimizer, make_optimizer
@@ -86,8 +86,7 @@ def tables_problem(comm, tables: Tables) -> Optional[str]:
         if mine is None and spec.dynamic is not None and spec.dynamic.budget_bytes \
                 and budget_rows(spec, tables.optimizers[t]) < 1:
             mine = (f"table {spec.name!r}: budget_bytes {spec.dynamic.budget_bytes} holds no row: one row "
-                    f"costs {row_bytes(spec, tables.optimizers[t])} B on top of the "
-                    f"{sketch_bytes(spec)} B admission sketch")
+                    f"costs {held_bytes(1, spec, tables.optimizers[t])} B with its index and admission sketch")
         if mine:
             break
     everyone = comm.allgather((mine, [repr(spec) for spec in tables.specs]))

@@ -31,6 +31,12 @@ SERVERS = Option("--servers", "ps and sandblaster: server ranks K", metavar="K")
 LR = 0.2
 
 
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise ValueError(f"must be on or off, got {text!r}")
+    return text == "on"
+
+
 @dataclass(frozen=True)
 class Ring:
     """Ring AllReduce: every rank a worker, all of them in step (no settings of its own)."""
@@ -60,15 +66,11 @@ class PS:
                              "travel (the servers keep float32)", metavar="DTYPE", choices=("float32", "float16"))
     model_dir: Optional[str] = option(None, "--model-dir", "ps: each server writes its shard of the trained model "
                                       "here, plus a manifest (hpcreduce export DIR assembles it)", metavar="DIR")
+    row_cache: bool = option(False, "--row-cache", "ps with ssp: workers reuse the sparse rows they pulled while "
+                             "the staleness bound allows (default off)", metavar="on|off", parse=_on_off)
 
     def problems(self, config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
         return ps_problems(self, config, size, ft)
-
-
-def _on_off(text: str) -> bool:
-    if text not in ("on", "off"):
-        raise ValueError(f"must be on or off, got {text!r}")
-    return text == "on"
 
 
 @dataclass(frozen=True)
