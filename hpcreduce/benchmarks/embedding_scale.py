@@ -112,7 +112,8 @@ def render(result: Dict[str, object]) -> List[str]:
     MiB = 1 << 20
     lines = [f"scale: {result['ids']} distinct ids x {result['width']} float32 through a dynamic table, "
              f"K={result['servers']}{' with replicas' if result['replicas'] else ''}, W={result['workers']}, "
-             f"budget {format_size(result['budget_bytes']) if result['budget_bytes'] else 'unbounded'} a shard: {result['ids_per_s'] / 1e6:.3f} M ids/s, "
+             f"budget {format_size(result['budget_bytes']) if result['budget_bytes'] else 'unbounded'} a shard: "
+             f"{result['ids_per_s'] / 1e6:.3f} M ids/s, "
              f"server load max/mean {result['load_max_over_mean']:.3f}",
              f"  {'shard':>5} {'base MiB':>9} {'peak MiB':>9} {'(peak-base)/budgets':>19} {'held MiB':>9} "
              + " ".join(f"{name:>10}" for name in COLUMNS)]
