@@ -75,6 +75,9 @@ class EmbeddingModel(Model):
         bias, a, w1, b1, w2 = (params[name] for name in DENSE)
         xp = array_module(embeddings.values)
         ids = xp.asarray(batch["ids"])
+        if ids.ndim != 2 or ids.shape[1] != self.fields:
+            raise ValueError(f"the embed model has {self.fields} fields, so a batch's ids must be "
+                             f"(examples, {self.fields}); got shape {tuple(ids.shape)}")
         labels = xp.asarray(batch["label"]).astype(embeddings.values.dtype)
         rows, inverse = xp.unique(ids.reshape(-1), return_inverse=True)
         inverse = inverse.reshape(ids.shape)

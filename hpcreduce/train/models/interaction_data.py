@@ -35,7 +35,7 @@ from ...arrays.hashing import GOLDEN, mix64, unit_uniform
 from ...ps.tables import Dynamic, dynamic_table, initial_rows
 from .ctr_data import SPLIT_TAGS, held_out_bayes_accuracy
 
-LARGEST_VALUE = float(2**62)  # a Pareto draw from u ~ 2**-53 can pass 2**64: capped (never reached in practice)
+SMALLEST_ZIPF = 1.06  # the rarest draw, 2**(53/(zipf-1)), stays a finite float
 GROWTH_SAMPLES = (1 << 12, 1 << 16)
 
 
@@ -49,8 +49,9 @@ class InteractionCTR(Dataset):
     def __init__(self, seed: int = 0, *, train_examples: int = 1_000_000, test_examples: int = 20_000,
                  fields: int = 16, zipf: float = 2.5, true_dim: int = 4, first_order_scale: float = 1.0,
                  interaction_scale: float = 2.5, true_bias: float = 0.0, hash_bits: Optional[int] = None):
-        if zipf <= 1:
-            raise ValueError(f"zipf must be above 1, got {zipf}")
+        if not zipf >= SMALLEST_ZIPF:
+            raise ValueError(f"zipf must be at least {SMALLEST_ZIPF} (below, the rarest values pass the "
+                             f"largest float), got {zipf}")
         if fields < 2:
             raise ValueError(f"an interaction truth needs at least 2 fields, got {fields}")
         if hash_bits is not None and not 1 <= hash_bits <= 62:
@@ -65,7 +66,7 @@ class InteractionCTR(Dataset):
         pairs = fields * (fields - 1) // 2
         # each pair's dot product has variance true_dim * s**4: the pairs add to interaction_scale**2
         latent_scale = (interaction_scale ** 2 / (pairs * true_dim)) ** 0.25
-        truth = Dynamic(init_scale=1.0, seed=seed)
+        truth = Dynamic(init_scale=1.0, seed=seed)  # initial_rows: N(0, 1) from (seed, name, id), no table
         self.true_weight_spec = dynamic_table("true-weights", 1, truth, "float64")
         self.true_latent_spec = dynamic_table("true-latents", true_dim, truth, "float64")
         self.weight_scale, self.latent_scale = first_order_scale / np.sqrt(fields), latent_scale
@@ -84,9 +85,9 @@ class InteractionCTR(Dataset):
         example = mix64(self.split_keys[split] ^ (index * GOLDEN))
         streams = np.arange(1, self.fields + 2, dtype=np.uint64) * GOLDEN
         uniform = unit_uniform(mix64(example[:, None] + streams))
-        tail = 1.0 - uniform[:, :self.fields]  # in (0, 1]: value = floor(tail**(-1/(zipf-1))), no upper bound
-        values = np.floor(np.minimum(tail ** (-1.0 / (self.zipf - 1.0)), LARGEST_VALUE)).astype(np.uint64)
-        ids = mix64(self.field_salts + values * GOLDEN).view(np.int64)
+        tail = 1.0 - uniform[:, :self.fields]  # in [2**-53, 1]: value = floor(tail**(-1/(zipf-1))), no upper bound
+        values = np.floor(tail ** (-1.0 / (self.zipf - 1.0)))  # whole numbers up to 2**(53/(zipf-1)), as floats
+        ids = mix64(self.field_salts + values.view(np.uint64) * GOLDEN).view(np.int64)  # one id per distinct value
         return ids, uniform[:, self.fields]
 
     def true_logits(self, ids: np.ndarray) -> np.ndarray:
