@@ -88,6 +88,7 @@ def test_bad_settings_are_refused_by_name(settings, said):
 def test_builtins_train_on_it():
     model, data = build("embed", 0)
     assert model.name == "embed" and isinstance(data, InteractionCTR) and data.hash_bits is None
+    assert model.dynamic.seed == 0 and build("embed", 5)[0].dynamic.seed == 5  # initial rows follow the seed
     logreg, hashed = build("logreg-interaction", 0, table_rows=1 << 12)
     assert logreg.hash_bits == 12 and hashed.hash_bits == 12 and hashed.fields == data.fields
     assert hashed.batch("train", np.arange(100))["ids"].max() < 1 << 12

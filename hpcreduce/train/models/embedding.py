@@ -38,7 +38,7 @@ class EmbeddingModel(Model):
     name = "embed"
 
     def __init__(self, fields: int, dim: int = 8, hidden: int = 16,
-                 dynamic: Dynamic = Dynamic(init_scale=0.1), dtype: str = "float32"):
+                 dynamic: Dynamic = Dynamic(), dtype: str = "float32"):
         if fields < 2 or dim < 1 or hidden < 1:
             raise ValueError(f"the embedding model needs fields >= 2, dim >= 1 and hidden >= 1, "
                              f"got {fields}, {dim} and {hidden}")
