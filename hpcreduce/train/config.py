@@ -32,6 +32,12 @@ LR = 0.2
 HASHED_MODELS = ("logreg", "logreg-interaction")  # the built-in models --table-rows applies to
 
 
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise ValueError(f"must be on or off, got {text!r}")
+    return text == "on"
+
+
 @dataclass(frozen=True)
 class Ring:
     """Ring AllReduce: every rank a worker, all of them in step (no settings of its own)."""
@@ -61,15 +67,11 @@ class PS:
                              "travel (the servers keep float32)", metavar="DTYPE", choices=("float32", "float16"))
     model_dir: Optional[str] = option(None, "--model-dir", "ps: each server writes its shard of the trained model "
                                       "here, plus a manifest (hpcreduce export DIR assembles it)", metavar="DIR")
+    row_cache: bool = option(False, "--row-cache", "ps with ssp: workers reuse the sparse rows they pulled while "
+                             "the staleness bound allows (default off)", metavar="on|off", parse=_on_off)
 
     def problems(self, config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
         return ps_problems(self, config, size, ft)
-
-
-def _on_off(text: str) -> bool:
-    if text not in ("on", "off"):
-        raise ValueError(f"must be on or off, got {text!r}")
-    return text == "on"
 
 
 @dataclass(frozen=True)
