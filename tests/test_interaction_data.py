@@ -3,7 +3,6 @@ factorisation-machine truth, ids from an unbounded vocabulary."""
 import numpy as np
 import pytest
 
-from hpcreduce.ps.tables import initial_rows
 from hpcreduce.train.models import InteractionCTR, build
 
 
@@ -34,9 +33,11 @@ def test_ids_span_int64_and_differ_between_fields():
 def test_true_logits_are_bias_first_order_and_every_pairwise_dot_product():
     data = small(fields=5, true_bias=0.3)
     ids, _ = data.feature_ids("train", np.arange(50))
-    flat = ids.reshape(-1)
-    weights = initial_rows(data.true_weight_spec, flat).reshape(ids.shape) * data.weight_scale
-    latents = initial_rows(data.true_latent_spec, flat).reshape(ids.shape + (data.true_dim,)) * data.latent_scale
+    weights = np.array([[data.true_values("true-weights", np.array([i]), 1)[0, 0] for i in row] for row in ids])
+    latents = np.stack([data.true_values("true-latents", column, data.true_dim) for column in ids.T], axis=1)
+    fresh = data.true_values("true-latents", np.arange(-5000, 5000), data.true_dim)  # N(0, 1) before scaling
+    assert fresh.shape == (10_000, data.true_dim) and abs(fresh.std() - 1) < 0.03 and abs(fresh.mean()) < 0.03
+    weights, latents = weights * data.weight_scale, latents * data.latent_scale
     pairs = sum((latents[:, i] * latents[:, j]).sum(axis=1) for i in range(5) for j in range(i + 1, 5))
     np.testing.assert_allclose(data.true_logits(ids), 0.3 + weights.sum(axis=1) + pairs, rtol=1e-12)
     # the truth is a function of the id alone: an example's fields in another order give the same logit

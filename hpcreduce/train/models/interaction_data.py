@@ -32,7 +32,7 @@ import numpy as np
 
 from ..data import Dataset
 from ...arrays.hashing import GOLDEN, mix64, unit_uniform
-from ...ps.tables import Dynamic, dynamic_table, initial_rows
+from ...ps.init import counter_normal
 from .ctr_data import SPLIT_TAGS, held_out_bayes_accuracy
 
 SMALLEST_ZIPF = 1.06  # the rarest draw, 2**(53/(zipf-1)), stays a finite float
@@ -66,9 +66,6 @@ class InteractionCTR(Dataset):
         pairs = fields * (fields - 1) // 2
         # each pair's dot product has variance true_dim * s**4: the pairs add to interaction_scale**2
         latent_scale = (interaction_scale ** 2 / (pairs * true_dim)) ** 0.25
-        truth = Dynamic(init_scale=1.0, seed=seed)  # initial_rows: N(0, 1) from (seed, name, id), no table
-        self.true_weight_spec = dynamic_table("true-weights", 1, truth, "float64")
-        self.true_latent_spec = dynamic_table("true-latents", true_dim, truth, "float64")
         self.weight_scale, self.latent_scale = first_order_scale / np.sqrt(fields), latent_scale
 
     def size(self, split: str) -> int:
@@ -93,13 +90,18 @@ class InteractionCTR(Dataset):
     def true_logits(self, ids: np.ndarray) -> np.ndarray:
         """The true model's logit of each row of unfolded ``ids`` (float64), by the FM identity
         ``sum_{i<j} <u_i, u_j> = (|sum u|^2 - sum |u|^2) / 2``."""
-        flat = ids.reshape(-1)
-        weights = initial_rows(self.true_weight_spec, flat).reshape(ids.shape) * self.weight_scale
-        latents = initial_rows(self.true_latent_spec, flat).reshape(ids.shape + (self.true_dim,))
-        latents *= self.latent_scale
+        weights = self.true_values("true-weights", ids, 1)[..., 0] * self.weight_scale
+        latents = self.true_values("true-latents", ids, self.true_dim) * self.latent_scale
         summed = latents.sum(axis=1)
         pairwise = 0.5 * ((summed * summed).sum(axis=1) - (latents * latents).sum(axis=(1, 2)))
         return self.true_bias + weights.sum(axis=1) + pairwise
+
+    def true_values(self, name: str, ids: np.ndarray, width: int) -> np.ndarray:
+        """N(0, 1) float64 values ``ids.shape + (width,)``, each a function of (seed, name, id,
+        column) alone (``counter_normal`` of a hash of id and column): no table, any id."""
+        with np.errstate(over="ignore"):
+            keys = mix64(ids.view(np.uint64))[..., None] + np.arange(width, dtype=np.uint64) * GOLDEN
+        return counter_normal(self.seed, name, keys, dtype="float64")
 
     def generate(self, split: str, indices: np.ndarray):
         """Feature ids (folded when ``hash_bits``), labels and true logits of examples ``indices``."""
