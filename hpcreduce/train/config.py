@@ -29,6 +29,7 @@ ASP_CADENCE = at_least(1)
 HISTORY_AND_PUSHES = at_least(1)
 SERVERS = Option("--servers", "ps and sandblaster: server ranks K", metavar="K")
 LR = 0.2
+HASHED_MODELS = ("logreg", "logreg-interaction")  # the built-in models --table-rows applies to
 
 
 def _on_off(text: str) -> bool:
@@ -113,13 +114,14 @@ class TrainConfig:
     directory to train the built-in model on (``hpcreduce train --data``; ``train()`` takes a
     data set instead)."""
 
-    model: str = option("logreg", "--model", "logreg (sparse hashed features, synthetic clicks) or mlp "
-                        "(scikit-learn digits)", metavar="NAME")
+    model: str = option("logreg", "--model", "logreg (sparse hashed features, synthetic clicks), mlp "
+                        "(scikit-learn digits), embed (embeddings and their interactions, on clicks with "
+                        "pairwise interactions) or logreg-interaction (logreg on those)", metavar="NAME")
     data: Optional[str] = option(None, "--data", "train on the .npy shards of data directory DIR (hpcreduce "
                                  "data write makes one; each worker opens only its shards) instead of the model's "
                                  "built-in data", metavar="DIR")
-    table_rows: Optional[int] = option(None, "--table-rows", "logreg: rows of the hashed feature table, a power "
-                                       "of two (default 2**20)", metavar="R")
+    table_rows: Optional[int] = option(None, "--table-rows", "logreg, logreg-interaction: rows of the hashed "
+                                       "feature table, a power of two (default 2**20)", metavar="R")
     steps: int = option(200, "--steps", "training steps (default: the model's)", metavar="S", bound=STEPS_AND_BATCH)
     batch: int = option(4096, "--batch", "global batch per step, split over the workers (default: the model's)",
                         metavar="B", bound=STEPS_AND_BATCH)
@@ -164,9 +166,9 @@ class TrainConfig:
         rows = self.table_rows
         if rows is None:
             return []
-        if self.model != "logreg":
-            return [setting_problem("{table_rows} sets the hashed feature space of {model} logreg, not of "
-                                    "{model} {value}", value=self.model)]
+        if self.model not in HASHED_MODELS:
+            return [setting_problem("{table_rows} sets the hashed feature space of {model} "
+                                    + " and ".join(HASHED_MODELS) + ", not of {model} {value}", value=self.model)]
         if not 2 <= rows <= 2**40 or rows & (rows - 1):
             return [setting_problem("{table_rows} must be a power of two from 2 to 2**40, got {value}", value=rows)]
         return []

@@ -11,7 +11,7 @@ from ..runtime.context import Context
 from .data import Dataset
 from .model import Model
 from ..ps.init import PartInit
-from ..ps.tables import numel
+from ..ps.tables import initial_rows, numel
 from .params import batch_view, part_init
 from .partition import share_bounds
 
@@ -41,13 +41,15 @@ def evaluate(ctx: Context, model: Model, params: Mapping[str, object],
 
 
 class InitialRows:
-    """A sparse table's initial values, row by row: ``table[ids]`` makes only rows ``ids``."""
+    """A sparse table's initial values, row by row: ``table[ids]`` makes only rows ``ids``
+    (a dynamic table's are ``initial_rows``: it has no whole table to slice)."""
 
     def __init__(self, init: PartInit, table: int):
         self.init, self.table = init, table
 
     def __getitem__(self, ids) -> np.ndarray:
-        return self.init.rows(self.table, np.asarray(ids, dtype=np.int64))
+        spec, ids = self.init.specs[self.table], np.asarray(ids, dtype=np.int64)
+        return self.init.rows(self.table, ids) if spec.dynamic is None else initial_rows(spec, ids)
 
 
 def initial_params(model: Model, seed: int) -> Dict[str, object]:

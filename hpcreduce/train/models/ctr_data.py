@@ -81,15 +81,21 @@ class SyntheticCTR(Dataset):
 
     @cached_property
     def bayes_accuracy(self) -> float:
-        """Accuracy of the true weights on the held-out examples (same examples, same labels),
-        generated a chunk at a time (never the whole split at once)."""
-        count, correct = self.sizes["test"], 0
-        for start in range(0, count, BAYES_CHUNK):
-            _, labels, logits = self.generate("test", np.arange(start, min(start + BAYES_CHUNK, count)))
-            correct += int(((logits > 0) == (labels > 0.5)).sum())
-        return correct / count
+        """Accuracy of the true weights on the held-out examples (same examples, same labels)."""
+        return held_out_bayes_accuracy(self)
 
     def info(self) -> Dict[str, Any]:
         return {**super().info(), "fields": self.fields, "hash_bits": self.hash_bits,
                 "vocabulary": int(self.vocabulary.astype(np.int64).sum()),
                 "bayes_accuracy": self.bayes_accuracy}
+
+
+def held_out_bayes_accuracy(dataset) -> float:
+    """Accuracy of a synthetic data set's true logits on its held-out labels, from
+    ``dataset.generate("test", indices) -> (ids, labels, logits)`` a chunk at a time (never
+    the whole split at once)."""
+    count, correct = dataset.size("test"), 0
+    for start in range(0, count, BAYES_CHUNK):
+        _, labels, logits = dataset.generate("test", np.arange(start, min(start + BAYES_CHUNK, count)))
+        correct += int(((logits > 0) == (labels > 0.5)).sum())
+    return correct / count
