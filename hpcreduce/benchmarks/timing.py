@@ -13,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.environment import mpi_library
+from ..runtime.options import parse_size
 
 Call = Callable[[], object]
 
@@ -60,13 +61,6 @@ def launch_facts(comm: MPI.Intracomm) -> Dict[str, object]:
         "transport": os.environ.get("OMPI_MCA_btl", "default (shared memory)"),
         "mpi_library": mpi_library(MPI),
     }
-
-
-def parse_size(text: str) -> int:
-    """``4K``, ``1M``, ``64MiB`` or a number of bytes."""
-    value = text.strip().upper().removesuffix("IB").removesuffix("B")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(value[-1:], 1)
-    return int(float(value[:-1] if scale > 1 else value) * scale)
 
 
 def format_size(nbytes: int) -> str:

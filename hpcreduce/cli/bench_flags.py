@@ -8,7 +8,8 @@ from typing import Callable, Dict, List, Sequence
 
 from ..benchmarks import (allreduce, embeddings, ps, ps_memory, recovery, scaling, soak, soak_plan, stragglers,
                           torch_ddp)
-from ..benchmarks.timing import parse_size, sizes_argument
+from ..benchmarks.timing import sizes_argument
+from ..runtime.options import parse_size
 from ..runtime.environment import detect_launcher
 from ..runtime.files import path_problem
 

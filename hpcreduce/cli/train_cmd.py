@@ -63,6 +63,7 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     from ..runtime.launch import mark_done
     from ..train.divergence import DIVERGED_EXIT
     from ..train.api import run_checked  # the trainers, loaded before MPI starts: a spawned rank joins sooner
+    from ..train.config import DYNAMIC_MODELS
     from ..train.models import build
     from ..train.run_checks import run_problems
     try:
@@ -73,7 +74,8 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     if problems:
         return refuse("train", problems, ctx.rank, args.flags)
     try:
-        model, dataset = build(config.model, config.seed, config.table_rows, config.data)
+        model, dataset = build(config.model, config.seed, config.table_rows, config.data,
+                               config.dynamic() if config.model in DYNAMIC_MODELS else None)
         if ctx.rank == 0:
             print(f"hpcreduce train: {model.name} on {dataset.name} "
                   f"({dataset.size('train')} train / {dataset.size('test')} test examples), "

@@ -89,12 +89,23 @@ def _joined(parts: Sequence[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
+def parse_size(text: str) -> int:
+    """``4K``, ``1M``, ``64MiB`` or a number of bytes."""
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(value[-1:], 1)
+    return int(float(value[:-1] if scale > 1 else value) * scale)
+
+
 def at_least(lowest: float) -> Bound:
     return Bound(lambda value: value >= lowest, f"must be at least {lowest:g}")
 
 
 def positive_finite() -> Bound:
     return Bound(lambda value: 0 < value < math.inf, "must be positive and finite")
+
+
+def probability() -> Bound:
+    return Bound(lambda value: 0 < value <= 1, "must be in (0, 1]")
 
 
 def non_negative_finite() -> Bound:

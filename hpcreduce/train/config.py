@@ -19,7 +19,9 @@ from ..arrays import DEVICE_KINDS
 from ..errors import SettingProblem, setting_problem
 from ..ft.faults import FaultConfig
 from ..runtime.places import Place, place_problems
-from ..runtime.options import Option, at_least, field_problems, non_negative_finite, option, positive_finite
+from ..ps.tables import EVICTIONS, Dynamic
+from ..runtime.options import (Option, at_least, field_problems, non_negative_finite, option, parse_size,
+                               positive_finite, probability)
 from .topology_checks import ps_problems, ring_problems, sandblaster_problems
 
 PROGRESS = ("auto", "bar", "lines", "none")
@@ -30,6 +32,8 @@ HISTORY_AND_PUSHES = at_least(1)
 SERVERS = Option("--servers", "ps and sandblaster: server ranks K", metavar="K")
 LR = 0.2
 HASHED_MODELS = ("logreg", "logreg-interaction")  # the built-in models --table-rows applies to
+DYNAMIC_MODELS = ("embed",)  # the built-in models with dynamic tables
+DYNAMIC_SETTINGS = ("admit_after", "admit_probability", "row_budget", "eviction")
 
 
 def _on_off(text: str) -> bool:
@@ -122,6 +126,16 @@ class TrainConfig:
                                  "built-in data", metavar="DIR")
     table_rows: Optional[int] = option(None, "--table-rows", "logreg, logreg-interaction: rows of the hashed "
                                        "feature table, a power of two (default 2**20)", metavar="R")
+    admit_after: int = option(1, "--admit-after", "embed: pushes of an id before its dynamic tables give it a row "
+                              "(until then it reads as its initial value and its gradients are dropped)",
+                              metavar="K", bound=at_least(1))
+    admit_probability: float = option(1.0, "--admit-probability", "embed: an id due a row gets one with this "
+                                      "probability", metavar="P", bound=probability())
+    row_budget: int = option(0, "--row-budget", "embed: bytes a server's shard of each dynamic table may hold "
+                             "(4M, 1G...; 0: unbounded); past it the coldest rows are evicted", metavar="BYTES",
+                             parse=parse_size, bound=at_least(0))
+    eviction: str = option("lru", "--eviction", "embed: which rows go past --row-budget: lru (least recently "
+                           "pushed) or lfu (least often)", metavar="HOW", choices=EVICTIONS)
     steps: int = option(200, "--steps", "training steps (default: the model's)", metavar="S", bound=STEPS_AND_BATCH)
     batch: int = option(4096, "--batch", "global batch per step, split over the workers (default: the model's)",
                         metavar="B", bound=STEPS_AND_BATCH)
@@ -158,6 +172,7 @@ class TrainConfig:
         """What is wrong with these settings for a job of ``size`` ranks (``ft``: with ULFM),
         by field name; empty when fine. The same on every rank (output files: ``output_problems``)."""
         found = field_problems(self) + field_problems(self.topology) + self._table_rows_problems()
+        found += self._dynamic_problems()
         found += self.topology.problems(self, size, ft) + self._slow_role_problems()
         return found + self.fault.problems(self.steps, size, ft, self.mode == "ps")
 
@@ -172,6 +187,19 @@ class TrainConfig:
         if not 2 <= rows <= 2**40 or rows & (rows - 1):
             return [setting_problem("{table_rows} must be a power of two from 2 to 2**40, got {value}", value=rows)]
         return []
+
+    def _dynamic_problems(self) -> List[SettingProblem]:
+        """Dynamic-table settings given for a model without dynamic tables."""
+        given = [name for name in DYNAMIC_SETTINGS if getattr(self, name) != self.__dataclass_fields__[name].default]
+        if given and self.model not in DYNAMIC_MODELS:
+            return [setting_problem(" and ".join("{%s}" % name for name in given) + " set(s) the dynamic tables of {model} "
+                                    + " and ".join(DYNAMIC_MODELS) + ", not of {model} {value}", value=self.model)]
+        return []
+
+    def dynamic(self) -> Dynamic:
+        """The dynamic tables' settings of a model that has them, seeded by the run."""
+        return Dynamic(admit_after=self.admit_after, admit_probability=self.admit_probability,
+                       budget_bytes=self.row_budget, eviction=self.eviction, seed=self.seed)
 
     def _slow_role_problems(self) -> List[SettingProblem]:
         """Stragglers named among the ranks that compute no gradients: PS servers, and Sandblaster's

@@ -50,7 +50,7 @@ BUILTIN: Dict[str, Builtin] = {
                    {"batch": 1438}),  # the whole training split: held out 0.955 where 64 examples gave 0.866
     # measured single-process (tests/single_process.py), seeds 0-2: held out 0.004-0.0045 below the Bayes
     # accuracy (0.848, 0.802, 0.808) after 1000 steps of 1024, where logreg-interaction stays 0.04-0.06 below
-    "embed": Builtin(lambda seed: (EmbeddingModel(INTERACTION_FIELDS, dynamic=Dynamic(seed=seed)),
+    "embed": Builtin(lambda seed, dynamic=None: (EmbeddingModel(INTERACTION_FIELDS, dynamic=dynamic or Dynamic(seed=seed)),
                                    InteractionCTR(seed, fields=INTERACTION_FIELDS)),
                      "embeddings (dynamic tables), their pairwise dot products and a top MLP, on synthetic "
                      "clicks with a factorisation-machine truth",
@@ -66,14 +66,16 @@ BUILTIN: Dict[str, Builtin] = {
 
 
 def build(name: str, seed: int, table_rows: Optional[int] = None,
-          data: Optional[str] = None) -> Tuple[Model, Dataset]:
+          data: Optional[str] = None, dynamic: Optional[Dynamic] = None) -> Tuple[Model, Dataset]:
     """The built-in model ``name`` and its data set, generated from ``seed``; ``table_rows``
-    (logreg and logreg-interaction only) sets the rows of its hashed feature table; ``data``: a data directory to
+    (logreg and logreg-interaction only) sets the rows of its hashed feature table; ``dynamic``
+    (embed only) its dynamic tables' admission and budget; ``data``: a data directory to
     train on instead (its manifest is read, nothing else: ``DirDataset.problems`` checks it)."""
     if name not in BUILTIN:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(BUILTIN)}")
     model, dataset = BUILTIN[name].make(*([seed] if table_rows is None else
-                                          [seed, int(table_rows).bit_length() - 1]))
+                                          [seed, int(table_rows).bit_length() - 1]),
+                                        **({"dynamic": dynamic} if dynamic is not None else {}))
     return (model, DirDataset(data, BUILTIN[name].reads)) if data else (model, dataset)
 
 
