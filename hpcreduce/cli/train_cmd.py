@@ -41,11 +41,12 @@ def register(subcommands) -> None:
     add_rank_options(parser)
     parser.add_argument("--mode", default=argparse.SUPPRESS, metavar="MODE",
                         help=f"{', '.join(MODES[:-1])} or {MODES[-1]}: every rank a worker, parameter servers, "
+                             "sparse tables on servers with dense parameters allreduced among the workers, "
                              "or DistBelief's batch procedure (default ring)")
     add_flags(parser, TrainConfig)
     parser.add_argument("--quiet", dest="progress", action="store_const", const="none", default=argparse.SUPPRESS,
                         help="no progress output (same as --progress none)")
-    add_flags(parser.add_argument_group("parameter server (--mode ps)"), PS)
+    add_flags(parser.add_argument_group("parameter server (--mode ps and hybrid)"), PS)
     add_flags(parser.add_argument_group("sandblaster (--mode sandblaster)"), Sandblaster, skip=("--servers",))
     add_flags(parser.add_argument_group("fault tolerance and growth (in-job recovery needs --ft)"), FaultConfig)
     parser.set_defaults(run=run, flags=flag_names(parser))

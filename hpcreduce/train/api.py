@@ -26,7 +26,8 @@ from .ring.ring_training import run_ring_training
 from .run_checks import run_problems
 from .sandblaster.sandblaster_training import run_sandblaster_training
 
-RUNNERS = {"ring": run_ring_training, "ps": run_ps_training, "sandblaster": run_sandblaster_training}
+RUNNERS = {"ring": run_ring_training, "ps": run_ps_training, "hybrid": run_ps_training,
+           "sandblaster": run_sandblaster_training}
 
 
 def train(model: Model, dataset: Dataset, config: Optional[TrainConfig] = None, *,

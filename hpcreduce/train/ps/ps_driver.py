@@ -119,7 +119,7 @@ class PSDriver:
         if self.server is not None:
             self.server.abandon()
         elif self.epoch.worker.loop is not None:
-            self.epoch.worker.loop.worker.abandon()
+            self.epoch.worker.loop.abandon()
 
     def _server_progress(self, server: "Server", slowest: int) -> None:
         """The slowest live clock moved: kills, checkpoints, events; rank 0 asks for the growth
