@@ -123,6 +123,12 @@ class DenseReplica:
         if self.peers is not None:
             revoke(self.peers.comm)
 
+    def close(self) -> None:
+        """The run is over: free the workers' communicator (kept if revoked: ``release``)."""
+        if self.peers is not None:
+            release(self.peers.comm)
+            self.peers = None
+
     def _allreduce(self, grads: List[np.ndarray], failed: int) -> List[np.ndarray]:
         arrays = [*grads, np.array([failed], np.float64)]
         if self.buckets is None or not self.buckets.matches(arrays):
@@ -141,6 +147,8 @@ def dense_summary(ctx: Context, layout: Layout,
     worker's checksum of its replica and steps applied, by worker index (collective)."""
     comm, first = ctx.comm, layout.worker_ranks[0]
     dense = comm.bcast(replica.params if ctx.rank == first else None, root=first)
+    if replica is not None:
+        replica.close()
     live = replica if replica is not None and ctx.rank in layout.worker_ranks else None
     found = dict(filter(None, comm.allgather((ctx.rank, (checksum(live.params), live.applied)) if live else None)))
     sums = [found[rank][0] for rank in layout.worker_ranks]
