@@ -147,8 +147,13 @@ def _other_modes(args: argparse.Namespace, mode: str) -> List[str]:
             modes_of.setdefault(f.name, []).append(name)
             if hasattr(args, f.name) and values.get(f.name) != default_of(f):  # given: a value that parses, or not
                 flags[f.name] = option.flag
-    return [f"{flag} only applies to --mode {' and '.join(modes_of[name])}" for name, flag in flags.items()
+    return [f"{flag} only applies to --mode {_listed(modes_of[name])}" for name, flag in flags.items()
             if mode not in modes_of[name]]
+
+
+def _listed(names: List[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else names[0]
 
 
 def _data_dir(config: "TrainConfig"):
