@@ -70,6 +70,8 @@ class ShardEngine:
         optimizer = self.optimizers[table_id]
         if table.sparse:
             local, grads = sum_rows([grad for _, grad in contributions])
+            if table.dynamic:  # ids, not positions: rows are found, admitted, evicted now
+                local, grads = table.admit(local, grads, state.row_events)
             apply_rows(table, local, grads, optimizer, step)
             return
         total = contributions[0][1]

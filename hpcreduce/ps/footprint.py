@@ -32,7 +32,9 @@ def shard_bytes(layout: Layout, key: int, optimizers: Mapping[int, Optimizer]) -
         total += piece.size * np.dtype(spec.dtype).itemsize * (1 + len(optimizers[piece.table].state_names))
     shards = len(layout.placement.shards)
     for table, spec in enumerate(layout.specs):
-        if spec.sparse:
+        if spec.dynamic is not None:  # what its budget allows (an unbounded one: nothing to check)
+            total += spec.dynamic.budget_bytes
+        elif spec.sparse:
             row = row_width(spec) * np.dtype(spec.dtype).itemsize * (1 + len(optimizers[table].state_names))
             total += -(-spec.shape[0] // shards) * (row + id_dtype(spec.shape[0]).itemsize)
     return int(total)

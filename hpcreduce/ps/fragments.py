@@ -21,6 +21,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from .dynamic_rows import DynamicTable
 from .optimizers import Optimizer
 from .placement import Placement
 from .shard_state import ShardState, TableShard
@@ -93,7 +94,10 @@ def assemble(key: int, specs: Sequence[ParamSpec], placement: Placement, fragmen
                                f"cover [{piece.start}, {piece.stop}) exactly")
         tables[piece.table] = _merged(piece.table, parts, slot_count, optimizers, start=piece.start)
     for table_id, spec in enumerate(specs):
-        if spec.sparse:
+        if spec.dynamic is not None:
+            tables[table_id] = _merged_dynamic(table_id, spec, by_table.get(table_id, []), slot_count,
+                                               optimizers[table_id])
+        elif spec.sparse:
             parts = by_table.get(table_id, [])
             if not parts:
                 empty = np.empty((0,) + tuple(spec.shape[1:]), dtype=spec.dtype)
@@ -126,6 +130,19 @@ def _merged(table_id: int, parts: List[Fragment], slot_count: int, optimizers: M
                        read_version=_widest(parts, "read_version", slot_count, 0))
     if rows is not None:
         table.own_rows(ids, rows)
+    return table
+
+
+def _merged_dynamic(table_id: int, spec: ParamSpec, parts: List[Fragment], slot_count: int,
+                    optimizer: Optimizer) -> DynamicTable:
+    """A dynamic table holding the rows of ``parts`` (any order: rows are found by id)."""
+    table = DynamicTable(table_id, spec, optimizer, slot_count)
+    for fragment in parts:
+        table.take(fragment.ids, fragment.values, fragment.optimizer_state)
+    if parts:
+        table.version = max(f.version for f in parts)
+        table.last_push = _widest(parts, "last_push", slot_count, -1)
+        table.read_version = _widest(parts, "read_version", slot_count, 0)
     return table
 
 

@@ -61,7 +61,8 @@ def fetch_rows(comm: MPI.Intracomm, layout: Layout, state: Optional[ShardState],
     answer = np.empty((len(incoming), width), dtype)
     if len(incoming):
         shard = state.tables[table]
-        answer[:] = shard.values.reshape(len(shard.values), width)[shard.position[incoming]]
+        rows = shard.rows_at(incoming) if shard.dynamic else shard.values[shard.position[incoming]]
+        answer[:] = rows.reshape(len(incoming), width)
     rows = np.empty((len(ids), width), dtype)
     comm.Alltoallv([answer, (wanted * width, _offsets(wanted) * width)],
                    [rows, (asked * width, _offsets(asked) * width)])

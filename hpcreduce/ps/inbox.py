@@ -193,23 +193,36 @@ def _widened(request: Request, layout: Layout, take_buffer: TakeBuffer) -> None:
 
 
 def content_refusal(request: Request, layout: Layout, state: ShardState) -> Optional[Refusal]:
-    """Ids out of range or not owned here, push ids not sorted-unique, NaN/Inf gradients."""
+    """Ids out of range or not owned here, push ids not sorted-unique, NaN/Inf gradients.
+    Sets ``request.local``: the rows' positions in a fixed table, their ids in a dynamic one
+    (whose rows are found when the push is applied)."""
     op = request.op
     if op in SPARSE_OPS:
         ids = request.payloads[0]
-        rows = layout.specs[request.table].shape[0]
+        spec = layout.specs[request.table]
         if len(ids):
-            bad = ids[(ids < 0) | (ids >= rows)]
+            bad = ids[(ids < 0) | (ids >= spec.shape[0])] if spec.dynamic is None else ids[:0]
             if len(bad):
                 return Status.BAD_IDS, int(bad[0])
             if op == Op.PUSH_ROWS and not np.all(ids[1:] > ids[:-1]):
                 return Status.BAD_IDS, int(ids[np.argmin(ids[1:] > ids[:-1]) + 1])
-        request.local, foreign = local_rows(state.tables[request.table], ids)
+        if spec.dynamic is not None:
+            request.local, foreign = ids, _foreign_id(layout, request.table, state.shard, ids)
+        else:
+            request.local, foreign = local_rows(state.tables[request.table], ids)
         if foreign is not None:
             return Status.NOT_OWNER, foreign
     if op in PUSHES and not all_finite(request.payloads[-1]):
         return Status.NONFINITE, 0
     return None
+
+
+def _foreign_id(layout: Layout, table: int, shard: int, ids: np.ndarray) -> Optional[int]:
+    """The first of ``ids`` that placement gives another shard than ``shard`` (None: none)."""
+    if len(layout.placement.shards) == 1 or not len(ids):
+        return None if shard in layout.placement.shards else (int(ids[0]) if len(ids) else None)
+    foreign = layout.placement.row_owners(table, ids) != shard
+    return int(ids[np.argmax(foreign)]) if foreign.any() else None
 
 
 SMALL_CHECK = 1 << 16  # elements: below, one elementwise pass beats entering np.errstate

@@ -103,6 +103,8 @@ def _accept(holdings: ShardHoldings, item: Repush, optimizers: Optimizers, consi
         if item.start != table.start or item.values.size != table.values.size:
             return int(Status.BAD_SIZE)
         gradient = item.values
+    elif table.dynamic:
+        gradient = (item.ids, item.values)
     else:
         local = table.position[item.ids]
         if (local < 0).any():

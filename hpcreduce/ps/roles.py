@@ -24,7 +24,8 @@ import numpy as np
 from ..errors import PSConfigError, PSTrainingError
 from ..runtime.context import Context
 from .consistency import Consistency
-from .footprint import refuse_unfit
+from .dynamic_rows import budget_rows, held_bytes
+from .footprint import refuse_unfit, refuse_unfit_problems
 from .layout import Layout
 from .optimizers import Optimizer, make_optimizer
 from .server import Server
@@ -69,9 +70,37 @@ def initial_layout(ctx: Context, tables: Tables, servers: int, nodes: Sequence[s
     """Collective: K = ``servers`` servers on ranks 0..K-1 (``nodes``: every rank's node;
     ``replicated``: the replication ring alternates them), the rest workers. ``PSConfigError``
     on every rank for an impossible K or shards too large for their nodes."""
+    refuse_unfit_problems(ctx.comm, tables_problem(ctx.comm, tables))
     layout = Layout.initial(tables.specs, ctx.size, servers, nodes if replicated else None)
     refuse_unfit(ctx.comm, layout, tables.optimizers, replicated, nodes)
     return layout
+
+
+def tables_problem(comm, tables: Tables) -> Optional[str]:
+    """What is wrong with some rank's table declarations (``ParamSpec.problem``, a dynamic
+    table's budget below one row), or how a rank's differ from rank 0's; the same on every
+    rank (one allgather)."""
+    mine = None
+    for t, spec in enumerate(tables.specs):
+        mine = spec.problem()
+        if mine is None and spec.dynamic is not None and spec.dynamic.budget_bytes \
+                and budget_rows(spec, tables.optimizers[t]) < 1:
+            mine = (f"table {spec.name!r}: budget_bytes {spec.dynamic.budget_bytes} holds no row: one row "
+                    f"costs {held_bytes(1, spec, tables.optimizers[t])} B with its index and admission sketch")
+        if mine:
+            break
+    everyone = comm.allgather((mine, [repr(spec) for spec in tables.specs]))
+    problem = next((problem for problem, _ in everyone if problem), None)
+    if problem:
+        return problem
+    first = everyone[0][1]
+    for rank, (_, theirs) in enumerate(everyone):
+        if theirs != first:
+            differs = next((i for i, (a, b) in enumerate(zip(first, theirs)) if a != b), None)
+            said = (f"table {differs}: {first[differs]} on rank 0, {theirs[differs]} on rank {rank}"
+                    if differs is not None else f"{len(first)} tables on rank 0, {len(theirs)} on rank {rank}")
+            return f"the ranks declare different tables: {said}"
+    return None
 
 
 def make_role(ctx: Context, layout: Layout, tables: Tables, shards: Callable[[int], Sequence[ShardState]], *,

@@ -236,7 +236,7 @@ class Server:
         table.read_version[request.slot] = table.version
         wire = protocol.DTYPES[request.wire]  # the table's, or narrower (float16)
         if table.sparse:
-            self._reply(request, status, table.values[request.local].astype(wire, copy=False), reads=None)
+            self._reply(request, status, table.rows_at(request.local).astype(wire, copy=False), reads=None)
         elif wire != table.values.dtype:
             self._reply(request, status, table.values.astype(wire), reads=None)
         else:

@@ -17,6 +17,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .dynamic_rows import ROW_EVENTS, DynamicTable
 from .init import PartInit, owned_rows, whole_tables
 from .layout import Layout
 from .optimizers import Optimizer
@@ -34,7 +35,8 @@ class TableShard:
     Dense: ``values`` is the flat piece ``[start, start + values.size)`` of the table.
     Sparse: ``values[i]`` is row ``ids[i]`` (``ids`` sorted: the rows this shard owns),
     and ``position`` finds them by id (``tables.RowIndex``).
-    ``optimizer_state`` holds the optimizer's arrays, shaped like ``values``.
+    ``optimizer_state`` holds the optimizer's arrays, shaped like ``values``. (A dynamic
+    table's share is a ``dynamic_rows.DynamicTable``, with the same attributes.)
     ``version`` counts the updates applied here; ``read_version[s]`` is the version
     worker slot s last read, so an update's lag is ``version - read_version[s]``.
     """
@@ -56,6 +58,12 @@ class TableShard:
             self.last_push = np.full(self.slot_count, -1, dtype=np.int64)
         if self.read_version is None:
             self.read_version = np.zeros(self.slot_count, dtype=np.int64)
+
+    dynamic = False
+
+    def rows_at(self, local: np.ndarray) -> np.ndarray:
+        """The values of the rows at positions ``local`` (a copy)."""
+        return self.values[local]
 
     def own_rows(self, ids: np.ndarray, rows: int) -> None:
         """Make ``ids`` (sorted) the rows of this sparse shard of a ``rows``-row table."""
@@ -80,6 +88,7 @@ class ShardState:
     pending: Pending = field(default_factory=dict)
     applied_steps: int = 0
     traffic: Dict[int, List[int]] = field(default_factory=dict)
+    row_events: Counter = field(default_factory=Counter)
 
     @classmethod
     def empty(cls, shard: int, tables: Dict[int, TableShard], slot_count: int,
@@ -112,7 +121,10 @@ class ShardState:
                                                         optimizers[piece.table].init_state(values), slot_count,
                                                         start=piece.start)
         for table, spec in enumerate(layout.specs):
-            if spec.sparse:
+            if spec.dynamic is not None:
+                for shard in shards:
+                    tables[shard][table] = DynamicTable(table, spec, optimizers[table], slot_count)
+            elif spec.sparse:
                 for shard, ids in owned_rows(layout.placement, table, shards).items():
                     values = initial.rows(table, ids)
                     made = TableShard(table, True, values, optimizers[table].init_state(values), slot_count)
@@ -145,7 +157,7 @@ class ShardState:
             for name in COUNTERS:
                 mine, theirs = getattr(self, name), getattr(other, name)
                 mine[:len(theirs)] += theirs
-            for name in ("refusals", "read_staleness", "update_lag"):
+            for name in ("refusals", "read_staleness", "update_lag", "row_events"):
                 getattr(self, name).update(getattr(other, name))
             for step, cell in other.traffic.items():
                 self.count_traffic(step, *cell)
@@ -161,4 +173,12 @@ class ShardState:
             "refusals": dict(self.refusals),
             "read_staleness": dict(self.read_staleness),
             "update_lag": dict(self.update_lag),
+            **({"dynamic_rows": self.dynamic_rows()} if any(t.dynamic for t in self.tables.values()) else {}),
         }
+
+    def dynamic_rows(self) -> Dict[str, int]:
+        """This shard's dynamic tables: rows held, bytes held, and the rows' events so far
+        (ids seen without a row, rows admitted and evicted, gradient rows dropped)."""
+        held = [t for t in self.tables.values() if t.dynamic]
+        return {"rows": sum(t.count for t in held), "bytes": sum(t.nbytes for t in held),
+                **{name: int(self.row_events[name]) for name in ROW_EVENTS}}

@@ -55,6 +55,8 @@ def start(specs: Sequence[ParamSpec], initial: Union[Initial, PartInit], *, serv
 def checked(values: Mapping[str, np.ndarray], specs: Sequence[ParamSpec]) -> Mapping[str, np.ndarray]:
     """``values`` if it has every table with the declared shape, else a PSConfigError."""
     for spec in specs:
+        if spec.dynamic is not None:  # no whole table: rows start at tables.initial_rows
+            continue
         if spec.name not in values:
             raise PSConfigError(f"the initial values have no table {spec.name!r}")
         shape = tuple(np.shape(values[spec.name]))

@@ -31,10 +31,12 @@ from ..runtime.context import Traffic
 from ..runtime.failures import abandon
 from . import protocol
 from .handles import Handle, Part, PushResult, push_result
+from .client_checks import check_array, checked_ids, table_rows
 from .inbox import all_finite
 from .layout import Layout
 from .key_cache import SentKeys
-from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op, Req
+from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op, Rep, Req
+from .row_cache import RowCache
 from .tables import ParamSpec, row_width
 
 
@@ -65,6 +67,7 @@ class Worker:
         self._ended: Set[int] = set()  # server ranks where this step already ended (PUSH_PULL_END)
         self._open: List[Handle] = []
         self.released = False
+        self.row_cache: Optional[RowCache] = None  # rows reused while SSP allows (``row_cache``)
 
     # -- dense tables ------------------------------------------------------------------
     def pull_async(self, table: str, out: Optional[np.ndarray] = None) -> Handle:
@@ -120,7 +123,7 @@ class Worker:
             t, spec = self._table(name, sparse=False)
             out = outs.get(name)
             if out is not None:
-                _check_array(f"push_pull of {name!r}: out", out, spec.shape, spec.dtype, output=True)
+                check_array(f"push_pull of {name!r}: out", out, spec.shape, spec.dtype, output=True)
             checked.append((t, spec, self._dense_gradient(name, spec, grad), out))
         last: Dict[int, int] = {}
         for t, _, _, _ in checked:
@@ -130,13 +133,17 @@ class Worker:
 
     # -- sparse tables -----------------------------------------------------------------
     def pull_rows_async(self, table: str, ids) -> Handle:
-        """Start reading rows ``ids`` of sparse ``table``; the result is aligned with ids."""
+        """Start reading rows ``ids`` of sparse ``table``; the result is aligned with ids.
+        With a ``row_cache``, only the rows it cannot serve travel."""
         t, spec = self._table(table, sparse=True)
-        ids = checked_ids(f"pull_rows of {table!r}", ids, spec.shape[0])
+        ids = checked_ids(f"pull_rows of {table!r}", ids, table_rows(spec))
         out = np.empty((len(ids),) + tuple(spec.shape[1:]), dtype=spec.dtype)
-        groups = self._by_shard(t, ids)
+        cache = self.row_cache
+        need = None if cache is None else np.flatnonzero(~cache.split(t, ids, self.clock_value, out))
+        asked = ids if need is None else ids[need]
+        groups = [(rank, where if need is None else need[where]) for rank, where in self._by_shard(t, asked)]
         wire = self._wire(spec)
-        direct = len(groups) == 1 and wire == out.dtype
+        direct = need is None and len(groups) == 1 and wire == out.dtype
         parts = []
         for rank, where in groups:
             # one shard holding every row: its reply lands in ``out`` directly
@@ -147,6 +154,8 @@ class Worker:
             if not direct:
                 for part, (_, where) in zip(done, groups):
                     out[where] = part.buffers[-1]
+            if cache is not None and len(asked):
+                cache.keep(t, asked, out[need], min(int(part.reply[Rep.SLOWEST]) for part in done))
             return out
         return self._handle(f"pull_rows of table {table!r}", parts, scatter, t)
 
@@ -156,9 +165,9 @@ class Worker:
     def push_rows_async(self, table: str, ids, grads: np.ndarray) -> Handle:
         """Start sending the gradients of rows ``ids`` (unique) of sparse ``table``."""
         t, spec = self._table(table, sparse=True)
-        ids = checked_ids(f"push_rows to {table!r}", to_host(ids) if is_device_array(ids) else ids, spec.shape[0])
+        ids = checked_ids(f"push_rows to {table!r}", to_host(ids) if is_device_array(ids) else ids, table_rows(spec))
         grads = to_host(grads) if is_device_array(grads) else grads
-        _check_array(f"push_rows to {table!r}: gradients", grads,
+        check_array(f"push_rows to {table!r}: gradients", grads,
                      (len(ids),) + tuple(spec.shape[1:]), spec.dtype)
         order = np.argsort(ids, kind="stable")
         ids, grads = ids[order], np.ascontiguousarray(grads[order])
@@ -261,7 +270,7 @@ class Worker:
         if out is None:
             out = np.empty(spec.shape, dtype=spec.dtype)
         else:
-            _check_array(f"{what}: out", out, spec.shape, spec.dtype, output=True)
+            check_array(f"{what}: out", out, spec.shape, spec.dtype, output=True)
         flat = out.reshape(-1)
         wire = self._wire(spec)
         pieces = self.layout.placement.pieces[t]
@@ -283,7 +292,7 @@ class Worker:
     def _dense_gradient(self, table: str, spec: ParamSpec, grad) -> np.ndarray:
         """A dense gradient checked, on the host, flat, in the wire dtype."""
         grad = to_host(grad) if is_device_array(grad) else grad  # a GPU's gradient goes through the host
-        _check_array(f"push to {table!r}: gradient", grad, spec.shape, spec.dtype)
+        check_array(f"push to {table!r}: gradient", grad, spec.shape, spec.dtype)
         return self._on_wire(f"push to {table!r}: gradient", np.ascontiguousarray(grad).reshape(-1), spec)
 
     def _on_wire(self, what: str, values: np.ndarray, spec: ParamSpec) -> np.ndarray:
@@ -358,33 +367,3 @@ class Worker:
             done = set(MPI.Request.Testsome([request for request, _ in self._unanswered]) or ())
             self._unanswered = [entry for i, entry in enumerate(self._unanswered) if i not in done]
 
-
-def _check_array(what: str, array, shape, dtype, *, output: bool = False) -> None:
-    """``array`` is a numpy array of ``shape`` and ``dtype``; an ``output`` one is also
-    C-contiguous and writable (replies are received into it)."""
-    if not isinstance(array, np.ndarray):
-        raise PSInputError(f"{what} must be a numpy array, got {type(array).__name__}")
-    if tuple(array.shape) != tuple(shape):
-        raise PSInputError(f"{what} has shape {tuple(array.shape)}, the table needs {tuple(shape)}")
-    if array.dtype != np.dtype(dtype):
-        raise PSInputError(f"{what} has dtype {array.dtype}, the table needs {np.dtype(dtype)}")
-    if output and not array.flags.c_contiguous:
-        raise PSInputError(f"{what} must be C-contiguous")
-    if output and not array.flags.writeable:
-        raise PSInputError(f"{what} is read-only; the pulled values are written into it")
-
-
-def checked_ids(what: str, ids, rows: int) -> np.ndarray:
-    """``ids`` as int64, if they are a 1-D integer array of row ids in [0, rows); an id out
-    of range is reported as given (checked before the conversion, which would wrap it)."""
-    try:
-        array = np.asarray(ids)
-    except (ValueError, TypeError, OverflowError) as err:
-        raise PSInputError(f"{what}: ids must be a one-dimensional integer array ({err})") from None
-    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-        raise PSInputError(f"{what}: ids must be a one-dimensional integer array, "
-                           f"got dtype {array.dtype} and shape {array.shape}")
-    bad = array[array >= rows] if array.dtype.kind == "u" else array[(array < 0) | (array >= rows)]
-    if bad.size:
-        raise PSInputError(f"{what}: row id {int(bad[0])} out of range [0, {rows})")
-    return array.astype(np.int64, copy=False)

@@ -26,6 +26,7 @@ from .ring.ring_training import run_ring_training
 from .run_checks import run_problems
 from .sandblaster.sandblaster_training import run_sandblaster_training
 
+DYNAMIC_MODES = ("ps", "hybrid")
 RUNNERS = {"ring": run_ring_training, "ps": run_ps_training, "hybrid": run_ps_training,
            "sandblaster": run_sandblaster_training}
 
@@ -57,6 +58,11 @@ def train(model: Model, dataset: Dataset, config: Optional[TrainConfig] = None, 
 def run_checked(ctx: Context, model: Model, dataset: Dataset, config: TrainConfig, *,
                 verbose: bool = True) -> TrainResult:
     """``train`` once ``run_checks.run_problems`` found nothing (``hpcreduce train`` checks first)."""
+    dynamic = [spec.name for spec in model.param_specs() if spec.dynamic is not None]
+    if dynamic and config.mode not in DYNAMIC_MODES:
+        raise ConfigurationError(f"model {model.name!r} has dynamic table(s) {dynamic} (rows keyed by any id, "
+                                 f"held only by parameter servers); train it with --mode "
+                                 f"{' or '.join(DYNAMIC_MODES)}, not {config.mode}")
     open_device(config.device)  # this rank's GPU, on device="gpu"
     observer = Observer(ctx, config, verbose=verbose, reporter=config.servers)
     result = RUNNERS[config.mode](ctx, config, model, dataset, observer)

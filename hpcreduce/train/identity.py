@@ -9,6 +9,7 @@ any placement), the checkpoint and fault-injection settings, and the output file
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict
 
 from ..ps.optimizers import Optimizer
@@ -21,7 +22,8 @@ def run_identity(config: TrainConfig, model: Model, optimizer: Optimizer) -> Dic
     must share to be resumed."""
     identity: Dict[str, object] = {
         "mode": config.mode, "model": model.name,
-        "parameters": {spec.name: {"shape": list(spec.shape), "dtype": spec.dtype, "sparse": spec.sparse}
+        "parameters": {spec.name: {"shape": list(spec.shape), "dtype": spec.dtype, "sparse": spec.sparse,
+                                   **({"dynamic": dataclasses.asdict(spec.dynamic)} if spec.dynamic else {})}
                        for spec in model.param_specs()},
         "optimizer": config.optimizer,
         "optimizer state": list(optimizer.state_names),

@@ -133,7 +133,9 @@ def _reading(path: str) -> Iterator[None]:
 
 
 def _zeros(parameters: Parameters) -> Dict[str, np.ndarray]:
-    return {name: np.zeros(tuple(info["shape"]), info["dtype"]) for name, info in parameters.items()}
+    """Every fixed table whole, zeroed (a dynamic one is put together from its rows)."""
+    return {name: np.zeros(tuple(info["shape"]), info["dtype"]) for name, info in parameters.items()
+            if not info.get("dynamic")}
 
 
 def _starts(manifest: Mapping[str, Any], table: int, path: str) -> int:
@@ -145,10 +147,12 @@ def _assemble(directory: str, identity: Mapping[str, Any], whole: Dict[str, np.n
               start_of, dense: Optional[str] = None) -> None:
     """Fill ``whole`` from the shard ``files`` (the servers' tables: the identity's ``server
     tables`` when it has them, else every parameter) and the ``dense`` file (hybrid's workers'
-    tables); every table must be covered exactly."""
+    tables); every fixed table must be covered exactly. A dynamic table becomes ``NAME`` (its
+    rows, by increasing id) and ``NAME.ids``; an id on two shards is refused."""
     parameters: Parameters = identity["parameters"]
     names = list(identity.get("server tables", parameters))
     covered = {name: 0 for name in parameters}
+    rows: Dict[str, list] = {name: [] for name in names if parameters[name].get("dynamic")}
     if dense is not None:
         if not os.path.isfile(dense):
             raise CheckpointMismatchError(f"{directory}: the dense parameters' file {os.path.basename(dense)} "
@@ -165,7 +169,9 @@ def _assemble(directory: str, identity: Mapping[str, Any], whole: Dict[str, np.n
                 if f"t{t}.values" not in stored:
                     continue
                 values = stored[f"t{t}.values"]
-                if parameters[name]["sparse"]:
+                if name in rows:
+                    rows[name].append((stored[f"t{t}.ids"], values))
+                elif parameters[name]["sparse"]:
                     ids = stored[f"t{t}.ids"]
                     whole[name][ids] = values
                     covered[name] += len(ids)
@@ -173,8 +179,19 @@ def _assemble(directory: str, identity: Mapping[str, Any], whole: Dict[str, np.n
                     start = start_of(t, path) if start_of else _checkpoint_start(path, t)
                     whole[name].reshape(-1)[start:start + values.size] = values
                     covered[name] += values.size
-    short = [name for name in parameters
-             if covered[name] != (whole[name].shape[0] if parameters[name]["sparse"] else whole[name].size)]
+    for name, parts in rows.items():
+        ids = np.concatenate([ids for ids, _ in parts] or [np.empty(0, np.int64)])
+        order = np.argsort(ids, kind="stable")
+        ids = ids[order]
+        if len(ids) > 1 and (ids[1:] == ids[:-1]).any():
+            raise CheckpointMismatchError(f"{directory}: row {int(ids[1:][ids[1:] == ids[:-1]][0])} of dynamic "
+                                          f"table {name!r} is on two shards")
+        row_shape = tuple(parameters[name]["shape"][1:])
+        whole[name] = np.concatenate([v for _, v in parts] or [np.empty((0,) + row_shape)]).astype(
+            parameters[name]["dtype"], copy=False)[order]
+        whole[f"{name}.ids"] = ids
+    short = [name for name in parameters if name not in rows and
+             covered[name] != (whole[name].shape[0] if parameters[name]["sparse"] else whole[name].size)]
     if short:
         raise CheckpointMismatchError(f"{directory}: the shards do not cover table(s) {short} exactly")
 

@@ -103,8 +103,9 @@ def final_params(comm: MPI.Intracomm, layout: Layout, state: Optional[ShardState
                  dense: Mapping[str, np.ndarray]) -> Dict[str, Any]:
     """The whole model on every rank when it is at most ``WHOLE_BYTES``; else this rank's
     part: the dense tables and its own rows (``SparseRows``, ids as the shard keeps them;
-    none on a worker). ``dense``: every dense table, held by the servers or not (hybrid). Collective."""
-    if model_bytes(layout.specs) <= WHOLE_BYTES:
+    none on a worker); always so for a model with a dynamic table. ``dense``: every dense table,
+    held by the servers or not (hybrid). Collective."""
+    if model_bytes(layout.specs) <= WHOLE_BYTES and not any(spec.dynamic for spec in layout.specs):
         whole = gather_params(comm, layout, state)
         return {**whole, **{name: value for name, value in dense.items() if name not in whole}}
     params: Dict[str, Any] = dict(dense)

@@ -33,6 +33,7 @@ import numpy as np
 from ...errors import CheckpointMismatchError, SettingProblem, setting_problem
 from ...ft import checkpoint_files
 from ...runtime.files import remove_stale_temporaries
+from ...ps.dynamic_rows import DynamicTable
 from ...ps.fragments import Fragment, assemble, cut
 from ...ps.optimizers import Optimizer
 from ...ps.placement import Placement
@@ -59,13 +60,14 @@ def save_shard(directory: str, step: int, state: ShardState, keys: Sequence[int]
         arrays.update({f"t{t}.optimizer.{name}": array for name, array in table.optimizer_state.items()})
         if table.sparse:
             arrays[f"t{t}.ids"] = table.ids
-        tables[str(t)] = {"sparse": table.sparse, "start": table.start, "version": table.version}
+        tables[str(t)] = {"sparse": table.sparse, "start": table.start, "version": table.version,
+                          "dynamic": table.dynamic}
     arrays.update({name: getattr(state, name) for name in COUNTERS})
     metadata = {"key": state.shard, "keys": sorted(int(k) for k in keys), "slot_count": state.slot_count,
                 "applied_steps": min(state.applied_steps, step) if bsp else state.applied_steps,
                 "tables": tables, "refusals": dict(state.refusals),
                 "read_staleness": _plain(state.read_staleness), "update_lag": _plain(state.update_lag),
-                "identity": dict(identity)}
+                "row_events": dict(state.row_events), "identity": dict(identity)}
     return checkpoint_files.save(folder(directory, state.shard), step, arrays, metadata, keep=keep, halfway=halfway)
 
 
@@ -199,12 +201,22 @@ def _load(path: str, specs: Sequence[ParamSpec], optimizers: Mapping[int, Optimi
         tables = {}
         for name, info in metadata["tables"].items():
             t = int(name)
-            table = TableShard(t, info["sparse"], stored[f"t{t}.values"],
-                               {key: stored[f"t{t}.optimizer.{key}"] for key in optimizers[t].state_names},
-                               slot_count, start=info["start"], version=info["version"],
-                               last_push=stored[f"t{t}.last_push"], read_version=stored[f"t{t}.read_version"])
-            if table.sparse:
-                table.own_rows(stored[f"t{t}.ids"], specs[t].shape[0])
+            if bool(info.get("dynamic")) != (specs[t].dynamic is not None):
+                raise CheckpointMismatchError(
+                    f"{path}: table {specs[t].name!r} was saved {'dynamic' if info.get('dynamic') else 'fixed'} "
+                    f"and this run declares it {'dynamic' if specs[t].dynamic else 'fixed'}; nothing was restored")
+            state_arrays = {key: stored[f"t{t}.optimizer.{key}"] for key in optimizers[t].state_names}
+            if info.get("dynamic"):
+                table = DynamicTable(t, specs[t], optimizers[t], slot_count)
+                table.take(stored[f"t{t}.ids"], stored[f"t{t}.values"], state_arrays)
+                table.version = info["version"]
+                table.last_push, table.read_version = stored[f"t{t}.last_push"], stored[f"t{t}.read_version"]
+            else:
+                table = TableShard(t, info["sparse"], stored[f"t{t}.values"], state_arrays,
+                                   slot_count, start=info["start"], version=info["version"],
+                                   last_push=stored[f"t{t}.last_push"], read_version=stored[f"t{t}.read_version"])
+                if table.sparse:
+                    table.own_rows(stored[f"t{t}.ids"], specs[t].shape[0])
             tables[t] = table
         state = ShardState.empty(int(metadata["key"]), tables, slot_count, int(metadata["applied_steps"]))
         for name in COUNTERS:
@@ -212,6 +224,7 @@ def _load(path: str, specs: Sequence[ParamSpec], optimizers: Mapping[int, Optimi
     state.refusals.update(metadata["refusals"])
     state.read_staleness.update({int(k): v for k, v in metadata["read_staleness"].items()})
     state.update_lag.update({int(k): v for k, v in metadata["update_lag"].items()})
+    state.row_events.update(metadata.get("row_events", {}))
     return state
 
 

@@ -1,0 +1,54 @@
+"""Checks of what a worker is handed, before anything is sent: arrays and row ids."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ..errors import PSInputError
+from .tables import ParamSpec
+
+
+def check_array(what: str, array, shape, dtype, *, output: bool = False) -> None:
+    """``array`` is a numpy array of ``shape`` and ``dtype``; an ``output`` one is also
+    C-contiguous and writable (replies are received into it)."""
+    if not isinstance(array, np.ndarray):
+        raise PSInputError(f"{what} must be a numpy array, got {type(array).__name__}")
+    if tuple(array.shape) != tuple(shape):
+        raise PSInputError(f"{what} has shape {tuple(array.shape)}, the table needs {tuple(shape)}")
+    if array.dtype != np.dtype(dtype):
+        raise PSInputError(f"{what} has dtype {array.dtype}, the table needs {np.dtype(dtype)}")
+    if output and not array.flags.c_contiguous:
+        raise PSInputError(f"{what} must be C-contiguous")
+    if output and not array.flags.writeable:
+        raise PSInputError(f"{what} is read-only; the pulled values are written into it")
+
+
+def table_rows(spec: ParamSpec) -> Optional[int]:
+    """The rows of a fixed sparse table; None for a dynamic one (any int64 id)."""
+    return None if spec.dynamic is not None else spec.shape[0]
+
+
+def checked_ids(what: str, ids, rows: Optional[int]) -> np.ndarray:
+    """``ids`` as int64, if they are a 1-D integer array of row ids in [0, rows) (any int64
+    when ``rows`` is None); an id out of range is reported as given (checked before the
+    conversion, which would wrap it)."""
+    try:
+        array = np.asarray(ids)
+    except (ValueError, TypeError, OverflowError) as err:
+        raise PSInputError(f"{what}: ids must be a one-dimensional integer array ({err})") from None
+    if array.dtype == object and array.ndim == 1 and all(isinstance(i, int) for i in array.tolist()):
+        outside = next(i for i in array.tolist() if not -2**63 <= i < 2**63)
+        raise PSInputError(f"{what}: id {outside} is outside int64 (row ids are int64)")
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise PSInputError(f"{what}: ids must be a one-dimensional integer array, "
+                           f"got dtype {array.dtype} and shape {array.shape}")
+    if rows is None:
+        bad = array[array > np.iinfo(np.int64).max] if array.dtype.kind == "u" else array[:0]
+        if bad.size:
+            raise PSInputError(f"{what}: id {int(bad[0])} is outside int64 (dynamic tables are keyed by int64)")
+        return array.astype(np.int64, copy=False)
+    bad = array[array >= rows] if array.dtype.kind == "u" else array[(array < 0) | (array >= rows)]
+    if bad.size:
+        raise PSInputError(f"{what}: row id {int(bad[0])} out of range [0, {rows})")
+    return array.astype(np.int64, copy=False)
