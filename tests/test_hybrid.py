@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hpcreduce.train.results import checksum
-from mpi_run import hpcreduce_cli
+from mpi_run import hpcreduce_cli, mpirun
 
 TRAIN = ("train", "--steps", "30", "--batch", "1024", "--seed", "3", "--progress", "none")
 TIMEOUT = 150
@@ -102,3 +102,9 @@ def test_newcomers_get_the_dense_parameters_and_the_model_exports_whole(tmp_path
     whole = dict(np.load(exported))
     assert sorted(whole) == ["bias", "weights"]
     assert checksum(whole) == data["final"]["checksum"]
+
+
+def test_through_the_api_bsp_hybrid_equals_ring_and_a_failing_worker_stops_every_rank():
+    result = mpirun(4, "hybrid_training.py", timeout=180)
+    assert result.returncode == 0, result
+    assert "hybrid training: all checks passed" in result.output, result
