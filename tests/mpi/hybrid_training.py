@@ -1,4 +1,5 @@
-"""Hybrid training through ``train()``: BSP hybrid equals ring, and a worker that fails (its
+"""Hybrid training through ``train()``: BSP hybrid equals ring and, with a dynamic table
+(rows keyed by id on the servers), BSP ps; a worker that fails (its
 model raises, or its dense gradient is NaN) stops every rank with ``PSTrainingError``, never
 a hang, with the other workers waiting in the dense allreduce.
 
@@ -10,8 +11,8 @@ import time
 import numpy as np
 
 import hpcreduce
-from hpcreduce.ps import PSTrainingError
-from hpcreduce.train import Hybrid, Model, Ring, TrainConfig, train
+from hpcreduce.ps import Dynamic, PSTrainingError, dynamic_table
+from hpcreduce.train import PS, Hybrid, Model, Ring, TrainConfig, train
 from hpcreduce.train.models.ctr_data import SyntheticCTR
 from hpcreduce.train.models.logreg import LogisticRegression
 
@@ -60,6 +61,37 @@ def check_bsp_hybrid_equals_ring():
     assert hybrid.ps["pieces"] == {}, hybrid.ps["pieces"]  # no dense table on the server
 
 
+class DynamicLogreg(Model):
+    """Logistic regression whose weights are a dynamic table (a row per id seen), bias dense."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+
+    def param_specs(self):
+        return [dynamic_table("weights", 1, Dynamic(seed=1, init_scale=0.0)), self.inner.param_specs()[1]]
+
+    def init_params(self, seed):
+        return {"bias": self.inner.init_params(seed)["bias"]}
+
+    def init_elements(self, seed, name, flat):
+        return self.inner.init_elements(seed, name, flat)
+
+    def rows(self, batch):
+        return self.inner.rows(batch)
+
+    def loss_and_grads(self, params, batch):
+        return self.inner.loss_and_grads(params, batch)
+
+
+def check_bsp_hybrid_equals_ps_with_a_dynamic_table():
+    model, data = DynamicLogreg(CTR[0]), CTR[1]
+    hybrid = train(model, data, CONFIG, comm=ctx, verbose=False)
+    ps = train(model, data, dataclasses.replace(CONFIG, topology=PS(servers=1)), comm=ctx, verbose=False)
+    assert abs(hybrid.final.loss - ps.final.loss) < 1e-5 and hybrid.final.accuracy == ps.final.accuracy
+    assert abs(hybrid.final.checksum - ps.final.checksum) < 1e-6 * abs(ps.final.checksum)
+    assert hybrid.ps["hybrid"]["dense_identical"]
+
+
 def raises_at_3(call, output):
     if call == 3:
         raise ValueError("the model broke")
@@ -82,6 +114,7 @@ def check_a_failing_worker_stops_every_rank(act, on_rank, expected):
 
 started = time.perf_counter()
 check_bsp_hybrid_equals_ring()
+check_bsp_hybrid_equals_ps_with_a_dynamic_table()
 check_a_failing_worker_stops_every_rank(raises_at_3, 2, ["worker rank 2 at step 3: ValueError: the model broke",
                                                          "1 worker(s) failed"])
 check_a_failing_worker_stops_every_rank(nan_bias_at_2, 3, ["the mean gradient of the dense parameter 'bias'"])
