@@ -65,7 +65,8 @@ class PS:
     push_every: int = option(1, "--push-every", "ps, hybrid with asp: push every n steps (hybrid: the sparse "
                              "rows; the dense parameters are reduced every step)", metavar="N", bound=ASP_CADENCE)
     wire_dtype: str = option("float32", "--wire-dtype", "ps, hybrid: float32 or float16, how pushed and pulled "
-                             "values travel (the servers keep float32)", metavar="DTYPE", choices=("float32", "float16"))
+                             "values travel (the servers keep float32)", metavar="DTYPE",
+                             choices=("float32", "float16"))
     model_dir: Optional[str] = option(None, "--model-dir", "ps, hybrid: each server writes its shard of the trained "
                                       "model here (hybrid: rank 0 the dense parameters too), plus a manifest "
                                       "(hpcreduce export DIR assembles it)", metavar="DIR")

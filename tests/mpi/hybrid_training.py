@@ -70,11 +70,8 @@ class DynamicLogreg(Model):
     def param_specs(self):
         return [dynamic_table("weights", 1, Dynamic(seed=1, init_scale=0.0)), self.inner.param_specs()[1]]
 
-    def init_params(self, seed):
+    def init_params(self, seed):  # no init_elements: the dynamic table's start comes from its declaration
         return {"bias": self.inner.init_params(seed)["bias"]}
-
-    def init_elements(self, seed, name, flat):
-        return self.inner.init_elements(seed, name, flat)
 
     def rows(self, batch):
         return self.inner.rows(batch)

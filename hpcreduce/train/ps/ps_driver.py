@@ -55,7 +55,10 @@ class PSDriver:
         self.server: Optional["Server"] = None
         if ctx.joined:
             epoch, welcome = newcomer_epoch(ctx, setup, self._new_loop)
-            self.progress = self._progress(welcome.clock, welcome.clock if welcome.server_keys else 0)
+            # hybrid: the live workers wait in step clock + 1's dense reduction, so its kills were drawn
+            # (struck again, a random kill would take every replacement in the dead worker's place)
+            drawn = welcome.clock + (setup.config.mode == "hybrid")
+            self.progress = self._progress(drawn, welcome.clock if welcome.server_keys else 0)
             self.install(epoch)
         else:
             self.progress = self._progress(0, 0)
