@@ -18,10 +18,10 @@ TRAIN = ("train", "--steps", "30", "--batch", "1024", "--seed", "3", "--progress
 TIMEOUT = 150
 
 
-def train(tmp_path, name, mode, *args, ranks=4, servers=2, ft=False):
+def train(tmp_path, name, mode, *args, ranks=4, servers=2, ft=False, env=None):
     out = tmp_path / f"{name}.json"
     result = hpcreduce_cli(*TRAIN, "--mode", mode, "-n", str(ranks), "--servers", str(servers),
-                           *(["--ft"] if ft else []), *args, "--json", str(out), timeout=TIMEOUT)
+                           *(["--ft"] if ft else []), *args, "--json", str(out), timeout=TIMEOUT, env=env)
     return result, (json.loads(out.read_text()) if out.exists() else None)
 
 
@@ -102,6 +102,19 @@ def test_newcomers_get_the_dense_parameters_and_the_model_exports_whole(tmp_path
     whole = dict(np.load(exported))
     assert sorted(whole) == ["bias", "weights"]
     assert checksum(whole) == data["final"]["checksum"]
+
+
+def test_random_kills_with_replacements_never_take_every_replacement(tmp_path):
+    """Seed 6 kills a worker at step 7 while the others wait in that step's dense reduction;
+    its replacement must not draw that kill again (it did, over and over, until the timeout)."""
+    log = tmp_path / "kills.log"
+    result, data = train(tmp_path, "random", "hybrid", "--consistency", "asp", "--kill-random", "0.06",
+                         "--kill-seed", "6", "--replace", ranks=6, ft=True, env={"HPCREDUCE_KILL_LOG": str(log)})
+    assert result.returncode == 0, result
+    killed = log.read_text().splitlines()
+    kinds = [event["kind"] for event in data["recovery"]]
+    assert len(killed) >= 1 and kinds.count("failure") == len(killed) == kinds.count("replacement"), (killed, kinds)
+    assert_replicas_in_step(data, workers=4)
 
 
 def test_through_the_api_bsp_hybrid_equals_ring_and_a_failing_worker_stops_every_rank():
