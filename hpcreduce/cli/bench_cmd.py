@@ -10,6 +10,7 @@ import sys
 from typing import Dict, Optional
 
 from ..benchmarks import allreduce as allreduce_bench
+from ..benchmarks import embeddings as embeddings_bench
 from ..benchmarks import ps as ps_bench
 from ..benchmarks import ps_memory as ps_memory_bench
 from ..benchmarks import recovery as recovery_bench
@@ -25,7 +26,7 @@ from .flags import flag_names
 from .ranks import add_rank_options, outside_mpi, relaunch
 
 BENCHMARKS = (allreduce_bench, ps_bench, ps_memory_bench, scaling_bench, recovery_bench, stragglers_bench,
-              soak_bench, torch_bench)
+              soak_bench, torch_bench, embeddings_bench)
 
 
 def register(subcommands) -> None:

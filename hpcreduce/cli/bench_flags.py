@@ -6,8 +6,9 @@ import importlib.util
 import os
 from typing import Callable, Dict, List, Sequence
 
-from ..benchmarks import allreduce, ps, ps_memory, recovery, scaling, soak, soak_plan, stragglers, torch_ddp
-from ..benchmarks.timing import sizes_argument
+from ..benchmarks import (allreduce, embeddings, ps, ps_memory, recovery, scaling, soak, soak_plan, stragglers,
+                          torch_ddp)
+from ..benchmarks.timing import parse_size, sizes_argument
 from ..runtime.environment import detect_launcher
 from ..runtime.files import path_problem
 
@@ -123,6 +124,77 @@ def torch_problems(args: argparse.Namespace) -> List[str]:
         problems.append("bench torch needs torch: pip install 'hpcreduce[torch]'")
     return problems + at_least(args, 1, "--warmup", "--iterations") + \
         ([] if args.bucket_cap_mb > 0 else [f"--bucket-cap-mb must be above 0, got {args.bucket_cap_mb:g}"])
+
+
+def embeddings_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--parts", type=part_list, default=list(embeddings.PARTS),
+                        help=f"parts to run, comma-separated (default {','.join(embeddings.PARTS)})")
+    parser.add_argument("--servers", type=int, default=1, help="server ranks K of rows and scale (default 1)")
+    rows = parser.add_argument_group("rows")
+    rows.add_argument("--rows", type=int, default=4096, help="ids per pull+push (default %(default)s)")
+    rows.add_argument("--width", type=int, default=16, help="float32 elements per row (default %(default)s)")
+    rows.add_argument("--table-rows", type=count, default=1 << 20, help="rows of the table (default 1M)")
+    rows.add_argument("--rounds", type=int, default=5, help="PS and raw blocks (default %(default)s)")
+    rows.add_argument("--reps", type=int, default=20, help="calls per block (default %(default)s)")
+    scale = parser.add_argument_group("scale")
+    scale.add_argument("--ids", type=count, default=1 << 20,
+                       help="distinct ids in the stream (K, M, G: powers of two; default 1M; the issue's: 1G)")
+    scale.add_argument("--push-rows", type=count, default=1 << 16, help="ids per push (default 64K)")
+    scale.add_argument("--budget", type=count, default=64 << 20,
+                       help="the table's bytes per server shard, values, optimizer state and index (0: unbounded; "
+                            "default 64M)")
+    scale.add_argument("--admit-after", type=int, default=1, help="pushes of an id before it gets a row (default 1)")
+    scale.add_argument("--eviction", choices=("lru", "lfu"), default="lru", help="which rows go first (default lru)")
+    scale.add_argument("--replicas", action="store_true",
+                       help="each server also holds its predecessor's shard (as --ft training does; K >= 2)")
+    scale.add_argument("--rss-points", type=int, default=5, help="worker RSS samples along the stream (default 5)")
+    peers = parser.add_argument_group("peers")
+    peers.add_argument("--peers", default="torch_ddp,torchrec,hpcreduce",
+                       help="candidates, comma-separated (default %(default)s; one that cannot run is reported why)")
+    peers.add_argument("--fields", type=int, default=8, help="sparse fields, one embedding table each (default 8)")
+    peers.add_argument("--field-rows", type=count, default=100_000, help="rows of each field's table (default 100000)")
+    peers.add_argument("--dim", type=int, default=16, help="embedding dimension (default %(default)s)")
+    peers.add_argument("--bag", type=int, default=4, help="ids per field per example (default %(default)s)")
+    peers.add_argument("--batch", type=int, default=256, help="examples per rank per step (default %(default)s)")
+    peers.add_argument("--warmup", type=int, default=3, help="untimed steps of each candidate (default 3)")
+    peers.add_argument("--iterations", type=int, default=20, help="timed steps of each candidate (default 20)")
+
+
+def embeddings_problems(args: argparse.Namespace) -> List[str]:
+    """What stops ``bench embeddings`` with these flags (empty when fine)."""
+    found = at_least(args, 1, "--servers", "--rows", "--width", "--table-rows", "--rounds", "--reps", "--ids",
+                     "--push-rows", "--admit-after", "--rss-points", "--fields", "--field-rows", "--dim", "--bag",
+                     "--batch", "--iterations") + at_least(args, 0, "--budget", "--warmup")
+    if "scale" in args.parts and args.replicas and args.servers < 2:
+        found.append(f"--replicas needs --servers 2 or more (a shard's replica is on the next server), "
+                     f"got {args.servers}")
+    if "scale" in args.parts and 0 < args.budget < args.push_rows * args.width * 4:
+        found.append(f"--budget {args.budget} is smaller than one push's rows "
+                     f"({args.push_rows} x {args.width} float32)")
+    if "peers" in args.parts:
+        unknown = sorted(set(args.peers.split(",")) - {"torch_ddp", "torchrec", "hpcreduce"})
+        if unknown:
+            found.append(f"--peers: unknown {', '.join(unknown)} (known: torch_ddp, torchrec, hpcreduce)")
+        if importlib.util.find_spec("torch") is None:
+            found.append("bench embeddings --parts peers needs torch: pip install 'hpcreduce[torch]'")
+    return found
+
+
+def part_list(text: str) -> List[str]:
+    """``--parts``: known part names, comma-separated, in the benchmark's order."""
+    named = [part for part in text.split(",") if part]
+    unknown = sorted(set(named) - set(embeddings.PARTS))
+    if unknown or not named:
+        raise argparse.ArgumentTypeError(f"{text!r}: give parts of {', '.join(embeddings.PARTS)}, comma-separated")
+    return [part for part in embeddings.PARTS if part in named]
+
+
+def count(text: str) -> int:
+    """A whole number, with K, M, G for powers of two (``1G`` = 2**30)."""
+    try:
+        return parse_size(text)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count such as 4096, 64K or 1G") from None
 
 
 def launcher_flags(parser: argparse.ArgumentParser, *, timeout: float) -> None:
@@ -274,10 +346,10 @@ def _outside_jobs(name: str) -> List[str]:
 FLAGS: Dict[str, Callable[[argparse.ArgumentParser], None]] = {
     allreduce.NAME: allreduce_flags, ps.NAME: ps_flags, scaling.NAME: scaling_flags, recovery.NAME: recovery_flags,
     stragglers.NAME: stragglers_flags, ps_memory.NAME: ps_memory_flags, soak.NAME: soak_flags,
-    torch_ddp.NAME: torch_flags,
+    torch_ddp.NAME: torch_flags, embeddings.NAME: embeddings_flags,
 }
 PROBLEMS: Dict[str, Callable[[argparse.Namespace], List[str]]] = {
     allreduce.NAME: allreduce_problems, ps.NAME: ps_problems, scaling.NAME: scaling_problems,
     recovery.NAME: recovery_problems, stragglers.NAME: stragglers_problems, ps_memory.NAME: ps_memory_problems,
-    soak.NAME: soak_problems, torch_ddp.NAME: torch_problems,
+    soak.NAME: soak_problems, torch_ddp.NAME: torch_problems, embeddings.NAME: embeddings_problems,
 }

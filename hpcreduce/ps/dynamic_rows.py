@@ -9,10 +9,13 @@ order holds the same rows in the same slots:
 
 - an id with no row is *seen* (a count-min sketch of sightings, ``admit_after`` > 1) and gets
   a row on its ``admit_after``-th push, then with ``admit_probability`` (a coin drawn from
-  (id, table version)); until then its gradient is dropped and it reads as ``initial_rows``;
+  (id, table version)); until then its gradient is dropped and it reads as ``initial_rows``.
+  The sketch is fixed in size and ids come without bound, so it ages: every
+  ``SKETCH_WINDOW`` sightings all counts are halved (an id must come back often, not once
+  in a while; the sketch stays a quarter full, so few strangers pass for known ids);
 - past the budget, the coldest rows (least recent or least frequent use, by pushes) are
   evicted, at least an eighth of the budget at once; the live rows are compacted into the
-  first slots and the index is built anew (O(rows), once per batch of evictions).
+  first slots (the last rows move into the holes).
 
 Cost per push of m ids: one index probe (about 1.5 cells an id), the sketch's four cells
 for ids without a row, one optimizer pass over the admitted rows. Memory per row: its
@@ -32,6 +35,7 @@ from .tables import ParamSpec, initial_rows
 
 SKETCH_DEPTH, SKETCH_WIDTH = 4, 1 << 20  # uint16 counters: 8 MiB per table that counts sightings
 SKETCH_CAP = np.iinfo(np.uint16).max
+SKETCH_WINDOW = SKETCH_WIDTH // 4  # sightings between two halvings of every count (ageing)
 EVICT_SHARE = 8  # an eviction frees at least budget // EVICT_SHARE rows
 ROW_EVENTS = ("seen", "admitted", "evicted", "dropped")
 
@@ -84,6 +88,7 @@ class DynamicTable:
         self._allocate(max(16, self.budget))
         self.index = IdIndex.of(self._ids[:0], room=self.budget)
         self.sketch = np.zeros((SKETCH_DEPTH, SKETCH_WIDTH), np.uint16) if spec.dynamic.admit_after > 1 else None
+        self.sightings = 0  # since the sketch's counts were last halved
         with np.errstate(over="ignore"):
             self._salt = mix64(np.array([spec.dynamic.seed], np.uint64) * GOLDEN ^ name_key(spec.name))
 
@@ -168,6 +173,10 @@ class DynamicTable:
         counts = np.minimum(counts, SKETCH_CAP)
         for depth, cell in enumerate(cells):
             self.sketch[depth, cell] = np.maximum(self.sketch[depth, cell], counts.astype(np.uint16))
+        self.sightings += len(ids)
+        if self.sightings >= SKETCH_WINDOW:
+            self.sketch >>= 1
+            self.sightings = 0
         return counts
 
     def _touch(self, slots: np.ndarray) -> None:
@@ -187,17 +196,17 @@ class DynamicTable:
         events["evicted"] += count
 
     def remove(self, slots: np.ndarray) -> None:
-        """Drop the rows at ``slots``: the last live rows move into the holes; index rebuilt."""
+        """Drop the rows at ``slots``: the last live rows move into the holes."""
         keep = np.ones(self.count, dtype=bool)
         keep[slots] = False
         remaining = self.count - len(slots)
         holes = np.flatnonzero(~keep[:remaining])
         movers = np.flatnonzero(keep[remaining:]) + remaining
+        self.index.remove(self._ids[slots])
         for array in self._arrays():
             array[holes] = array[movers]
+        self.index.move(self._ids[holes], holes)
         self.count = remaining
-        self.index = None  # the old cells go before the new ones are made: no two indexes at once
-        self.index = IdIndex.of(self._ids[:remaining], room=max(self.budget - remaining, 0))
 
     def _create(self, ids: np.ndarray) -> np.ndarray:
         """Rows for ``ids`` at their initial values with zeroed optimizer state; their slots."""

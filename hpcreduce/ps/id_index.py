@@ -1,11 +1,12 @@
 """A vectorised hash index from int64 ids to row slots: no Python object per row.
 
 Open addressing with linear probing over two arrays (``keys`` int64, ``slots`` int64,
--1 for an empty cell), at most half full. ``find`` and ``insert`` take whole arrays of ids
-and run probe rounds on the ids still unresolved, so a round is a few numpy passes and
-the rounds shrink geometrically (about 1.5 probes per id at half load). There is no
-delete: a table that drops rows builds its index anew (``IdIndex.of``), which is one
-insert of every live id. Cost: 16 B per cell, 32 B per id at the largest load.
+-1 for an empty cell, -2 for a removed one), at most half full. ``find``, ``insert``,
+``remove`` and ``move`` take whole arrays of ids and run probe rounds on the ids still
+unresolved, so a round is a few numpy passes and the rounds shrink geometrically (about
+1.5 probes per id at half load). Ids racing for one free cell all write their key; the
+one whose key stays takes it (no sort). Removed cells are reused by inserts and dropped
+when the cells are rebuilt. Cost: 16 B per cell, at most 32 B per id (at half load).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 from ..arrays.hashing import GOLDEN, mix64
 
 MIN_CELLS = 1 << 10
-EMPTY = -1
+EMPTY, GONE = -1, -2
 CELL_BYTES = 16  # an int64 key and an int64 slot
 
 
@@ -37,6 +38,7 @@ class IdIndex:
         self.keys = np.zeros(cells, dtype=np.int64)
         self.slots = np.full(cells, EMPTY, dtype=np.int64)
         self.count = 0
+        self.removed = 0  # cells marked GONE: probes pass them, inserts reuse them
 
     @classmethod
     def of(cls, ids: np.ndarray, room: int = 0) -> "IdIndex":
@@ -51,44 +53,57 @@ class IdIndex:
 
     def find(self, ids: np.ndarray) -> np.ndarray:
         """The slot of each id, -1 for ids not in the index."""
+        cells = self._cells(np.asarray(ids, dtype=np.int64))
+        return np.where(cells >= 0, self.slots[np.maximum(cells, 0)], EMPTY)
+
+    def insert(self, ids: np.ndarray, slots: np.ndarray) -> None:
+        """Add ``ids`` (unique, none in the index yet) at ``slots``; grows the cells to stay
+        at most half full (removed cells counted)."""
         ids = np.asarray(ids, dtype=np.int64)
-        found = np.full(len(ids), EMPTY, dtype=np.int64)
+        if 2 * (self.count + self.removed + len(ids)) > len(self.keys):
+            self._rebuild(cells_for(self.count + len(ids)))
+        mask = len(self.keys) - 1
+        pending = np.arange(len(ids))
+        cells = _start_cells(ids, mask)
+        while len(pending):
+            free = self.slots[cells] < 0
+            # every id aiming at a free cell writes its key there; the one whose key stays wins
+            self.keys[cells[free]] = ids[pending[free]]
+            won = free & (self.keys[cells] == ids[pending])
+            self.removed -= int((self.slots[cells[won]] == GONE).sum())
+            self.slots[cells[won]] = slots[pending[won]]
+            pending, cells = pending[~won], (cells[~won] + 1) & mask
+        self.count += len(ids)
+
+    def remove(self, ids: np.ndarray) -> None:
+        """Forget ``ids`` (all in the index): their cells are marked GONE."""
+        cells = self._cells(np.asarray(ids, dtype=np.int64))
+        self.slots[cells] = GONE
+        self.count -= len(ids)
+        self.removed += len(ids)
+
+    def move(self, ids: np.ndarray, slots: np.ndarray) -> None:
+        """Point ``ids`` (all in the index) at new ``slots``."""
+        self.slots[self._cells(np.asarray(ids, dtype=np.int64))] = slots
+
+    def _cells(self, ids: np.ndarray) -> np.ndarray:
+        """The cell holding each id, -1 for ids not in the index."""
+        found = np.full(len(ids), -1, dtype=np.int64)
         mask = len(self.keys) - 1
         pending = np.arange(len(ids))
         cells = _start_cells(ids, mask)
         while len(pending):
             slots = self.slots[cells]
-            hit = (slots != EMPTY) & (self.keys[cells] == ids[pending])
-            found[pending[hit]] = slots[hit]
+            hit = (slots >= 0) & (self.keys[cells] == ids[pending])
+            found[pending[hit]] = cells[hit]
             going = ~hit & (slots != EMPTY)
             pending, cells = pending[going], (cells[going] + 1) & mask
         return found
 
-    def insert(self, ids: np.ndarray, slots: np.ndarray) -> None:
-        """Add ``ids`` (unique, none in the index yet) at ``slots``; grows the cells to stay
-        at most half full."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if 2 * (self.count + len(ids)) > len(self.keys):
-            self._resize(cells_for(self.count + len(ids)))
-        mask = len(self.keys) - 1
-        pending = np.arange(len(ids))
-        cells = _start_cells(ids, mask)
-        while len(pending):
-            free = self.slots[cells] == EMPTY
-            # among ids aiming at the same free cell the first takes it; the rest probe on
-            taken_cells, first = np.unique(cells[free], return_index=True)
-            winners = pending[free][first]
-            self.keys[taken_cells] = ids[winners]
-            self.slots[taken_cells] = slots[winners]
-            placed = np.zeros(len(pending), dtype=bool)
-            placed[np.flatnonzero(free)[first]] = True
-            pending, cells = pending[~placed], (cells[~placed] + 1) & mask
-        self.count += len(ids)
-
-    def _resize(self, cells: int) -> None:
-        live = self.slots != EMPTY
+    def _rebuild(self, cells: int) -> None:
+        live = self.slots >= 0
         keys, slots = self.keys[live], self.slots[live]
         self.keys = np.zeros(cells, dtype=np.int64)
         self.slots = np.full(cells, EMPTY, dtype=np.int64)
-        self.count = 0
+        self.count = self.removed = 0
         self.insert(keys, slots)

@@ -31,8 +31,10 @@ def staleness_summary(read_clocks: Iterable[int], lag_clocks: Iterable[int]) -> 
 
 
 def merge_summaries(summaries: List[Optional[Mapping[str, object]]], slot_count: int) -> Dict[str, object]:
-    """The servers' ``ShardState.summary()`` (None from workers) merged: push counters per
-    worker slot summed over shards, refusal reasons, and the staleness histograms."""
+    """The servers' ``ShardState.summary()`` (None from workers), by rank, merged: push
+    counters per worker slot summed over shards, refusal reasons, the staleness histograms,
+    and each server's dynamic tables (rows and bytes held, rows seen, admitted, evicted,
+    dropped; ``dynamic_rows``, by server rank) when it has any."""
     merged = {name: np.zeros(slot_count, np.int64) for name in COUNTERS}
     refusals: Counter = Counter()
     reads: Counter = Counter()
@@ -43,12 +45,15 @@ def merge_summaries(summaries: List[Optional[Mapping[str, object]]], slot_count:
         refusals.update(summary["refusals"])
         reads.update(summary["read_staleness"])
         lags.update(summary["update_lag"])
+    rows = [{"rank": rank, **summary["dynamic_rows"]} for rank, summary in enumerate(summaries)
+            if summary and "dynamic_rows" in summary]
     return {
         "staleness": staleness_summary(_values(reads), _values(lags)),
         "pushes": {"applied_per_worker": merged["applied"].tolist(),
                    "duplicates_per_worker": merged["duplicates"].tolist(),
                    "refused_per_worker": merged["refused"].tolist(),
                    "refusals": dict(refusals)},
+        **({"dynamic_rows": rows} if rows else {}),
     }
 
 

@@ -24,13 +24,20 @@ reduce, sparse or non-finite gradients) raises on every rank, naming the paramet
 For ``hpcreduce.elastic`` (docs/torch.md, "Elastic torch training"): ``ElasticSampler``
 (``sampler``: DistributedSampler's shares, resharded when the ranks change) and
 ``save_checkpoint``/``load_checkpoint`` (``checkpoints``: files plain ``torch.load`` reads).
+Recommendation models: ``PSEmbeddingBag`` (``embedding_bag``: an embedding bag whose table the
+parameter servers hold; forward pulls the batch's rows, ``push()`` sends their gradients) and
+``start_hybrid`` (``hybrid``: the bags' tables on K servers, the dense rest averaged among the
+workers by ``DistributedDataParallel``, as PERSIA trains).
 """
 from .checkpoints import load_checkpoint, save_checkpoint
 from .ddp import DistributedDataParallel
+from .embedding_bag import PSEmbeddingBag
 from .gradients import allreduce_gradients, bucket_gradients
+from .hybrid import HybridWorker, start_hybrid
 from .parameters import broadcast_parameters
 from .ps_worker import TorchPSWorker, start_parameter_server
 from .sampler import ElasticSampler
 
-__all__ = ["DistributedDataParallel", "ElasticSampler", "allreduce_gradients", "bucket_gradients",
-           "broadcast_parameters", "load_checkpoint", "save_checkpoint", "start_parameter_server", "TorchPSWorker"]
+__all__ = ["DistributedDataParallel", "ElasticSampler", "HybridWorker", "PSEmbeddingBag", "allreduce_gradients",
+           "bucket_gradients", "broadcast_parameters", "load_checkpoint", "save_checkpoint", "start_hybrid",
+           "start_parameter_server", "TorchPSWorker"]

@@ -77,7 +77,9 @@ def ps_result(ctx: Context, setup: PSSetup, layout: Layout, state: Optional[Shar
             "server_ranks": sorted(layout.shard_ranks.values()), "placement": placement,
             "pieces": {spec.name: [[p.shard, p.start, p.stop] for p in layout.placement.pieces[t]]
                        for t, spec in enumerate(layout.specs) if not spec.sparse},
-            "pushes": {**merged["pushes"], **(pushes_extra or {})}, **_load(ctx, load, steps, first_step), **(ps_extra or {})})
+            "pushes": {**merged["pushes"], **(pushes_extra or {})},
+            **({"dynamic_rows": merged["dynamic_rows"]} if "dynamic_rows" in merged else {}),
+            **_load(ctx, load, steps, first_step), **(ps_extra or {})})
 
 
 def _load(ctx: Context, load: Optional[RequestLoad], steps: int, first_step: int) -> Dict[str, Any]:

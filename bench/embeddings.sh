@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 25's measurements of embedding tables (hpcreduce bench embeddings), one part a run, at full size.
+# Run on a quiet machine: each part compares candidates in the same run, but the scale stream is
+# an absolute rate and the peers' RSS is the machine's. Results in bench/out/ (OUT=... to change).
+#
+#   bash bench/embeddings.sh                # every part at the issue's sizes (the scale stream takes long)
+#   SMOKE=1 bash bench/embeddings.sh        # every part at tiny sizes, about a minute
+#
+# The peers part times TorchRec where it imports. It is not a dependency of hpcreduce:
+#   pip install torchrec && pip install --no-deps --force-reinstall fbgemm-gpu-cpu
+# (torchrec pulls the CUDA fbgemm-gpu, which does not import without CUDA; on CPU only table-wise
+# sharding runs). Both must be built for the installed torch: fbgemm-gpu-cpu 1.9.0, the newest,
+# is built for torch 2.9, and with torch 2.13 its libraries fail to load (undefined symbols), so
+# in a torch 2.13 environment the JSON's peers.left_out says why and the other candidates run.
+set -euo pipefail
+OUT=${OUT:-$(cd "$(dirname "$0")" && pwd)/out}
+mkdir -p "$OUT"
+if [ -n "${SMOKE:-}" ]; then
+    ROWS=(-n 3 --servers 2 --rows 1024 --table-rows 64K --rounds 2 --reps 5)
+    SCALE=(-n 4 --servers 2 --replicas --ids 1M --push-rows 64K --budget 16M)
+    PEERS=(-n 3 --servers 1 --field-rows 10K --iterations 5 --warmup 1)
+else
+    # 4096 ids x 16 floats per pull+push, K=2 servers and 2 workers
+    ROWS=(-n 4 --servers 2 --rows 4096 --width 16 --table-rows 16M --rounds 7 --reps 20)
+    # 2**30 distinct ids over 8 servers with replicas, 512 MiB a shard (1 GiB a server with its replica)
+    SCALE=(-n 12 --servers 8 --replicas --ids 1G --push-rows 256K --budget 512M --rss-points 9)
+    # 26 fields (as Criteo's) of 1M rows: 1.6 GiB of tables, replicated on every torch DDP rank
+    PEERS=(-n 4 --servers 1 --fields 26 --field-rows 1M --dim 16 --batch 2048 --iterations 30)
+fi
+hpcreduce bench embeddings --parts rows "${ROWS[@]}" --json "$OUT/embeddings-rows.json" | tee "$OUT/embeddings-rows.txt"
+hpcreduce bench embeddings --parts scale "${SCALE[@]}" --json "$OUT/embeddings-scale.json" | tee "$OUT/embeddings-scale.txt"
+hpcreduce bench embeddings --parts peers "${PEERS[@]}" --json "$OUT/embeddings-peers.json" | tee "$OUT/embeddings-peers.txt"
+echo "results in $OUT"

@@ -1,0 +1,86 @@
+"""TorchRec on CPU as a peer of ``bench embeddings --parts peers``: the DLRM's tables in one
+``EmbeddingBagCollection``, sharded table-wise (each table whole on one rank: the one sharding
+that runs on CPU) by ``DistributedModelParallel`` over the default (gloo) process group, the
+dense layers data-parallel; the tables' SGD fused into backward, the dense layers' after it.
+
+Install (not a dependency of hpcreduce; see bench/embeddings.sh): ``pip install torchrec``,
+then ``pip install --no-deps --force-reinstall fbgemm-gpu-cpu`` (torchrec pulls the CUDA
+``fbgemm-gpu``, which does not import without CUDA); both must be built for the installed
+torch (fbgemm-gpu-cpu 1.9.0 is for torch 2.9).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Optional, Tuple
+
+import torch
+
+from .dlrm import DLRM, Shape
+
+
+def import_problem() -> Optional[str]:
+    """Why TorchRec cannot run here (None: it imports, fbgemm's CPU operators included)."""
+    try:
+        importlib.import_module("torchrec.distributed")  # loads fbgemm_gpu's operator libraries
+    except Exception as err:  # ImportError, or OSError from an fbgemm library built for another torch
+        return f"torchrec does not import: {type(err).__name__}: {str(err).splitlines()[0][:300]}"
+    return None
+
+
+class CollectionBags(torch.nn.Module):
+    """The tables as one ``EmbeddingBagCollection`` (table ``t{f}`` for feature ``f{f}``):
+    a ``KeyedJaggedTensor`` -> (B, F, dim)."""
+
+    def __init__(self, shape: Shape):
+        super().__init__()
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+        self.shape = shape
+        self.collection = EmbeddingBagCollection(
+            tables=[EmbeddingBagConfig(name=f"t{field}", embedding_dim=shape.dim, num_embeddings=shape.rows,
+                                       feature_names=[f"f{field}"]) for field in range(shape.fields)],
+            device=torch.device("meta"))
+
+    def forward(self, features) -> torch.Tensor:
+        pooled = self.collection(features).values()
+        return pooled.view(-1, self.shape.fields, self.shape.dim)
+
+
+def jagged(ids: torch.Tensor):
+    """ids (B, F, L) as a ``KeyedJaggedTensor``: per feature, every example's bag of L ids."""
+    from torchrec import KeyedJaggedTensor
+    batch, fields, bag = ids.shape
+    return KeyedJaggedTensor.from_lengths_sync(keys=[f"f{field}" for field in range(fields)],
+                                               values=ids.permute(1, 0, 2).reshape(-1),
+                                               lengths=torch.full((fields * batch,), bag, dtype=torch.int32))
+
+
+def build(shape: Shape, batch, lr: float) -> Tuple[Callable[[int], None], int]:
+    """``steps(n)`` of the sharded model on ``batch``, and the dense parameters' element count."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import ShardingType
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+    model = DLRM(CollectionBags(shape), shape)
+    apply_optimizer_in_backward(torch.optim.SGD, model.sparse.parameters(), {"lr": lr})
+    world = torch.distributed.get_world_size()
+    constraints = {f"t{field}": ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value])
+                   for field in range(shape.fields)}
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device="cpu"),
+                                       constraints=constraints)
+    sharders = [EmbeddingBagCollectionSharder()]
+    plan = planner.collective_plan(model, sharders)  # the default (gloo) process group
+    sharded = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    dense_params = dict(in_backward_optimizer_filter(sharded.named_parameters()))
+    optimizer = KeyedOptimizerWrapper(dense_params, lambda params: torch.optim.SGD(params, lr=lr))
+    dense, ids, labels = batch
+    features = jagged(ids)
+
+    def steps(count: int) -> None:
+        for _ in range(count):
+            optimizer.zero_grad()
+            torch.nn.functional.binary_cross_entropy_with_logits(sharded(dense, features), labels).backward()
+            optimizer.step()
+    return steps, sum(p.numel() for p in dense_params.values())
