@@ -147,8 +147,6 @@ def dense_summary(ctx: Context, layout: Layout,
     worker's checksum of its replica and steps applied, by worker index (collective)."""
     comm, first = ctx.comm, layout.worker_ranks[0]
     dense = comm.bcast(replica.params if ctx.rank == first else None, root=first)
-    if replica is not None:
-        replica.close()
     live = replica if replica is not None and ctx.rank in layout.worker_ranks else None
     found = dict(filter(None, comm.allgather((ctx.rank, (checksum(live.params), live.applied)) if live else None)))
     sums = [found[rank][0] for rank in layout.worker_ranks]

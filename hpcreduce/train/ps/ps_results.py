@@ -43,6 +43,8 @@ def ps_result(ctx: Context, setup: PSSetup, layout: Layout, state: Optional[Shar
         failure, stats = worker_log.failure, worker_log.stats.copy()
         traffic, wall = _worker_traffic_and_wall(worker_log.log, steps, first_step)
         wall[-1] = time.perf_counter() - started
+    if worker_log is not None and worker_log.replica is not None:
+        worker_log.replica.close()  # the workers' reductions are over
     failures = [text for text in ctx.comm.allgather(failure) if text]
     if failures:
         raise PSTrainingError("; ".join(failures))
