@@ -105,9 +105,9 @@ def test_config_problems_name_the_fields_and_the_cli_words_them_as_flags():
 def test_a_setting_of_another_mode_is_refused_by_its_flag_unless_it_changes_nothing():
     def said(*argv):
         return train_cmd.build_config(build_parser().parse_args(["train", *argv]))[1]
-    assert said("--fetch-every", "2") == ["--fetch-every only applies to --mode ps"]
+    assert said("--fetch-every", "2") == ["--fetch-every only applies to --mode ps and hybrid"]
     assert said("--mode", "ps", "--unit", "8") == ["--unit only applies to --mode sandblaster"]
-    assert said("--servers", "2") == ["--servers only applies to --mode ps and sandblaster"]
+    assert said("--servers", "2") == ["--servers only applies to --mode ps, hybrid and sandblaster"]
     assert said("--servers", "1", "--backups", "on") == []  # the defaults: nothing changes
     config = train_cmd.build_config(build_parser().parse_args(["train", "--mode", "sandblaster", "--servers", "2"]))[0]
     assert (config.mode, config.topology.servers, config.steps, config.optimizer) == ("sandblaster", 2, 30, "lbfgs")

@@ -35,7 +35,7 @@ def relaunch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Rerun this command under mpirun on ``args.ranks`` ranks; its exit code (a job whose rank 0
     did not mark it done, ``mark_done``, did not finish). With a hostfile, the parameter-server
     modes spread their ranks over the nodes (``SPREAD_SERVERS``)."""
-    spread = bool(args.hostfile) and getattr(args, "mode", None) in ("ps", "sandblaster")
+    spread = bool(args.hostfile) and getattr(args, "mode", None) in ("ps", "hybrid", "sandblaster")
     plan = build_mpirun(args.ranks, self_command(argv), ft=args.ft, hostfile=args.hostfile,
                         extra_args=SPREAD_SERVERS if spread else ())
     return run_plan(plan, restarts=args.restarts, expects_done=True)

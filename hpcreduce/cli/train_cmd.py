@@ -41,11 +41,12 @@ def register(subcommands) -> None:
     add_rank_options(parser)
     parser.add_argument("--mode", default=argparse.SUPPRESS, metavar="MODE",
                         help=f"{', '.join(MODES[:-1])} or {MODES[-1]}: every rank a worker, parameter servers, "
+                             "sparse tables on servers with dense parameters allreduced among the workers, "
                              "or DistBelief's batch procedure (default ring)")
     add_flags(parser, TrainConfig)
     parser.add_argument("--quiet", dest="progress", action="store_const", const="none", default=argparse.SUPPRESS,
                         help="no progress output (same as --progress none)")
-    add_flags(parser.add_argument_group("parameter server (--mode ps)"), PS)
+    add_flags(parser.add_argument_group("parameter server (--mode ps and hybrid)"), PS)
     add_flags(parser.add_argument_group("sandblaster (--mode sandblaster)"), Sandblaster, skip=("--servers",))
     add_flags(parser.add_argument_group("fault tolerance and growth (in-job recovery needs --ft)"), FaultConfig)
     parser.set_defaults(run=run, flags=flag_names(parser))
@@ -148,8 +149,13 @@ def _other_modes(args: argparse.Namespace, mode: str) -> List[str]:
             modes_of.setdefault(f.name, []).append(name)
             if hasattr(args, f.name) and values.get(f.name) != default_of(f):  # given: a value that parses, or not
                 flags[f.name] = option.flag
-    return [f"{flag} only applies to --mode {' and '.join(modes_of[name])}" for name, flag in flags.items()
+    return [f"{flag} only applies to --mode {_listed(modes_of[name])}" for name, flag in flags.items()
             if mode not in modes_of[name]]
+
+
+def _listed(names: List[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else names[0]
 
 
 def _data_dir(config: "TrainConfig"):

@@ -27,7 +27,8 @@ from .run_checks import run_problems
 from .sandblaster.sandblaster_training import run_sandblaster_training
 
 DYNAMIC_MODES = ("ps", "hybrid")
-RUNNERS = {"ring": run_ring_training, "ps": run_ps_training, "sandblaster": run_sandblaster_training}
+RUNNERS = {"ring": run_ring_training, "ps": run_ps_training, "hybrid": run_ps_training,
+           "sandblaster": run_sandblaster_training}
 
 
 def train(model: Model, dataset: Dataset, config: Optional[TrainConfig] = None, *,

@@ -2,9 +2,10 @@
 
     TrainConfig(steps=100, batch=64, lr=0.1)                                   # ring AllReduce
     TrainConfig(topology=PS(servers=2, consistency="ssp", staleness=2))       # parameter server
+    TrainConfig(topology=Hybrid(servers=2, consistency="asp"))                # sparse on servers, dense allreduced
     TrainConfig(optimizer="lbfgs", steps=100, topology=Sandblaster(servers=2))
 
-``mode`` is the topology's (``ring``, ``ps`` or ``sandblaster``); a setting of another mode
+``mode`` is the topology's (``ring``, ``ps``, ``hybrid`` or ``sandblaster``); a setting of another mode
 cannot be given at all. Every field declares its command-line form (``runtime.options``):
 ``hpcreduce train`` builds its flags, defaults, help and range checks from these declarations.
 ``problems`` checks the values, by field name; ``output_problems`` what rank 0's disk says.
@@ -22,14 +23,14 @@ from ..runtime.places import Place, place_problems
 from ..ps.tables import EVICTIONS, Dynamic
 from ..runtime.options import (Option, at_least, field_problems, non_negative_finite, option, parse_size,
                                positive_finite, probability)
-from .topology_checks import ps_problems, ring_problems, sandblaster_problems
+from .topology_checks import hybrid_problems, ps_problems, ring_problems, sandblaster_problems
 
 PROGRESS = ("auto", "bar", "lines", "none")
 OUTPUTS = ("json_path", "metrics_path", "timeline_path")
 STEPS_AND_BATCH = at_least(1)
 ASP_CADENCE = at_least(1)
 HISTORY_AND_PUSHES = at_least(1)
-SERVERS = Option("--servers", "ps and sandblaster: server ranks K", metavar="K")
+SERVERS = Option("--servers", "ps, hybrid and sandblaster: server ranks K", metavar="K")
 LR = 0.2
 HASHED_MODELS = ("logreg", "logreg-interaction")  # the built-in models --table-rows applies to
 DYNAMIC_MODELS = ("embed",)  # the built-in models with dynamic tables
@@ -61,21 +62,36 @@ class PS:
     defaults: ClassVar[Dict[str, Any]] = {}
 
     servers: int = field(default=1, metadata={"option": SERVERS})
-    consistency: str = option("bsp", "--consistency", "ps: bsp, ssp or asp", metavar="C",
+    consistency: str = option("bsp", "--consistency", "ps, hybrid: bsp, ssp or asp", metavar="C",
                               choices=("bsp", "ssp", "asp"))
-    staleness: int = option(0, "--staleness", "ps with ssp: clocks a worker may run ahead", metavar="S",
+    staleness: int = option(0, "--staleness", "ps, hybrid with ssp: clocks a worker may run ahead", metavar="S",
                             bound=at_least(0))
     fetch_every: int = option(1, "--fetch-every", "ps with asp: pull every n steps", metavar="N", bound=ASP_CADENCE)
-    push_every: int = option(1, "--push-every", "ps with asp: push every n steps", metavar="N", bound=ASP_CADENCE)
-    wire_dtype: str = option("float32", "--wire-dtype", "ps: float32 or float16, how pushed and pulled values "
-                             "travel (the servers keep float32)", metavar="DTYPE", choices=("float32", "float16"))
-    model_dir: Optional[str] = option(None, "--model-dir", "ps: each server writes its shard of the trained model "
-                                      "here, plus a manifest (hpcreduce export DIR assembles it)", metavar="DIR")
+    push_every: int = option(1, "--push-every", "ps, hybrid with asp: push every n steps (hybrid: the sparse "
+                             "rows; the dense parameters are reduced every step)", metavar="N", bound=ASP_CADENCE)
+    wire_dtype: str = option("float32", "--wire-dtype", "ps, hybrid: float32 or float16, how pushed and pulled "
+                             "values travel (the servers keep float32)", metavar="DTYPE",
+                             choices=("float32", "float16"))
+    model_dir: Optional[str] = option(None, "--model-dir", "ps, hybrid: each server writes its shard of the trained "
+                                      "model here (hybrid: rank 0 the dense parameters too), plus a manifest "
+                                      "(hpcreduce export DIR assembles it)", metavar="DIR")
     row_cache: bool = option(False, "--row-cache", "ps with ssp: workers reuse the sparse rows they pulled while "
                              "the staleness bound allows (default off)", metavar="on|off", parse=_on_off)
 
     def problems(self, config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
         return ps_problems(self, config, size, ft)
+
+
+@dataclass(frozen=True)
+class Hybrid(PS):
+    """PERSIA's hybrid: the sparse tables on ``servers`` parameter servers (PS's settings), the
+    dense parameters replicated on every worker and reduced among the workers by allreduce
+    every step (``train.ps.dense_replica``)."""
+
+    mode: ClassVar[str] = "hybrid"
+
+    def problems(self, config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
+        return ps_problems(self, config, size, ft) + hybrid_problems(config, ft)
 
 
 @dataclass(frozen=True)
@@ -105,8 +121,8 @@ class Sandblaster:
         return sandblaster_problems(self, config, size, ft)
 
 
-Topology = Union[Ring, PS, Sandblaster]
-TOPOLOGIES: Dict[str, type] = {kind.mode: kind for kind in (Ring, PS, Sandblaster)}
+Topology = Union[Ring, PS, Hybrid, Sandblaster]
+TOPOLOGIES: Dict[str, type] = {kind.mode: kind for kind in (Ring, PS, Hybrid, Sandblaster)}
 MODES: Tuple[str, ...] = tuple(TOPOLOGIES)
 
 
@@ -174,7 +190,12 @@ class TrainConfig:
         found = field_problems(self) + field_problems(self.topology) + self._table_rows_problems()
         found += self._dynamic_problems()
         found += self.topology.problems(self, size, ft) + self._slow_role_problems()
-        return found + self.fault.problems(self.steps, size, ft, self.mode == "ps")
+        return found + self.fault.problems(self.steps, size, ft, self.has_servers)
+
+    @property
+    def has_servers(self) -> bool:
+        """Whether parameter servers hold tables (``ps`` and ``hybrid``; not sandblaster's vector servers)."""
+        return isinstance(self.topology, PS)
 
     def _table_rows_problems(self) -> List[SettingProblem]:
         """``table_rows`` (logreg's hashed feature space): a power of two from 2 to 2**40."""
@@ -233,4 +254,4 @@ class TrainConfig:
                 "fault": dataclasses.asdict(self.fault)}
 
 
-__all__ = ["TrainConfig", "Ring", "PS", "Sandblaster", "Topology", "TOPOLOGIES", "MODES"]
+__all__ = ["TrainConfig", "Ring", "PS", "Hybrid", "Sandblaster", "Topology", "TOPOLOGIES", "MODES"]

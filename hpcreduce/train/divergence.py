@@ -84,7 +84,7 @@ def likely_cause(config: TrainConfig, staleness: Dict[str, Any]) -> tuple:
     smaller = f"a smaller --lr (say {config.lr / 10:g})" + ("" if config.optimizer in ADAPTIVE
                                                                else " or --optimizer adagrad")
     topology = config.topology
-    if config.mode == "ps" and topology.consistency != "bsp":
+    if config.has_servers and topology.consistency != "bsp":
         cadence = "".join(f", {flag} {value}" for flag, value in (("--fetch-every", topology.fetch_every),
                                                                   ("--push-every", topology.push_every)) if value > 1)
         stale = (f"staleness under {topology.consistency.upper()} (reads up to {staleness.get('read_max', '?')} "

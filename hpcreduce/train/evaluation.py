@@ -11,7 +11,7 @@ from ..runtime.context import Context
 from .data import Dataset
 from .model import Model
 from ..ps.init import PartInit
-from ..ps.tables import initial_rows, numel
+from ..ps.tables import ParamSpec, initial_rows, numel
 from .params import batch_view, part_init
 from .partition import share_bounds
 
@@ -42,14 +42,14 @@ def evaluate(ctx: Context, model: Model, params: Mapping[str, object],
 
 class InitialRows:
     """A sparse table's initial values, row by row: ``table[ids]`` makes only rows ``ids``
-    (a dynamic table's are ``initial_rows``: it has no whole table to slice)."""
+    (a dynamic table's from its declaration, ``ps.tables.initial_rows``, as the servers do)."""
 
-    def __init__(self, init: PartInit, table: int):
-        self.init, self.table = init, table
+    def __init__(self, init: PartInit, table: int, spec: ParamSpec):
+        self.init, self.table, self.spec = init, table, spec
 
     def __getitem__(self, ids) -> np.ndarray:
-        spec, ids = self.init.specs[self.table], np.asarray(ids, dtype=np.int64)
-        return self.init.rows(self.table, ids) if spec.dynamic is None else initial_rows(spec, ids)
+        ids = np.asarray(ids, dtype=np.int64)
+        return initial_rows(self.spec, ids) if self.spec.dynamic is not None else self.init.rows(self.table, ids)
 
 
 def initial_params(model: Model, seed: int) -> Dict[str, object]:
@@ -57,7 +57,7 @@ def initial_params(model: Model, seed: int) -> Dict[str, object]:
     tables as ``InitialRows``."""
     specs = model.param_specs()
     init = part_init(model, seed, specs)
-    return {spec.name: InitialRows(init, table) if spec.sparse else
+    return {spec.name: InitialRows(init, table, spec) if spec.sparse else
             init.dense(table, 0, numel(spec)).reshape(spec.shape) for table, spec in enumerate(specs)}
 
 

@@ -28,7 +28,9 @@ def run_identity(config: TrainConfig, model: Model, optimizer: Optimizer) -> Dic
         "optimizer": config.optimizer,
         "optimizer state": list(optimizer.state_names),
         "seed": config.seed, "batch": config.batch, "lr": config.lr}
-    if config.mode == "ps":
+    if config.has_servers:
         identity.update({"consistency": config.topology.consistency, "staleness": config.topology.staleness,
                          "fetch_every": config.topology.fetch_every, "push_every": config.topology.push_every})
+    if config.mode == "hybrid":  # the servers' tables, in their order (the rest live on the workers)
+        identity["server tables"] = [spec.name for spec in model.param_specs() if spec.sparse]
     return identity

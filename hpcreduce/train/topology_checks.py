@@ -16,7 +16,7 @@ from ..runtime.options import default_of
 from ..sandblaster import METHODS, roles_problem
 
 if TYPE_CHECKING:
-    from .config import PS, Sandblaster, TrainConfig
+    from .config import PS, Sandblaster, TrainConfig  # noqa: F401 (PS: also Hybrid's settings)
 
 IN_JOB_ONLY = ("grow", "grow_servers", "leave", "discover", "replace")  # ps: no checkpoint-and-relaunch form
 
@@ -46,18 +46,18 @@ def ps_problems(ps: "PS", config: "TrainConfig", size: int, ft: bool) -> List[Se
     in_job = [name for name in IN_JOB_ONLY if getattr(fault, name)]
     if not ft and in_job:
         named = ["{%s}" % name for name in in_job]
-        found.append(setting_problem("in {mode} ps, " + (" and ".join([", ".join(named[:-1]), named[-1]])
+        found.append(setting_problem("in {mode} %s, " % config.mode + (" and ".join([", ".join(named[:-1]), named[-1]])
                                                          if len(named) > 1 else named[0])
                                      + " need%s in-job fault tolerance: launch with ULFM (--ft)"
                                      % ("" if len(named) > 1 else "s")))
     elif not ft and fault.needs_ulfm() and not fault.hangs_only():
         found.append(setting_problem(
-            "in {mode} ps, {kills} and {kill_random} need in-job fault tolerance (--ft, ULFM) or "
+            "in {mode} %s, {kills} and {kill_random} need" % config.mode + " in-job fault tolerance (--ft, ULFM) or "
             "{checkpoint_dir} with {checkpoint_every} and --restarts R: the job is then relaunched and "
             "resumes from the latest checkpoint"))
     if ft and ps.servers == 1 and not fault.checkpoint_dir and not fault.accept_server_loss:
         found.append(setting_problem(
-            "{mode} ps with in-job fault tolerance and {servers} 1 has no copy of the model but the "
+            "{mode} %s with in-job fault tolerance and {servers} 1 has" % config.mode + " no copy of the model but the "
             "server's: its death would end the job. Give {servers} 2 or more (each shard replicated on "
             "another server), or {checkpoint_dir} (a worker takes over from the latest checkpoint), or "
             "{accept_server_loss} to run anyway"))
@@ -66,6 +66,22 @@ def ps_problems(ps: "PS", config: "TrainConfig", size: int, ft: bool) -> List[Se
         found.append(setting_problem("{leave}: every parameter server (ids 0..%d) would leave; the last server "
                                      "cannot leave (its shards need a home): keep one, or add servers with "
                                      "{grow_servers}" % (ps.servers - 1)))
+    return found
+
+
+def hybrid_problems(config: "TrainConfig", ft: bool) -> List[SettingProblem]:
+    """Beyond PS's: what the workers' dense replicas (``train.ps.dense_replica``) do not do yet."""
+    found = []
+    if config.topology.fetch_every != 1:
+        found.append(setting_problem("{fetch_every} paces pulls of dense tables from the servers; {mode} hybrid "
+                                     "keeps them on the workers (sparse rows are read every step): leave it out"))
+    if config.device == "gpu":
+        found.append(setting_problem("{device} gpu is not supported by {mode} hybrid yet; use {device} cpu "
+                                     "or {mode} ps"))
+    if config.fault.checkpoint_dir and not ft:
+        found.append(setting_problem("{mode} hybrid without in-job fault tolerance cannot resume from "
+                                     "{checkpoint_dir} (the workers' dense parameters are not checkpointed): "
+                                     "launch with --ft, or use {mode} ps"))
     return found
 
 

@@ -5,6 +5,9 @@ every server writes its own shard, in parallel, to ``DIR/shard-KEY.npz`` (each t
 values, optimizer state, and its row ids or element offset), atomically; rank 0 then
 writes ``DIR/manifest.json`` last, atomically, once every shard is on disk: the run's
 identity (``train.identity``: model, shapes, optimizer...), the step and the shard files.
+In ``--mode hybrid`` the servers' shards hold the sparse tables (the identity's ``server
+tables``, in their order) and rank 0 writes the workers' dense parameters to ``DIR/dense.npz``
+(values only, no optimizer state), named in the manifest's ``dense``.
 A folder without a manifest (a run that died while writing) is never taken for a model.
 
 ``whole_model`` (``hpcreduce export``, one process) assembles every table whole from
@@ -32,6 +35,7 @@ from ...runtime.files import atomic_file, write_json, written_through
 from . import shard_checkpoints
 
 MANIFEST = "manifest.json"
+DENSE = "dense.npz"
 FORMAT = "hpcreduce-ps-model/1"
 
 
@@ -51,9 +55,10 @@ def shard_arrays(state: ShardState) -> Dict[str, np.ndarray]:
 
 
 def save_model(comm: MPI.Intracomm, directory: str, layout: Layout, state: Optional[ShardState],
-               identity: Mapping[str, object], step: int) -> None:
-    """Write this run's model sharded into ``directory`` (collective; see the module docstring).
-    ``OutputFileError`` on every rank if any server could not write its shard."""
+               identity: Mapping[str, object], step: int, dense: Optional[Mapping[str, np.ndarray]] = None) -> None:
+    """Write this run's model sharded into ``directory`` (collective; see the module docstring);
+    ``dense``: the tables no server holds (hybrid), written by rank 0. ``OutputFileError`` on
+    every rank if any rank could not write its file."""
     rank = comm.Get_rank()
     if rank == 0 and os.path.exists(os.path.join(directory, MANIFEST)):
         os.unlink(os.path.join(directory, MANIFEST))  # no manifest names a half-written set
@@ -65,6 +70,12 @@ def save_model(comm: MPI.Intracomm, directory: str, layout: Layout, state: Optio
                 np.savez(out, **shard_arrays(state))
         except (OSError, OutputFileError) as err:
             problem = f"server rank {rank} could not write shard {state.shard}: {err}"
+    if dense is not None and rank == 0 and problem is None:
+        try:
+            with atomic_file(os.path.join(directory, DENSE), "wb") as out:
+                np.savez(out, **dense)
+        except (OSError, OutputFileError) as err:
+            problem = f"rank 0 could not write the dense parameters ({DENSE}): {err}"
     problems = [text for text in comm.allgather(problem) if text]
     if problems:
         raise OutputFileError("; ".join(problems))
@@ -72,7 +83,8 @@ def save_model(comm: MPI.Intracomm, directory: str, layout: Layout, state: Optio
         starts = {str(t): [[p.shard, p.start, p.stop] for p in pieces] for t, pieces in layout.placement.pieces.items()}
         write_json(os.path.join(directory, MANIFEST),
                    {"format": FORMAT, "identity": dict(identity), "step": step, "pieces": starts,
-                    "shards": {str(key): shard_name(key) for key in sorted(layout.shard_ranks)}})
+                    "shards": {str(key): shard_name(key) for key in sorted(layout.shard_ranks)},
+                    **({"dense": DENSE} if dense is not None else {})})
     comm.Barrier()
 
 
@@ -92,8 +104,8 @@ def whole_model(directory: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
                 raise CheckpointMismatchError(f"{manifest_path} is not an hpcreduce PS model manifest")
             files = [os.path.join(directory, name) for name in manifest["shards"].values()]
             whole = _zeros(manifest["identity"]["parameters"])
-        _assemble(directory, manifest["identity"]["parameters"], whole, files,
-                  lambda t, stored: _starts(manifest, t, stored))
+        dense = os.path.join(directory, manifest["dense"]) if "dense" in manifest else None
+        _assemble(directory, manifest["identity"], whole, files, lambda t, stored: _starts(manifest, t, stored), dense)
         return whole, manifest
     step = shard_checkpoints.latest_complete(directory)
     if step is None:
@@ -103,7 +115,7 @@ def whole_model(directory: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
     with _reading(files[0]):
         metadata, _ = checkpoint_files.read(files[0], arrays=False)
         whole = _zeros(metadata["identity"]["parameters"])
-    _assemble(directory, metadata["identity"]["parameters"], whole, files, None)
+    _assemble(directory, metadata["identity"], whole, files, None)
     return whole, {"identity": metadata["identity"], "step": step,
                    "shards": [os.path.relpath(path, directory) for path in files]}
 
@@ -131,14 +143,24 @@ def _starts(manifest: Mapping[str, Any], table: int, path: str) -> int:
     return next(start for shard, start, _stop in manifest["pieces"][str(table)] if shard == key)
 
 
-def _assemble(directory: str, parameters: Parameters, whole: Dict[str, np.ndarray], files: Sequence[str],
-              start_of) -> None:
-    """Fill ``whole`` from the shard ``files``; every fixed table must be covered exactly. A
-    dynamic table becomes ``NAME`` (its rows, by increasing id) and ``NAME.ids``; an id on two
-    shards is refused."""
-    names = list(parameters)
-    covered = {name: 0 for name in names}
+def _assemble(directory: str, identity: Mapping[str, Any], whole: Dict[str, np.ndarray], files: Sequence[str],
+              start_of, dense: Optional[str] = None) -> None:
+    """Fill ``whole`` from the shard ``files`` (the servers' tables: the identity's ``server
+    tables`` when it has them, else every parameter) and the ``dense`` file (hybrid's workers'
+    tables); every fixed table must be covered exactly. A dynamic table becomes ``NAME`` (its
+    rows, by increasing id) and ``NAME.ids``; an id on two shards is refused."""
+    parameters: Parameters = identity["parameters"]
+    names = list(identity.get("server tables", parameters))
+    covered = {name: 0 for name in parameters}
     rows: Dict[str, list] = {name: [] for name in names if parameters[name].get("dynamic")}
+    if dense is not None:
+        if not os.path.isfile(dense):
+            raise CheckpointMismatchError(f"{directory}: the dense parameters' file {os.path.basename(dense)} "
+                                          "is missing")
+        with _reading(dense), np.load(dense) as stored:
+            for name in set(stored.files) & set(parameters):
+                whole[name][...] = stored[name]
+                covered[name] += whole[name].size
     for path in files:
         if not os.path.isfile(path):
             raise CheckpointMismatchError(f"{directory}: the shard file {os.path.basename(path)} is missing")
@@ -168,7 +190,7 @@ def _assemble(directory: str, parameters: Parameters, whole: Dict[str, np.ndarra
         whole[name] = np.concatenate([v for _, v in parts] or [np.empty((0,) + row_shape)]).astype(
             parameters[name]["dtype"], copy=False)[order]
         whole[f"{name}.ids"] = ids
-    short = [name for name in names if name not in rows and
+    short = [name for name in parameters if name not in rows and
              covered[name] != (whole[name].shape[0] if parameters[name]["sparse"] else whole[name].size)]
     if short:
         raise CheckpointMismatchError(f"{directory}: the shards do not cover table(s) {short} exactly")

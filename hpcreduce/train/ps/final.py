@@ -77,9 +77,13 @@ def evaluate_sharded(ctx: Context, model: Model, dataset: Dataset, layout: Layou
     return float(loss_sum / count), float(correct / count)
 
 
-def sharded_checksum(comm: MPI.Intracomm, layout: Layout, state: Optional[ShardState]) -> float:
-    """``results.checksum`` of the whole model, from each server's own part (collective)."""
+def sharded_checksum(comm: MPI.Intracomm, layout: Layout, state: Optional[ShardState],
+                     extra: Mapping[str, np.ndarray] = {}) -> float:  # noqa: B006 (read only)
+    """``results.checksum`` of the whole model, from each server's own part, plus ``extra``
+    (whole tensors no server holds, the same on every rank: hybrid's dense ones) (collective)."""
     total = 0
+    if comm.Get_rank() == 0:
+        total = sum(exact_sum(checksum_terms(name, value)) for name, value in extra.items())
     for table, shard in (state.tables.items() if state is not None else ()):
         name = layout.specs[table].name
         values = shard.values.reshape(len(shard.values), -1) if shard.sparse else shard.values.reshape(-1, 1)
@@ -99,9 +103,11 @@ def final_params(comm: MPI.Intracomm, layout: Layout, state: Optional[ShardState
                  dense: Mapping[str, np.ndarray]) -> Dict[str, Any]:
     """The whole model on every rank when it is at most ``WHOLE_BYTES``; else this rank's
     part: the dense tables and its own rows (``SparseRows``, ids as the shard keeps them;
-    none on a worker); always so for a model with a dynamic table. Collective."""
+    none on a worker); always so for a model with a dynamic table. ``dense``: every dense table,
+    held by the servers or not (hybrid). Collective."""
     if model_bytes(layout.specs) <= WHOLE_BYTES and not any(spec.dynamic for spec in layout.specs):
-        return gather_params(comm, layout, state)
+        whole = gather_params(comm, layout, state)
+        return {**whole, **{name: value for name, value in dense.items() if name not in whole}}
     params: Dict[str, Any] = dict(dense)
     for table, spec in enumerate(layout.specs):
         if spec.sparse:

@@ -24,6 +24,11 @@ kept (``outgoing``) until every piece is acknowledged, and re-pushed after a rec
 (servers drop what they already have); BSP recovery restarts the loop at a step
 (``restart``). Every acknowledged piece is logged in ``pushed`` as (step, table, shard
 key), which is what exactly-once is checked against.
+In ``--mode hybrid`` (``dense_replica``) the servers hold only the sparse tables: the read
+pulls sparse rows only, the push carries sparse rows only, and between the push and the clock
+every worker's dense gradients go into one allreduce among the workers
+(``DenseReplica.reduce``), after which each applies the same update to its replica; the
+workers' communicator is made again at the start of ``run_steps`` after any change of ranks.
 Each step is recorded in a ``StepLog`` (this worker's share: loss, accuracy, bytes, and
 the read staleness the servers reported) and handed to the run's observer, if any.
 On ``config.device`` gpu the model computes on cupy arrays: pulled dense tables are
@@ -52,8 +57,9 @@ from ..model import Model, SparseRows, StepOutput, checked_grads
 from ..partition import worker_batch
 from ..results import StepLog
 from ..straggler import factor_for, slow_down
+from .dense_replica import DenseReplica
 
-PHASES = {"read": "communication", "compute": "compute", "push": "communication"}
+PHASES = {"read": "communication", "compute": "compute", "push": "communication", "reduce_dense": "communication"}
 READ, PUSH, CLOCK = "read", "push", "clock"
 RowGrads = Tuple[np.ndarray, np.ndarray]
 
@@ -61,11 +67,13 @@ RowGrads = Tuple[np.ndarray, np.ndarray]
 @dataclass
 class WorkerLog:
     """``stats[t]``: this worker's [loss_sum, correct, count] of step t; ``log``: its
-    StepLog (wall time, bytes per step); ``failure``: why the loop stopped early."""
+    StepLog (wall time, bytes per step); ``failure``: why the loop stopped early;
+    ``replica``: the dense parameters (hybrid)."""
 
     stats: np.ndarray
     log: StepLog
     failure: Optional[str] = None
+    replica: Optional[DenseReplica] = None
 
 
 @dataclass
@@ -88,20 +96,21 @@ class WorkerLoop:
                  ctx: Context):
         self.worker, self.config, self.model, self.dataset = worker, config, model, dataset
         self.specs = model.param_specs()
+        self.replica = DenseReplica(ctx, config, model) if config.mode == "hybrid" else None
         # NaN until the first pull: computing on never-pulled weights is refused as NaN, never silent
-        self.dense = {spec.name: np.full(spec.shape, _unset(spec.dtype), spec.dtype) for spec in self.specs
-                      if not spec.sparse}
+        self.dense = self.replica.params if self.replica else \
+            {spec.name: np.full(spec.shape, _unset(spec.dtype), spec.dtype) for spec in self.specs if not spec.sparse}
         self.device = Device(config.device)  # the model computes there; pushes and pulls go through the host
         self.dense_on_device: Optional[Dict[str, object]] = None
         self.summed: Dict[str, np.ndarray] = {}
         self.summed_rows: Dict[str, List[RowGrads]] = {}
-        self.result = WorkerLog(np.zeros((config.steps, 3)), StepLog(ctx, config.steps))
+        self.result = WorkerLog(np.zeros((config.steps, 3)), StepLog(ctx, config.steps), replica=self.replica)
         self.step, self.stage = 0, READ
         self.outgoing: Optional[Outgoing] = None
         self.pushed: List[Tuple[int, int, int]] = []
         self.refetch = False
         self.taking_over = False  # a replacement's first push: what the dead worker's push left is not counted again
-        self.fused = not ctx.ft  # push-pull: replicating servers refuse it
+        self.fused = not ctx.ft and self.replica is None  # push-pull: replicating servers refuse it
         self.prefetched: Optional[int] = None  # dense tables already pulled by a push-pull: its staleness
         self.before_step: Callable[[int], None] = lambda step: None
         self._current: Tuple[np.ndarray, int] = (np.zeros(3), 0)
@@ -121,12 +130,23 @@ class WorkerLoop:
         return self.result
 
     def fail(self, ctx: Context, err: Exception) -> None:
+        """Stop with ``err`` as the reason (hybrid: the other workers stop at the same step)."""
         self.result.failure = f"worker rank {ctx.rank} at step {self.step}: " \
                               f"{type(err).__name__}: {err}"
+        if self.replica is not None:
+            self.replica.bail_out()
+
+    def abandon(self) -> None:
+        """Complete the requests in flight with errors and wake the workers blocked in a reduction."""
+        self.worker.abandon()
+        if self.replica is not None:
+            self.replica.revoke()
 
     def run_steps(self, observer: Optional[Any] = None) -> None:
         """Go on from ``step``/``stage`` to the last step (MPI errors propagate)."""
         phases = observer.timed(self, PHASES) if observer is not None else self
+        if self.replica is not None and self.replica.joined_with is not self.worker:
+            self.replica.join(self.worker)  # a new layout: every worker of it is here
         while self.step < self.config.steps:
             self.advance(phases, observer)
 
@@ -151,6 +171,8 @@ class WorkerLoop:
             if (step + 1) % config.topology.push_every == 0 or step + 1 == config.steps:
                 phases.push()
             self.stage = CLOCK
+        if self.replica is not None:
+            phases.reduce_dense()
         if worker.clock_value <= step:
             worker.clock()
         stats, staleness = self._current
@@ -168,8 +190,9 @@ class WorkerLoop:
         rows = self.model.rows(batch)
         sparse = [spec.name for spec in self.specs if spec.sparse]
         prefetched, self.prefetched = self.prefetched, None
-        starts = [partial(self.worker.pull_async, name, out=value)
-                  for name, value in self.dense.items()] if fetch_dense and prefetched is None else []
+        pull_dense = fetch_dense and prefetched is None and self.replica is None
+        starts = [partial(self.worker.pull_async, name, out=value) for name, value in self.dense.items()] \
+            if pull_dense else []
         starts += [partial(self.worker.pull_rows_async, name, rows[name]) for name in sparse]
         handles = issue_all(starts)
         pulled = wait_all(handles)[len(starts) - len(sparse):]
@@ -204,9 +227,12 @@ class WorkerLoop:
         """Push every waiting gradient, all tables at once, and wait for the acknowledgements;
         the push stays in ``outgoing`` until then."""
         if self.outgoing is None:
-            self.outgoing = Outgoing(self.step, self.summed,
+            dense = {} if self.replica is not None else self.summed  # hybrid: reduce_dense takes them
+            self.outgoing = Outgoing(self.step, dense,
                                      {name: sum_rows(parts) for name, parts in self.summed_rows.items()})
-            self.summed, self.summed_rows = {}, {}
+            self.summed_rows = {}
+            if self.replica is None:
+                self.summed = {}
         out = self.outgoing
         following = self.step + 1
         fused = self.fused and following < self.config.steps and following % self.config.topology.fetch_every == 0 \
@@ -226,6 +252,12 @@ class WorkerLoop:
         self.acknowledged([(handle.table, layout.shard_of(part.rank)) for handle in handles for part in handle.parts
                            if not (self.taking_over and int(part.reply[Rep.STATUS]) == Status.DUPLICATE)])
         self.taking_over = False
+
+    def reduce_dense(self) -> None:
+        """Hybrid: the dense gradients summed since the last reduction, reduced among the workers
+        and applied (``DenseReplica.reduce``; kept for a retry if the reduction fails)."""
+        self.replica.reduce(self.step, self.summed)
+        self.summed = {}
 
     def acknowledged(self, pieces: List[Tuple[int, int]]) -> None:
         """Every piece of ``outgoing`` is acknowledged: (table, shard key) of each, logged."""

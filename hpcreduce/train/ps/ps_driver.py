@@ -55,7 +55,10 @@ class PSDriver:
         self.server: Optional["Server"] = None
         if ctx.joined:
             epoch, welcome = newcomer_epoch(ctx, setup, self._new_loop)
-            self.progress = self._progress(welcome.clock, welcome.clock if welcome.server_keys else 0)
+            # hybrid: the live workers wait in step clock + 1's dense reduction, so its kills were drawn
+            # (struck again, a random kill would take every replacement in the dead worker's place)
+            drawn = welcome.clock + (setup.config.mode == "hybrid")
+            self.progress = self._progress(drawn, welcome.clock if welcome.server_keys else 0)
             self.install(epoch)
         else:
             self.progress = self._progress(0, 0)
@@ -119,7 +122,7 @@ class PSDriver:
         if self.server is not None:
             self.server.abandon()
         elif self.epoch.worker.loop is not None:
-            self.epoch.worker.loop.worker.abandon()
+            self.epoch.worker.loop.abandon()
 
     def _server_progress(self, server: "Server", slowest: int) -> None:
         """The slowest live clock moved: kills, checkpoints, events; rank 0 asks for the growth

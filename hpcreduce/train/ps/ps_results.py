@@ -1,6 +1,8 @@
 """The result of a PS run on every rank: failures reported everywhere, per-step metrics summed,
 parameters evaluated and checksummed shard by shard (``final``), the servers' counters merged,
-the trained model written sharded (``--model-dir``), as ``train.results.TrainResult``."""
+the trained model written sharded (``--model-dir``), as ``train.results.TrainResult``. In
+``--mode hybrid`` the dense parameters are the first worker's replica, and ``ps.hybrid`` has
+every live worker's checksum of its replica (``dense_replica.dense_summary``)."""
 from __future__ import annotations
 
 import time
@@ -16,6 +18,7 @@ from ...ps.shard_state import ShardState
 from ...ps.stats import RequestLoad, load_summary, merge_summaries, server_traffic
 from ...runtime.context import Context
 from ..results import FinalMetrics, StepLog, TrainResult
+from .dense_replica import dense_summary
 from .export import save_model
 from .final import evaluate_sharded, final_params, memory_report, sharded_checksum
 from .loop import WorkerLog
@@ -40,19 +43,26 @@ def ps_result(ctx: Context, setup: PSSetup, layout: Layout, state: Optional[Shar
         failure, stats = worker_log.failure, worker_log.stats.copy()
         traffic, wall = _worker_traffic_and_wall(worker_log.log, steps, first_step)
         wall[-1] = time.perf_counter() - started
+    if worker_log is not None and worker_log.replica is not None:
+        worker_log.replica.close()  # the workers' reductions are over
     failures = [text for text in ctx.comm.allgather(failure) if text]
     if failures:
         raise PSTrainingError("; ".join(failures))
     ctx.comm.Allreduce(MPI.IN_PLACE, stats, op=MPI.SUM)
     ctx.comm.Allreduce(MPI.IN_PLACE, wall, op=MPI.MAX)
-    dense = gather_dense(ctx.comm, layout, state)
+    hybrid = config.mode == "hybrid"
+    if hybrid:
+        dense, replicas = dense_summary(ctx, layout, worker_log.replica if worker_log else None)
+        ps_extra = {**(ps_extra or {}), "hybrid": replicas}
+    else:
+        dense = gather_dense(ctx.comm, layout, state)
     merged = merge_summaries(ctx.comm.allgather(state.summary() if state else None), layout.slot_count)
     per_rank = ctx.comm.allgather(traffic[first_step:])
     loss, accuracy = evaluate_sharded(ctx, model, dataset, layout, state, dense)
-    final = FinalMetrics(loss, accuracy, sharded_checksum(ctx.comm, layout, state))
+    final = FinalMetrics(loss, accuracy, sharded_checksum(ctx.comm, layout, state, dense if hybrid else {}))
     params = final_params(ctx.comm, layout, state, dense)
     if ps.model_dir:
-        save_model(ctx.comm, ps.model_dir, layout, state, setup.identity, steps)
+        save_model(ctx.comm, ps.model_dir, layout, state, setup.identity, steps, dense if hybrid else None)
     rows = [{"step": t + 1, "loss": float(s[0] / max(s[2], 1.0)), "accuracy": float(s[1] / max(s[2], 1.0)),
              "examples": int(s[2]), "wall_s": round(float(wall[t]), 6)}
             for t, s in enumerate(stats) if t >= first_step]

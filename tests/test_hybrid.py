@@ -1,0 +1,123 @@
+"""``--mode hybrid``: sparse tables on the servers, dense parameters allreduced among the workers.
+
+Real ``hpcreduce train`` jobs under mpirun (logreg: a sparse hashed table on the servers and a
+dense bias on the workers). BSP hybrid computes what BSP ps does (the servers apply the summed
+pushes; the workers the same mean gradient): the checksum is compared to ps mode's at 1e-9.
+Every run checks that each live worker's dense replica is bitwise the same (``ps.hybrid``: one
+checksum per worker) and that every step's dense update is in on every worker.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from hpcreduce.train.results import checksum
+from mpi_run import hpcreduce_cli, mpirun
+
+TRAIN = ("train", "--steps", "30", "--batch", "1024", "--seed", "3", "--progress", "none")
+TIMEOUT = 150
+
+
+def train(tmp_path, name, mode, *args, ranks=4, servers=2, ft=False, env=None):
+    out = tmp_path / f"{name}.json"
+    result = hpcreduce_cli(*TRAIN, "--mode", mode, "-n", str(ranks), "--servers", str(servers),
+                           *(["--ft"] if ft else []), *args, "--json", str(out), timeout=TIMEOUT, env=env)
+    return result, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def assert_replicas_in_step(data, workers):
+    hybrid = data["ps"]["hybrid"]
+    assert len(hybrid["dense_checksums"]) == workers
+    assert hybrid["dense_identical"] and len(set(hybrid["dense_checksums"])) == 1, hybrid
+    assert hybrid["dense_steps_applied"] == [30] * workers, hybrid
+
+
+@pytest.fixture(scope="module")
+def ps_bsp(tmp_path_factory):
+    result, data = train(tmp_path_factory.mktemp("ps"), "ps", "ps")
+    assert result.returncode == 0, result
+    return data
+
+
+def test_bsp_hybrid_trains_what_ps_trains_with_the_dense_parameters_off_the_servers(tmp_path, ps_bsp):
+    result, data = train(tmp_path, "hybrid", "hybrid")
+    assert result.returncode == 0, result
+    assert data["mode"] == "hybrid"
+    assert_replicas_in_step(data, workers=2)
+    assert data["final"]["checksum"] == pytest.approx(ps_bsp["final"]["checksum"], rel=1e-9)
+    assert data["final"]["accuracy"] == pytest.approx(ps_bsp["final"]["accuracy"], abs=1e-3)
+    assert "bias" in ps_bsp["ps"]["pieces"] and data["ps"]["pieces"] == {}  # no dense piece on a server
+
+
+def test_ssp_hybrid_learns_as_well_as_ps(tmp_path):
+    accuracy = {}
+    for mode in ("ps", "hybrid"):
+        result, data = train(tmp_path, mode, mode, "--consistency", "ssp", "--staleness", "2", ranks=5)
+        assert result.returncode == 0, result
+        accuracy[mode] = data["final"]["accuracy"]
+    assert_replicas_in_step(data, workers=3)
+    assert accuracy["hybrid"] == pytest.approx(accuracy["ps"], abs=0.01)
+    assert accuracy["hybrid"] > 0.75  # logreg reaches ~0.78 in 30 steps; the start is ~0.5
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--model", "mlp"), "--model mlp has no sparse table"),
+    (("--consistency", "asp", "--fetch-every", "2"), "--fetch-every paces pulls of dense tables"),
+    (("--device", "gpu"), "--device gpu is not supported by --mode hybrid"),
+])
+def test_what_hybrid_cannot_run_is_refused_by_name(tmp_path, args, message):
+    result, data = train(tmp_path, "refused", "hybrid", *args, ranks=3, servers=1)
+    assert result.returncode != 0 and data is None
+    assert message in result.output, result
+
+
+@pytest.mark.parametrize("consistency, killed, lost", [("ssp", "3@10", "workers lost [3]"),
+                                                       ("bsp", "1@10", "servers lost [1]")])
+def test_a_sigkilled_worker_or_server_is_survived(tmp_path, ps_bsp, consistency, killed, lost):
+    result, data = train(tmp_path, "killed", "hybrid", "--consistency", consistency, "--kill", killed,
+                         ranks=5, ft=True)
+    assert result.returncode == 0, result
+    assert lost in result.output, result
+    assert data["ranks"] == 4 and [event["kind"] for event in data["recovery"]] == ["failure"]
+    assert data["recovery"][0]["lost"] == [int(killed.split("@")[0])]
+    workers = 2 if lost.startswith("workers") else 3
+    assert_replicas_in_step(data, workers)
+    if consistency == "bsp":  # the interrupted step is redone over the same split: summation order only
+        assert data["final"]["checksum"] == pytest.approx(ps_bsp["final"]["checksum"], rel=1e-5)
+    assert data["final"]["accuracy"] == pytest.approx(ps_bsp["final"]["accuracy"], abs=0.015)
+
+
+def test_newcomers_get_the_dense_parameters_and_the_model_exports_whole(tmp_path, ps_bsp):
+    model_dir = tmp_path / "model"
+    result, data = train(tmp_path, "grown", "hybrid", "--consistency", "ssp", "--staleness", "1", "--grow", "1@8",
+                         "--kill", "3@15", "--replace", "--model-dir", str(model_dir), ft=True)
+    assert result.returncode == 0, result
+    assert [event["kind"] for event in data["recovery"]] == ["growth", "failure", "replacement"]
+    assert data["ranks"] == 5
+    assert_replicas_in_step(data, workers=3)  # a founder, the grown rank and the replacement
+    assert data["final"]["accuracy"] == pytest.approx(ps_bsp["final"]["accuracy"], abs=0.015)
+    exported = tmp_path / "whole.npz"
+    result = hpcreduce_cli("export", str(model_dir), "--out", str(exported), timeout=60)
+    assert result.returncode == 0, result
+    whole = dict(np.load(exported))
+    assert sorted(whole) == ["bias", "weights"]
+    assert checksum(whole) == data["final"]["checksum"]
+
+
+def test_random_kills_with_replacements_never_take_every_replacement(tmp_path):
+    """Seed 6 kills a worker at step 7 while the others wait in that step's dense reduction;
+    its replacement must not draw that kill again (it did, over and over, until the timeout)."""
+    log = tmp_path / "kills.log"
+    result, data = train(tmp_path, "random", "hybrid", "--consistency", "asp", "--kill-random", "0.06",
+                         "--kill-seed", "6", "--replace", ranks=6, ft=True, env={"HPCREDUCE_KILL_LOG": str(log)})
+    assert result.returncode == 0, result
+    killed = log.read_text().splitlines()
+    kinds = [event["kind"] for event in data["recovery"]]
+    assert len(killed) >= 1 and kinds.count("failure") == len(killed) == kinds.count("replacement"), (killed, kinds)
+    assert_replicas_in_step(data, workers=4)
+
+
+def test_through_the_api_bsp_hybrid_equals_ring_and_a_failing_worker_stops_every_rank():
+    result = mpirun(4, "hybrid_training.py", timeout=180)
+    assert result.returncode == 0, result
+    assert "hybrid training: all checks passed" in result.output, result
