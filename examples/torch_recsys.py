@@ -12,6 +12,15 @@ ranks 0..servers-1 and wraps the rest in ``DistributedDataParallel`` over the wo
 PERSIA trains. The clicks come from ``Clicks``: a known factorisation-machine truth over
 Zipf-popular ids, so the truth's own held-out loss is printed as the floor; any data with
 its ``batches(stream, size)`` and batch layout can replace it.
+
+``--ft-trainer`` trains the same module with fault tolerance instead: ``hpcreduce.torch.TorchModel``
+makes it a ``hpcreduce.train`` model, and ``hpcreduce.train.train`` runs it with ``Hybrid``
+(the tables on the servers, the dense parameters replicated on the workers and allreduced;
+one optimizer, ``adagrad`` at ``--lr``, for both) on ``--examples`` drawn clicks. Under a ULFM
+launch a SIGKILLed worker or server is survived (``--kill RANK@STEP`` injects one; ``--replace``
+spawns a successor):
+
+    hpcreduce launch --ft -n 5 -- python examples/torch_recsys.py --servers 2 --ft-trainer --kill 4@20
 """
 import argparse
 from typing import Iterator, Optional, Tuple
@@ -21,9 +30,13 @@ import torch
 
 import hpcreduce
 import hpcreduce.torch as hpt
+from hpcreduce.ft.faults import FaultConfig
+from hpcreduce.ft.inject import parse_kill
 from hpcreduce.ps import Server
+from hpcreduce.train import ArrayDataset, Hybrid, TrainConfig, train
 
 DENSE_FEATURES, TRUE_DIM, HELD_OUT = 4, 4, 4096
+FT_STREAM = 1 << 20  # past any worker's index
 Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # dense float32 (b, 4), ids int64 (b, fields, hot), labels (b,)
 
 
@@ -46,15 +59,27 @@ class Clicks:
         gram = np.einsum("bfk,bgk->bfg", pooled, pooled)
         return (gram.sum(axis=(1, 2)) - np.einsum("bff->b", gram)) / 2 + dense @ self.dense_weights
 
-    def batches(self, stream: int, size: int) -> Iterator[Batch]:
-        """Endless batches of ``size`` examples of stream ``stream`` (a worker's index; -1: held out)."""
+    def draw(self, stream: int, size: int) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Endless (dense, ids, labels) numpy batches of ``size`` examples of stream ``stream``
+        (a worker's index; -1: held out; ``FT_STREAM``: the ``--ft-trainer``'s training examples)."""
         args = self.args
         rng = np.random.default_rng([args.seed, 1, stream + 1])
         while True:
             dense = rng.normal(size=(size, DENSE_FEATURES)).astype(np.float32)
             ids = (args.vocab ** rng.random((size, args.fields, args.hot))).astype(np.int64) - 1
             labels = (rng.random(size) < 1 / (1 + np.exp(-self.logit(dense, ids)))).astype(np.float32)
-            yield torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(labels)
+            yield dense, ids, labels
+
+    def batches(self, stream: int, size: int) -> Iterator[Batch]:
+        """``draw``'s batches as torch tensors."""
+        for arrays in self.draw(stream, size):
+            yield tuple(torch.from_numpy(array) for array in arrays)
+
+    def dataset(self, examples: int) -> ArrayDataset:
+        """``examples`` training clicks and the held-out ones, as ``hpcreduce.train`` reads data."""
+        names = ("dense", "ids", "label")
+        return ArrayDataset("clicks", dict(zip(names, next(self.draw(FT_STREAM, examples)))),
+                            dict(zip(names, next(self.draw(-1, HELD_OUT)))))
 
 
 def mlp(*widths: int) -> torch.nn.Sequential:
@@ -87,6 +112,34 @@ class DLRM(torch.nn.Module):
         return self.top(torch.cat([bottom, dots], dim=1)).squeeze(1)
 
 
+def click_loss(model: DLRM, batch) -> Tuple[torch.Tensor, int, int]:
+    """``TorchModel``'s loss: summed log-loss of a batch of ``Clicks.dataset``, correct clicks, examples."""
+    logits = model(torch.from_numpy(batch["dense"]), torch.from_numpy(batch["ids"]))
+    labels = torch.from_numpy(batch["label"])
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+    return loss, int(((logits > 0) == (labels > 0.5)).sum()), len(labels)
+
+
+def train_fault_tolerant(args: argparse.Namespace, model: DLRM, ctx) -> None:
+    """``--ft-trainer``: the module trained by ``hpcreduce.train``'s hybrid trainer (recovers from kills)."""
+    data = Clicks(args)
+    fields = range(args.fields)
+    adapted = hpt.TorchModel(model, click_loss, lambda batch: {f"field{f}": batch["ids"][:, f] for f in fields},
+                             name="dlrm")
+    workers = ctx.size - args.servers
+    config = TrainConfig(model="dlrm", steps=args.steps, batch=args.batch * workers, lr=args.lr,
+                         optimizer="adagrad", seed=args.seed, progress="none", json_path=args.json,
+                         topology=Hybrid(servers=args.servers, consistency=args.consistency,
+                                         staleness=args.staleness if args.consistency == "ssp" else 0),
+                         fault=FaultConfig(kills=args.kill or [], replace=args.replace))
+    result = train(adapted, data.dataset(args.examples), config, comm=ctx, verbose=False)
+    if ctx.rank == 0:
+        lost = [event["lost"] for event in result.recovery or [] if event["kind"] == "failure"]
+        print(f"hybrid (fault-tolerant trainer) on {ctx.size} ranks ({args.servers} servers): held-out loss "
+              f"{result.start['loss']:.4f} -> {result.final.loss:.4f} after {args.steps} steps; ranks lost "
+              f"{lost}; dense replicas identical: {result.ps['hybrid']['dense_identical']}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--servers", type=int, default=1)
@@ -101,14 +154,26 @@ def main() -> None:
                         help="fixed tables of --vocab rows (default: dynamic tables, rows made as ids arrive)")
     parser.add_argument("--dim", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.3, help="the servers' Adagrad rate for the tables")
+    parser.add_argument("--lr", type=float, help="Adagrad's rate for the tables on the servers (default 0.3); "
+                        "--ft-trainer: for the dense parameters too (default 0.05)")
     parser.add_argument("--dense-lr", type=float, default=0.01, help="Adam's rate for the dense layers")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ft-trainer", action="store_true",
+                        help="train with hpcreduce.train's fault-tolerant hybrid trainer (TorchModel)")
+    parser.add_argument("--examples", type=int, default=200_000, help="--ft-trainer: training clicks drawn")
+    parser.add_argument("--kill", type=parse_kill, action="append", metavar="RANK@STEP",
+                        help="--ft-trainer: SIGKILL rank RANK at step STEP (launch with ULFM); repeatable")
+    parser.add_argument("--replace", action="store_true", help="--ft-trainer: spawn a successor for a lost rank")
+    parser.add_argument("--json", help="--ft-trainer: write the run's result here")
     args = parser.parse_args()
+    args.lr = args.lr or (0.05 if args.ft_trainer else 0.3)
 
     ctx = hpcreduce.init()
     torch.manual_seed(args.seed)
     model = DLRM(args.fields, args.vocab if args.fixed else None, args.dim, args.hidden)
+    if args.ft_trainer:
+        train_fault_tolerant(args, model, ctx)
+        return
     job = hpt.start_hybrid(model, servers=args.servers, consistency=args.consistency,
                            staleness=args.staleness if args.consistency == "ssp" else 0,
                            optimizer="adagrad", lr=args.lr, seed=args.seed)

@@ -27,17 +27,20 @@ For ``hpcreduce.elastic`` (docs/torch.md, "Elastic torch training"): ``ElasticSa
 Recommendation models: ``PSEmbeddingBag`` (``embedding_bag``: an embedding bag whose table the
 parameter servers hold; forward pulls the batch's rows, ``push()`` sends their gradients) and
 ``start_hybrid`` (``hybrid``: the bags' tables on K servers, the dense rest averaged among the
-workers by ``DistributedDataParallel``, as PERSIA trains).
+workers by ``DistributedDataParallel``, as PERSIA trains; no fault tolerance) or ``TorchModel``
+(``model_adapter``: the same module as a ``hpcreduce.train`` model, which the hybrid trainer runs
+with fault tolerance: a worker or server SIGKILLed and the run goes on).
 """
 from .checkpoints import load_checkpoint, save_checkpoint
 from .ddp import DistributedDataParallel
 from .embedding_bag import PSEmbeddingBag
 from .gradients import allreduce_gradients, bucket_gradients
 from .hybrid import HybridWorker, start_hybrid
+from .model_adapter import TorchModel
 from .parameters import broadcast_parameters
 from .ps_worker import TorchPSWorker, start_parameter_server
 from .sampler import ElasticSampler
 
 __all__ = ["DistributedDataParallel", "ElasticSampler", "HybridWorker", "PSEmbeddingBag", "allreduce_gradients",
            "bucket_gradients", "broadcast_parameters", "load_checkpoint", "save_checkpoint", "start_hybrid",
-           "start_parameter_server", "TorchPSWorker"]
+           "start_parameter_server", "TorchModel", "TorchPSWorker"]

@@ -16,10 +16,17 @@ exactly-once rule needs), times ``1 / workers``: the servers' sum over workers i
 gradient of the mean loss over the global batch, the same average ``DistributedDataParallel``
 takes of the dense gradients. Cost per step: one pull and one push of the batch's unique
 rows (``unique x dim`` floats each way), one ``torch.unique`` of the ids.
+
+Given rows (``with bag.given_rows(ids, values) as rows:``): a trainer that pulls and pushes
+itself (``model_adapter.TorchModel`` under ``hpcreduce.train``'s fault-tolerant hybrid
+trainer) hands the bag the rows of sorted unique ``ids``; forward reads them (no worker, no
+pull) and ``rows.grad`` sums every forward's row gradients. Cost: one ``searchsorted`` of the
+batch's ids into ``ids``.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from contextlib import contextmanager
+from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -52,6 +59,7 @@ class PSEmbeddingBag(torch.nn.Module):
         self.worker = None
         self._pending: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (unique ids, pulled rows) per forward
         self._prefetched: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Handle]] = None
+        self._given: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # (sorted unique ids, their rows)
 
     @property
     def spec(self) -> ParamSpec:
@@ -69,9 +77,29 @@ class PSEmbeddingBag(torch.nn.Module):
         self.worker = worker
         return self
 
+    @contextmanager
+    def given_rows(self, ids: np.ndarray, values: np.ndarray) -> Iterator[torch.Tensor]:
+        """Within the block, forward reads rows ``values`` (``len(ids)`` x ``embedding_dim``) of
+        the sorted unique int64 ``ids`` instead of pulling (an id not among them raises); yields
+        the rows' leaf tensor (sharing ``values``' memory when it is float32, C-ordered and
+        writeable), whose ``.grad`` collects the row gradients. Nothing is pushed."""
+        values = np.require(values, np.float32, ("C", "W"))
+        if values.shape != (len(ids), self.embedding_dim):
+            raise PSInputError(f"PSEmbeddingBag {self.table!r}: given rows of shape {values.shape} for "
+                               f"{len(ids)} ids of dimension {self.embedding_dim}")
+        rows = torch.from_numpy(values).requires_grad_(True)
+        self._given = (torch.from_numpy(np.asarray(ids, dtype=np.int64)), rows)
+        try:
+            yield rows
+        finally:
+            self._given = None
+
     def prefetch(self, input: torch.Tensor) -> None:
         """Start pulling ``input``'s rows now; the next forward on this very tensor uses them
-        (call it for every bag before the model's forward: all pulls are in flight together)."""
+        (call it for every bag before the model's forward: all pulls are in flight together;
+        a no-op with given rows)."""
+        if self._given is not None:
+            return
         self._drop_prefetched()
         unique, local = torch.unique(input, sorted=True, return_inverse=True)
         self._prefetched = (input, unique, local, self._bound().pull_rows_async(self.table, _ids(unique)))
@@ -82,6 +110,9 @@ class PSEmbeddingBag(torch.nn.Module):
         with ``offsets`` (where each bag starts), as ``F.embedding_bag`` takes them."""
         if input.dtype not in (torch.int64, torch.int32):
             raise PSInputError(f"PSEmbeddingBag {self.table!r}: ids must be int64 or int32, got {input.dtype}")
+        if self._given is not None:
+            return F.embedding_bag(self._given_positions(input), self._given[1], offsets, mode=self.mode,
+                                   per_sample_weights=per_sample_weights)
         if self._prefetched is not None and self._prefetched[0] is input:
             (_, unique, local, handle), self._prefetched = self._prefetched, None
         else:
@@ -110,6 +141,17 @@ class PSEmbeddingBag(torch.nn.Module):
     def extra_repr(self) -> str:
         rows = "dynamic" if self.num_embeddings is None else self.num_embeddings
         return f"{self.table!r}, {rows}, {self.embedding_dim}, mode={self.mode!r}"
+
+    def _given_positions(self, input: torch.Tensor) -> torch.Tensor:
+        """Where each of ``input``'s ids sits among the given rows' ids."""
+        ids = self._given[0]
+        flat = input.reshape(-1).to("cpu", torch.int64)
+        positions = torch.searchsorted(ids, flat).clamp_(max=max(len(ids) - 1, 0))
+        if flat.numel() and (not len(ids) or not torch.equal(ids[positions], flat)):
+            missing = flat[~torch.isin(flat, ids)][:5].tolist()
+            raise PSInputError(f"PSEmbeddingBag {self.table!r}: ids {missing} are not among the rows given "
+                               f"(the model's ids_of(batch) must name every id its forward reads)")
+        return positions.reshape(input.shape).to(input.device)
 
     def _drop_prefetched(self) -> None:
         """Finish a prefetch no forward used (its reply must land before its buffer goes)."""

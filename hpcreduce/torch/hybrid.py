@@ -20,7 +20,8 @@ The job's ranks 0..K-1 serve the bags' tables (``PSEmbeddingBag.spec``; the serv
 own communicator, over which ``DistributedDataParallel`` averages the dense gradients
 (synchronous, every step). A pushed row gradient is scaled by 1/workers, so the sparse and
 the dense parts both follow the gradient of the mean loss over the global batch.
-Fault tolerance (a worker or server SIGKILLed) is not handled here: a lost rank stops the job.
+Fault tolerance (a worker or server SIGKILLed) is not handled here: a lost rank stops the job;
+``model_adapter.TorchModel`` runs the same module under ``hpcreduce.train``'s hybrid trainer, which recovers.
 """
 from __future__ import annotations
 
