@@ -145,7 +145,7 @@ class PSEmbeddingBag(torch.nn.Module):
     def _given_positions(self, input: torch.Tensor) -> torch.Tensor:
         """Where each of ``input``'s ids sits among the given rows' ids."""
         ids = self._given[0]
-        flat = input.reshape(-1).to("cpu", torch.int64)
+        flat = input.reshape(-1).to("cpu", torch.int64).contiguous()
         positions = torch.searchsorted(ids, flat).clamp_(max=max(len(ids) - 1, 0))
         if flat.numel() and (not len(ids) or not torch.equal(ids[positions], flat)):
             missing = flat[~torch.isin(flat, ids)][:5].tolist()
