@@ -19,6 +19,8 @@ if [ -n "${SMOKE:-}" ]; then
     ROWS=(-n 3 --servers 2 --rows 1024 --table-rows 64K --rounds 2 --reps 5)
     SCALE=(-n 4 --servers 2 --replicas --ids 1M --push-rows 64K --budget 16M)
     PEERS=(-n 3 --servers 1 --field-rows 10K --iterations 5 --warmup 1)
+    UNFIT=(-n 3 --servers 1 --fields 8 --field-rows 200M --iterations 3 --warmup 1)
+    LEARN=(--steps 50)
 else
     # 4096 ids x 16 floats per pull+push, K=2 servers and 2 workers
     ROWS=(-n 4 --servers 2 --rows 4096 --width 16 --table-rows 16M --rounds 7 --reps 20)
@@ -26,8 +28,21 @@ else
     SCALE=(-n 12 --servers 8 --replicas --ids 1G --push-rows 256K --budget 512M --rss-points 9)
     # 26 fields (as Criteo's) of 1M rows: 1.6 GiB of tables, replicated on every torch DDP rank
     PEERS=(-n 4 --servers 1 --fields 26 --field-rows 1M --dim 16 --batch 2048 --iterations 30)
+    # tables no replica fits: 26 x 100M ids x 16 (166 GB a torch DDP rank); hpcreduce holds the rows trained
+    UNFIT=(-n 4 --servers 1 --fields 26 --field-rows 100M --dim 16 --batch 2048 --iterations 30)
+    LEARN=()
 fi
 hpcreduce bench embeddings --parts rows "${ROWS[@]}" --json "$OUT/embeddings-rows.json" | tee "$OUT/embeddings-rows.txt"
 hpcreduce bench embeddings --parts scale "${SCALE[@]}" --json "$OUT/embeddings-scale.json" | tee "$OUT/embeddings-scale.txt"
 hpcreduce bench embeddings --parts peers "${PEERS[@]}" --json "$OUT/embeddings-peers.json" | tee "$OUT/embeddings-peers.txt"
+hpcreduce bench embeddings --parts peers "${UNFIT[@]}" --json "$OUT/embeddings-unfit.json" | tee "$OUT/embeddings-unfit.txt"
+# Learning (issue 25): embed in hybrid mode against the Bayes accuracy, logistic regression on the same
+# clicks, and eviction at budgets that hold the hot rows against the unbounded run (2 servers, 2 workers).
+for run in "embed" "logreg-interaction" "embed --row-budget 240K" "embed --row-budget 160K" \
+           "embed --admit-after 2 --row-budget 240K"; do
+    name=$(echo "$run" | tr -d ' -')
+    # shellcheck disable=SC2086
+    hpcreduce train -n 4 --mode hybrid --servers 2 --consistency ssp --staleness 2 --model $run "${LEARN[@]}" \
+        --json "$OUT/learn-$name.json" --progress none | tee "$OUT/learn-$name.txt"
+done
 echo "results in $OUT"

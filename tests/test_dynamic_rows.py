@@ -161,17 +161,3 @@ def test_dynamic_tables_on_real_servers_values_admission_and_bad_input():
     assert result.returncode == 0, result
     assert "ps dynamic: all checks passed" in result.output and "Traceback" not in result.output, result
 
-
-def test_row_cache_serves_a_row_only_while_the_staleness_bound_allows():
-    from hpcreduce.ps.row_cache import RowCache
-    cache = RowCache(staleness=2)
-    rows = np.zeros((3, 2), np.float32)
-    assert not cache.split(0, np.array([1, 2, 3]), 5, rows).any()
-    cache.keep(0, np.array([3, 1]), np.array([[3, 3], [1, 1]], np.float32), slowest=4)  # valid through clock 6
-    for clock in (5, 6):
-        found = cache.split(0, np.array([1, 2, 3]), clock, rows)
-        assert found.tolist() == [True, False, True] and rows[[0, 2], 0].tolist() == [1, 3]
-    assert not cache.split(0, np.array([1, 3]), 7, rows).any()
-    assert cache.summary() == {"rows_served": 4, "rows_pulled": 2, "hit_rate": 0.6667}
-    with pytest.raises(ValueError, match="staleness >= 1"):
-        RowCache(0)

@@ -44,13 +44,14 @@ class EmbeddingBags(torch.nn.Module):
 
 class PSBags(torch.nn.Module):
     """``EmbeddingBags`` whose tables the parameter servers hold (``hpcreduce.torch.PSEmbeddingBag``,
-    table ``field{f}``): every field's pull in flight together, then the pooling."""
+    table ``field{f}``, dynamic: a row exists once its id is pushed, so a table of ``rows`` ids
+    costs the servers only the rows trained): every field's pull in flight together, then the
+    pooling."""
 
     def __init__(self, shape: Shape):
         super().__init__()
         from ..torch.embedding_bag import PSEmbeddingBag  # where hpcreduce has it (issue 25)
-        self.bags = torch.nn.ModuleList(PSEmbeddingBag(f"field{field}", shape.dim, num_embeddings=shape.rows,
-                                                       mode="sum") for field in range(shape.fields))
+        self.bags = torch.nn.ModuleList(PSEmbeddingBag(f"field{field}", shape.dim, mode="sum") for field in range(shape.fields))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         columns = ids.unbind(1)

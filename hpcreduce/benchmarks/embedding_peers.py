@@ -28,7 +28,8 @@ from mpi4py import MPI
 
 from ..ps import Server
 from ..runtime.context import Context
-from ..runtime.memory import peak_rss_bytes, rss_bytes
+from ..runtime.memory import available_bytes, peak_rss_bytes, rss_bytes
+from ..runtime.nodes import rank_nodes
 from .dlrm import DLRM, EmbeddingBags, PSBags, Shape, batch_of, dense_parameters
 from .timing import interleaved_medians
 from .torch_peers import start_gloo
@@ -57,7 +58,7 @@ def measure(context: Context, args) -> Dict[str, object]:
     left_out: Dict[str, str] = {}
     added_rss: Dict[str, List[int]] = {}
     for name in args.peers.split(","):
-        reasons = [why for why in comm.allgather(unavailable(name, comm, args.servers)) if why]
+        reasons = [why for why in comm.allgather(unavailable(name, comm, args.servers, shape)) if why]
         if reasons:
             left_out[name] = reasons[0]
             continue
@@ -77,8 +78,17 @@ def measure(context: Context, args) -> Dict[str, object]:
             "left_out": left_out, "peak_rss_bytes": comm.allgather(peak_rss_bytes())}
 
 
-def unavailable(name: str, comm: MPI.Intracomm, servers: int) -> Optional[str]:
-    """Why candidate ``name`` cannot run on this rank (None: it can)."""
+def unavailable(name: str, comm: MPI.Intracomm, servers: int, shape: Shape) -> Optional[str]:
+    """Why candidate ``name`` cannot run on this rank (None: it can): torch DDP's replicas of the
+    tables (values and as much again for their sparse gradients and optimizer's touch) would not
+    fit this node's memory, TorchRec does not import, hpcreduce lacks hybrid mode."""
+    if name == "torch_ddp":
+        nodes = rank_nodes(comm)  # collective: every rank asks about the same candidates in order
+        here = nodes.count(nodes[comm.Get_rank()])
+        need, available = here * shape.fields * shape.rows * shape.dim * 4, available_bytes()
+        if available is not None and need > available:
+            return (f"its replicated tables do not fit: {here} ranks x {shape.fields} x {shape.rows} rows x "
+                    f"{shape.dim} float32 = {need / 2**30:.1f} GiB on a node with {available / 2**30:.1f} GiB available")
     if name == "torchrec":
         from .torchrec_peer import import_problem
         return import_problem()

@@ -10,9 +10,10 @@ order holds the same rows in the same slots:
 - an id with no row is *seen* (a count-min sketch of sightings, ``admit_after`` > 1) and gets
   a row on its ``admit_after``-th push, then with ``admit_probability`` (a coin drawn from
   (id, table version)); until then its gradient is dropped and it reads as ``initial_rows``.
-  The sketch is fixed in size and ids come without bound, so it ages: every
-  ``SKETCH_WINDOW`` sightings all counts are halved (an id must come back often, not once
-  in a while; the sketch stays a quarter full, so few strangers pass for known ids);
+  The sketch is fixed in size (``sketch_width``: 2**20 counters a row, at most an eighth
+  of a budget) and ids come without bound, so it ages: every width / 4 sightings all counts
+  are halved (an id must come back often, not once in a while; the sketch stays a quarter
+  full, so few strangers pass for known ids);
 - past the budget, the coldest rows (least recent or least frequent use, by pushes) are
   evicted, at least an eighth of the budget at once; the live rows are compacted into the
   first slots (the last rows move into the holes).
@@ -33,9 +34,8 @@ from .id_index import CELL_BYTES, IdIndex, cells_for
 from .optimizers import Optimizer
 from .tables import ParamSpec, initial_rows
 
-SKETCH_DEPTH, SKETCH_WIDTH = 4, 1 << 20  # uint16 counters: 8 MiB per table that counts sightings
+SKETCH_DEPTH, SKETCH_WIDTH, SKETCH_MIN_WIDTH = 4, 1 << 20, 1 << 10  # uint16 counters: 8 MiB at most
 SKETCH_CAP = np.iinfo(np.uint16).max
-SKETCH_WINDOW = SKETCH_WIDTH // 4  # sightings between two halvings of every count (ageing)
 EVICT_SHARE = 8  # an eviction frees at least budget // EVICT_SHARE rows
 ROW_EVENTS = ("seen", "admitted", "evicted", "dropped")
 
@@ -53,7 +53,17 @@ def held_bytes(rows: int, spec: ParamSpec, optimizer: Optimizer) -> int:
 
 def sketch_bytes(spec: ParamSpec) -> int:
     """The fixed bytes of a table's admission sketch (none when every id is admitted on sight)."""
-    return SKETCH_DEPTH * SKETCH_WIDTH * 2 if spec.dynamic.admit_after > 1 else 0
+    return SKETCH_DEPTH * sketch_width(spec) * 2 if spec.dynamic.admit_after > 1 else 0
+
+
+def sketch_width(spec: ParamSpec) -> int:
+    """Counters per row of a table's admission sketch: ``SKETCH_WIDTH``, or for a budget the
+    power of two that keeps the sketch within an eighth of it (at least ``SKETCH_MIN_WIDTH``)."""
+    budget = spec.dynamic.budget_bytes
+    if not budget:
+        return SKETCH_WIDTH
+    fits = budget // (8 * SKETCH_DEPTH * 2)
+    return max(SKETCH_MIN_WIDTH, min(SKETCH_WIDTH, 1 << max(fits, 1).bit_length() - 1))
 
 
 def budget_rows(spec: ParamSpec, optimizer: Optimizer) -> int:
@@ -87,7 +97,8 @@ class DynamicTable:
         self._state_names = optimizer.state_names
         self._allocate(max(16, self.budget))
         self.index = IdIndex.of(self._ids[:0], room=self.budget)
-        self.sketch = np.zeros((SKETCH_DEPTH, SKETCH_WIDTH), np.uint16) if spec.dynamic.admit_after > 1 else None
+        self.sketch = np.zeros((SKETCH_DEPTH, sketch_width(spec)), np.uint16) if spec.dynamic.admit_after > 1 \
+            else None
         self.sightings = 0  # since the sketch's counts were last halved
         with np.errstate(over="ignore"):
             self._salt = mix64(np.array([spec.dynamic.seed], np.uint64) * GOLDEN ^ name_key(spec.name))
@@ -121,6 +132,10 @@ class DynamicTable:
         if missing.any():
             rows[missing] = initial_rows(self.spec, ids[missing])
         return rows
+
+    def heat(self, where) -> Tuple[np.ndarray, np.ndarray]:
+        """(last used, uses) of the rows at ``where`` (an index or mask of the live rows)."""
+        return self._last_used[:self.count][where], self._uses[:self.count][where]
 
     @property
     def nbytes(self) -> int:
@@ -167,14 +182,15 @@ class DynamicTable:
         """Count one more sighting of each id (conservative count-min update); the new counts."""
         with np.errstate(over="ignore"):
             hashed = ids.astype(np.uint64) * GOLDEN ^ self._salt
-            cells = [(mix64(hashed + np.uint64(depth + 1) * GOLDEN) % np.uint64(SKETCH_WIDTH)).astype(np.int64)
+            width = np.uint64(self.sketch.shape[1])
+            cells = [(mix64(hashed + np.uint64(depth + 1) * GOLDEN) % width).astype(np.int64)
                      for depth in range(SKETCH_DEPTH)]
         counts = np.min([self.sketch[d, c] for d, c in enumerate(cells)], axis=0).astype(np.int64) + 1
         counts = np.minimum(counts, SKETCH_CAP)
         for depth, cell in enumerate(cells):
             self.sketch[depth, cell] = np.maximum(self.sketch[depth, cell], counts.astype(np.uint16))
         self.sightings += len(ids)
-        if self.sightings >= SKETCH_WINDOW:
+        if self.sightings >= self.sketch.shape[1] // 4:
             self.sketch >>= 1
             self.sightings = 0
         return counts

@@ -17,7 +17,7 @@ sums over servers stay exact. Cost: one copy of the bytes that change owner.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -40,6 +40,8 @@ class Fragment:
     read_version: np.ndarray
     start: int = 0
     ids: Optional[np.ndarray] = None
+    heat: Optional[Tuple[np.ndarray, np.ndarray]] = None  # a dynamic table's rows: (last used, uses)
+    sketch: Optional[np.ndarray] = None  # a dynamic table's admission sketch (the whole source table's)
 
     @property
     def nbytes(self) -> int:
@@ -74,9 +76,10 @@ def cut(state: ShardState, placement: Placement, *, rows_stay: bool = False) -> 
 
 def _fragment(table: TableShard, where, *, start: int = 0, ids: Optional[np.ndarray] = None) -> Fragment:
     """A view of (or, for a mask, a copy of) part of ``table``; ``assemble`` copies what it keeps."""
+    dynamic = {"heat": table.heat(where), "sketch": table.sketch} if table.dynamic else {}
     return Fragment(table.table, table.values[where],
                     {name: array[where] for name, array in table.optimizer_state.items()},
-                    table.version, table.last_push, table.read_version, start, ids)
+                    table.version, table.last_push, table.read_version, start, ids, **dynamic)
 
 
 def assemble(key: int, specs: Sequence[ParamSpec], placement: Placement, fragments: Iterable[Fragment],
@@ -135,10 +138,14 @@ def _merged(table_id: int, parts: List[Fragment], slot_count: int, optimizers: M
 
 def _merged_dynamic(table_id: int, spec: ParamSpec, parts: List[Fragment], slot_count: int,
                     optimizer: Optimizer) -> DynamicTable:
-    """A dynamic table holding the rows of ``parts`` (any order: rows are found by id)."""
+    """A dynamic table holding the rows of ``parts`` (any order: rows are found by id), their
+    use counts, and the sources' admission sketches merged (the larger count of each cell)."""
     table = DynamicTable(table_id, spec, optimizer, slot_count)
     for fragment in parts:
-        table.take(fragment.ids, fragment.values, fragment.optimizer_state)
+        table.take(fragment.ids, fragment.values, fragment.optimizer_state, *(fragment.heat or ()))
+    sketches = list({id(f.sketch): f.sketch for f in parts if f.sketch is not None}.values())
+    if sketches and table.sketch is not None:
+        table.sketch = np.maximum.reduce(sketches) if len(sketches) > 1 else sketches[0].copy()
     if parts:
         table.version = max(f.version for f in parts)
         table.last_push = _widest(parts, "last_push", slot_count, -1)

@@ -35,8 +35,7 @@ from .client_checks import check_array, checked_ids, table_rows
 from .inbox import all_finite
 from .layout import Layout
 from .key_cache import SentKeys
-from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op, Rep, Req
-from .row_cache import RowCache
+from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op, Req
 from .tables import ParamSpec, row_width
 
 
@@ -67,7 +66,6 @@ class Worker:
         self._ended: Set[int] = set()  # server ranks where this step already ended (PUSH_PULL_END)
         self._open: List[Handle] = []
         self.released = False
-        self.row_cache: Optional[RowCache] = None  # rows reused while SSP allows (``row_cache``)
 
     # -- dense tables ------------------------------------------------------------------
     def pull_async(self, table: str, out: Optional[np.ndarray] = None) -> Handle:
@@ -133,17 +131,13 @@ class Worker:
 
     # -- sparse tables -----------------------------------------------------------------
     def pull_rows_async(self, table: str, ids) -> Handle:
-        """Start reading rows ``ids`` of sparse ``table``; the result is aligned with ids.
-        With a ``row_cache``, only the rows it cannot serve travel."""
+        """Start reading rows ``ids`` of sparse ``table``; the result is aligned with ids."""
         t, spec = self._table(table, sparse=True)
         ids = checked_ids(f"pull_rows of {table!r}", ids, table_rows(spec))
         out = np.empty((len(ids),) + tuple(spec.shape[1:]), dtype=spec.dtype)
-        cache = self.row_cache
-        need = None if cache is None else np.flatnonzero(~cache.split(t, ids, self.clock_value, out))
-        asked = ids if need is None else ids[need]
-        groups = [(rank, where if need is None else need[where]) for rank, where in self._by_shard(t, asked)]
+        groups = self._by_shard(t, ids)
         wire = self._wire(spec)
-        direct = need is None and len(groups) == 1 and wire == out.dtype
+        direct = len(groups) == 1 and wire == out.dtype
         parts = []
         for rank, where in groups:
             # one shard holding every row: its reply lands in ``out`` directly
@@ -154,8 +148,6 @@ class Worker:
             if not direct:
                 for part, (_, where) in zip(done, groups):
                     out[where] = part.buffers[-1]
-            if cache is not None and len(asked):
-                cache.keep(t, asked, out[need], min(int(part.reply[Rep.SLOWEST]) for part in done))
             return out
         return self._handle(f"pull_rows of table {table!r}", parts, scatter, t)
 

@@ -37,12 +37,6 @@ DYNAMIC_MODELS = ("embed",)  # the built-in models with dynamic tables
 DYNAMIC_SETTINGS = ("admit_after", "admit_probability", "row_budget", "eviction")
 
 
-def _on_off(text: str) -> bool:
-    if text not in ("on", "off"):
-        raise ValueError(f"must be on or off, got {text!r}")
-    return text == "on"
-
-
 @dataclass(frozen=True)
 class Ring:
     """Ring AllReduce: every rank a worker, all of them in step (no settings of its own)."""
@@ -75,8 +69,6 @@ class PS:
     model_dir: Optional[str] = option(None, "--model-dir", "ps, hybrid: each server writes its shard of the trained "
                                       "model here (hybrid: rank 0 the dense parameters too), plus a manifest "
                                       "(hpcreduce export DIR assembles it)", metavar="DIR")
-    row_cache: bool = option(False, "--row-cache", "ps with ssp: workers reuse the sparse rows they pulled while "
-                             "the staleness bound allows (default off)", metavar="on|off", parse=_on_off)
 
     def problems(self, config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
         return ps_problems(self, config, size, ft)
@@ -92,6 +84,12 @@ class Hybrid(PS):
 
     def problems(self, config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
         return ps_problems(self, config, size, ft) + hybrid_problems(config, ft)
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise ValueError(f"must be on or off, got {text!r}")
+    return text == "on"
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,6 @@ def ps_problems(ps: "PS", config: "TrainConfig", size: int, ft: bool) -> List[Se
                                      "(--ft); use float32" % ps.wire_dtype))
     if ps.consistency != "ssp" and ps.staleness:
         found.append(setting_problem("{staleness} only applies to {consistency} ssp"))
-    if ps.row_cache and (ps.consistency != "ssp" or ps.staleness < 1):
-        found.append(setting_problem("{row_cache} needs {consistency} ssp with {staleness} 1 or more (a row "
-                                     "may be reused only while the staleness bound allows)"))
     if ps.consistency != "asp" and (ps.fetch_every != 1 or ps.push_every != 1):
         found.append(setting_problem("{fetch_every} and {push_every} only apply to {consistency} asp"))
     in_job = [name for name in IN_JOB_ONLY if getattr(fault, name)]

@@ -47,7 +47,6 @@ import numpy as np
 from ...arrays import Device, to_host
 from ...ps.handles import Handle, issue_all, wait_all
 from ...ps.protocol import Rep, Status
-from ...ps.row_cache import RowCache
 from ...ps.updates import sum_rows
 from ...ps.worker import Worker
 from ...runtime.context import Context
@@ -116,8 +115,6 @@ class WorkerLoop:
         self._current: Tuple[np.ndarray, int] = (np.zeros(3), 0)
         # a straggler (--slow) is named by its stable id, slot + K for the workers the job started with
         self.slow = factor_for(config.fault, worker.slot + config.servers)
-        if config.topology.row_cache:
-            worker.row_cache = RowCache(config.topology.staleness)
 
     def run(self, ctx: Context, observer: Optional[Any] = None) -> WorkerLog:
         """Every step, then release the servers; errors end up in ``failure``."""

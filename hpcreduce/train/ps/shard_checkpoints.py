@@ -60,6 +60,10 @@ def save_shard(directory: str, step: int, state: ShardState, keys: Sequence[int]
         arrays.update({f"t{t}.optimizer.{name}": array for name, array in table.optimizer_state.items()})
         if table.sparse:
             arrays[f"t{t}.ids"] = table.ids
+        if table.dynamic:
+            arrays[f"t{t}.last_used"], arrays[f"t{t}.uses"] = table.heat(slice(None))
+            if table.sketch is not None:
+                arrays[f"t{t}.sketch"] = table.sketch
         tables[str(t)] = {"sparse": table.sparse, "start": table.start, "version": table.version,
                           "dynamic": table.dynamic}
     arrays.update({name: getattr(state, name) for name in COUNTERS})
@@ -208,7 +212,10 @@ def _load(path: str, specs: Sequence[ParamSpec], optimizers: Mapping[int, Optimi
             state_arrays = {key: stored[f"t{t}.optimizer.{key}"] for key in optimizers[t].state_names}
             if info.get("dynamic"):
                 table = DynamicTable(t, specs[t], optimizers[t], slot_count)
-                table.take(stored[f"t{t}.ids"], stored[f"t{t}.values"], state_arrays)
+                table.take(stored[f"t{t}.ids"], stored[f"t{t}.values"], state_arrays,
+                           stored[f"t{t}.last_used"], stored[f"t{t}.uses"])
+                if table.sketch is not None:
+                    table.sketch = stored[f"t{t}.sketch"]
                 table.version = info["version"]
                 table.last_push, table.read_version = stored[f"t{t}.last_push"], stored[f"t{t}.read_version"]
             else:

@@ -1,0 +1,69 @@
+"""Dynamic tables through failures and growth, with real SIGKILLs under mpirun --with-ft ulfm:
+the built-in embed model (two dynamic tables) trained by parameter servers with replicas.
+
+- BSP without admission or budget: a server's death and a server's arrival change nothing,
+  bit for bit (the replica applied every push in the same order; rows move by id with their
+  optimizer state).
+- With admission and a budget the survivor holds more shards in one budget, so it evicts
+  differently: the run must end trained like the reference, every acknowledged push
+  applied once, and the rows' accounting must add up over the servers.
+"""
+import json
+
+import pytest
+
+from mpi_run import hpcreduce_cli
+
+TRAIN = ("train", "--model", "embed", "--steps", "20", "--batch", "512", "--seed", "3", "--progress", "none")
+TIMEOUT = 150
+
+
+def train(tmp_path, name, *args, ranks=5, ft=True):
+    out = tmp_path / f"{name}.json"
+    result = hpcreduce_cli(*TRAIN, "-n", str(ranks), *(["--ft"] if ft else []), *args, "--json", str(out),
+                           timeout=TIMEOUT)
+    assert result.returncode == 0, result
+    return json.loads(out.read_text())
+
+
+def assert_exactly_once(data):
+    pushes = data["ps"]["pushes"]
+    for slot in data["ps"]["worker_slots"]:
+        assert pushes["applied_per_worker"][slot] == pushes["made_per_worker"][slot] > 0, pushes
+
+
+def assert_rows_add_up(data):
+    servers = data["ps"]["dynamic_rows"]
+    assert sorted(s["rank"] for s in servers) == data["ps"]["server_ranks"]
+    total = {key: sum(s[key] for s in servers) for key in ("rows", "seen", "admitted", "evicted", "dropped")}
+    assert total["rows"] == total["admitted"] - total["evicted"] > 0, servers
+    assert total["seen"] >= total["admitted"], servers
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("reference"), "reference", "--mode", "ps", "--servers", "2", ft=False)
+
+
+@pytest.mark.parametrize("name, args", [
+    ("server-killed", ("--servers", "2", "--kill", "1@8")),
+    ("server-grown", ("--servers", "2", "--grow-servers", "1@8")),
+])
+def test_bsp_rows_survive_a_dead_server_and_move_to_a_new_one_bit_for_bit(tmp_path, reference, name, args):
+    data = train(tmp_path, name, "--mode", "ps", *args)
+    assert data["final"]["checksum"] == reference["final"]["checksum"], (data["final"], reference["final"])
+    assert data["recovery"], "the failure or growth happened"
+    assert_exactly_once(data)
+    assert_rows_add_up(data)
+
+
+@pytest.mark.parametrize("mode, killed", [("ps", "1@8"), ("hybrid", "3@8")])
+def test_admission_and_eviction_through_a_kill_train_like_the_reference(tmp_path, reference, mode, killed):
+    data = train(tmp_path, f"{mode}-budget", "--mode", mode, "--servers", "2", "--consistency", "ssp",
+                 "--staleness", "1", "--admit-after", "2", "--row-budget", "40K", "--kill", killed)
+    assert [e for e in data["recovery"] if e["kind"] == "failure"], data["recovery"]
+    assert_exactly_once(data)
+    assert_rows_add_up(data)
+    rows = data["ps"]["dynamic_rows"]
+    assert sum(s["dropped"] for s in rows) > 0 and sum(s["evicted"] for s in rows) > 0  # admission, eviction
+    assert data["final"]["accuracy"] == pytest.approx(reference["final"]["accuracy"], abs=0.02)
