@@ -219,9 +219,9 @@ def content_refusal(request: Request, layout: Layout, state: ShardState) -> Opti
 
 def _foreign_id(layout: Layout, table: int, shard: int, ids: np.ndarray) -> Optional[int]:
     """The first of ``ids`` that placement gives another shard than ``shard`` (None: none)."""
-    if len(layout.placement.shards) == 1 or not len(ids):
-        return None if shard in layout.placement.shards else (int(ids[0]) if len(ids) else None)
-    foreign = layout.placement.row_owners(table, ids) != shard
+    if not len(ids):
+        return None
+    foreign = layout.placement.row_owners(table, ids) != shard  # one shard: no hashing
     return int(ids[np.argmax(foreign)]) if foreign.any() else None
 
 

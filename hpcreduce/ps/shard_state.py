@@ -59,7 +59,7 @@ class TableShard:
         if self.read_version is None:
             self.read_version = np.zeros(self.slot_count, dtype=np.int64)
 
-    dynamic = False
+    dynamic = False  # a dynamic table's share is a DynamicTable
 
     def rows_at(self, local: np.ndarray) -> np.ndarray:
         """The values of the rows at positions ``local`` (a copy)."""

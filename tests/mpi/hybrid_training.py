@@ -15,6 +15,7 @@ from hpcreduce.ps import Dynamic, PSTrainingError, dynamic_table
 from hpcreduce.train import PS, Hybrid, Model, Ring, TrainConfig, train
 from hpcreduce.train.models.ctr_data import SyntheticCTR
 from hpcreduce.train.models.logreg import LogisticRegression
+from shared_checks import Wrapped
 
 ctx = hpcreduce.init()
 rank, size = ctx.rank, ctx.size
@@ -23,30 +24,6 @@ CTR = (LogisticRegression(hash_bits=12),
        SyntheticCTR(0, hash_bits=12, train_examples=50_000, test_examples=2_000))
 CONFIG = TrainConfig(model="logreg", steps=12, batch=256, lr=0.05, optimizer="adagrad",
                      topology=Hybrid(servers=1, consistency="bsp"))
-
-
-class Wrapped(Model):
-    """``inner``, except on rank ``on_rank``, where ``act(call, output)`` runs after each step."""
-
-    def __init__(self, inner, on_rank, act):
-        self.inner, self.on_rank, self.act, self.calls = inner, on_rank, act, 0
-        self.name = inner.name
-
-    def param_specs(self):
-        return self.inner.param_specs()
-
-    def init_params(self, seed):
-        return self.inner.init_params(seed)
-
-    def rows(self, batch):
-        return self.inner.rows(batch)
-
-    def loss_and_grads(self, params, batch):
-        output = self.inner.loss_and_grads(params, batch)
-        if rank == self.on_rank:
-            self.act(self.calls, output)
-        self.calls += 1
-        return output
 
 
 def check_bsp_hybrid_equals_ring():

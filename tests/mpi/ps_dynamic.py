@@ -9,21 +9,13 @@ import hpcreduce
 from hpcreduce.ps import Consistency, Dynamic, ParamSpec, PSConfigError, PSInputError, Server, dynamic_table, start
 from hpcreduce.ps.stats import merge_summaries
 from hpcreduce.ps.tables import initial_rows
+from shared_checks import expect
 
 ctx = hpcreduce.init()
 comm, rank, size = ctx.comm, ctx.rank, ctx.size
 assert size == 4, "run with 4 ranks"
 SERVERS, WIDTH, STEPS = 2, 4, 6
 workers_comm = comm.Split(int(rank >= SERVERS), rank)
-
-
-def expect(error, fragment, call):
-    try:
-        call()
-    except error as err:
-        assert fragment in str(err), f"rank {rank}: {fragment!r} not in {err}"
-        return
-    raise AssertionError(f"rank {rank}: no {error.__name__} for {fragment!r}")
 
 
 def batch_ids(slot: int, step: int) -> np.ndarray:

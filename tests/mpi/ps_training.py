@@ -11,12 +11,13 @@ from mpi4py import MPI
 
 import hpcreduce
 from hpcreduce.ps import PSTrainingError
-from hpcreduce.train import PS, Model, Ring, TrainConfig, train
+from hpcreduce.train import PS, Ring, TrainConfig, train
 from hpcreduce.train.evaluation import evaluate
 from hpcreduce.train.models import build
 from hpcreduce.train.models.ctr_data import SyntheticCTR
 from hpcreduce.train.models.logreg import LogisticRegression
 from hpcreduce.train.ps.ps_training import run_ps_training
+from shared_checks import Wrapped
 
 ctx = hpcreduce.init()
 rank, size = ctx.rank, ctx.size
@@ -24,31 +25,6 @@ assert size == 4, "run with 4 ranks"
 MLP, DIGITS = build("mlp", 0)
 CTR = (LogisticRegression(hash_bits=12),
        SyntheticCTR(0, hash_bits=12, train_examples=50_000, test_examples=2_000))
-
-
-class Wrapped(Model):
-    """A model that behaves like ``inner`` except on one rank, where ``act(step)`` runs first
-    and may change the gradients (to slow a worker down or to break its gradients)."""
-
-    def __init__(self, inner, on_rank, act):
-        self.inner, self.on_rank, self.act, self.calls = inner, on_rank, act, 0
-        self.name = inner.name
-
-    def param_specs(self):
-        return self.inner.param_specs()
-
-    def init_params(self, seed):
-        return self.inner.init_params(seed)
-
-    def rows(self, batch):
-        return self.inner.rows(batch)
-
-    def loss_and_grads(self, params, batch):
-        output = self.inner.loss_and_grads(params, batch)
-        if rank == self.on_rank:
-            self.act(self.calls, output)
-        self.calls += 1
-        return output
 
 
 def close(a, b, tolerance):
