@@ -43,7 +43,7 @@ def test_train_cli_flag_errors_exit_2_on_every_rank():
                         "--json", "/proc/no/result.json", timeout=60)
     assert job.returncode == 2, job
     for message in ("--steps and --batch must be at least 1", "--optimizer must be one of",
-                    "--model must be one of logreg, mlp, got 'nope'", "--json /proc/no/result.json"):
+                    "--model must be one of logreg, mlp, embed, logreg-interaction, got 'nope'", "--json /proc/no/result.json"):
         assert job.output.count(f"hpcreduce train: {message}") == 1, job  # rank 0 alone prints
     # Under mpirun itself (as a Slurm script runs it) every rank must exit, none hang.
     plan = build_mpirun(3, [sys.executable, "-m", "hpcreduce", "train", "--mode", "ps", "--servers", "3"])
