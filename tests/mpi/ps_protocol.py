@@ -14,6 +14,7 @@ from hpcreduce.ps.protocol import (DTYPES, HEADER_LEN, TAG_PAYLOAD, TAG_REPLY, T
 from hpcreduce.ps.stats import merge_summaries
 from hpcreduce.train.config import PS, TrainConfig
 from hpcreduce.train.ps.ps_training import run_ps_training
+from shared_checks import expect
 
 ctx = hpcreduce.init()
 comm, rank, size = ctx.comm, ctx.rank, ctx.size
@@ -24,15 +25,6 @@ SPECS = [ParamSpec("big", (40_000,)), ParamSpec("bias", (3,)),
 INITIAL = {"big": np.arange(40_000, dtype=np.float32) / 4, "bias": np.array([1, 2, 3], np.float32),
            "emb": np.arange(4000, dtype=np.float32).reshape(1000, 4) / 8}
 workers_comm = comm.Split(int(rank >= SERVERS), rank)
-
-
-def expect(error, fragment, call):
-    try:
-        call()
-    except error as err:
-        assert fragment in str(err), f"rank {rank}: {fragment!r} not in {err}"
-        return str(err)
-    raise AssertionError(f"rank {rank}: no {error.__name__} for {fragment!r}")
 
 
 def check_bad_settings_fail_everywhere():
