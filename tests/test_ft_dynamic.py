@@ -1,7 +1,7 @@
 """Dynamic tables through failures and growth, with real SIGKILLs under mpirun --with-ft ulfm:
 the built-in embed model (two dynamic tables) trained by parameter servers with replicas.
 
-- BSP without admission or budget: a server's death and a server's arrival change nothing,
+- BSP without admission or budget: a server's death, arrival or departure changes nothing,
   bit for bit (the replica applied every push in the same order; rows move by id with their
   optimizer state).
 - With admission and a budget the survivor holds more shards in one budget, so it evicts
@@ -45,12 +45,13 @@ def reference(tmp_path_factory):
     return train(tmp_path_factory.mktemp("reference"), "reference", "--mode", "ps", "--servers", "2", ft=False)
 
 
-@pytest.mark.parametrize("name, args", [
-    ("server-killed", ("--servers", "2", "--kill", "1@8")),
-    ("server-grown", ("--servers", "2", "--grow-servers", "1@8")),
+@pytest.mark.parametrize("name, ranks, args", [
+    ("server-killed", 5, ("--servers", "2", "--kill", "1@8")),
+    ("server-grown", 5, ("--servers", "2", "--grow-servers", "1@8")),
+    ("server-left", 6, ("--servers", "3", "--leave", "1@8")),
 ])
-def test_bsp_rows_survive_a_dead_server_and_move_to_a_new_one_bit_for_bit(tmp_path, reference, name, args):
-    data = train(tmp_path, name, "--mode", "ps", *args)
+def test_bsp_rows_survive_a_server_dying_joining_or_leaving_bit_for_bit(tmp_path, reference, name, ranks, args):
+    data = train(tmp_path, name, "--mode", "ps", *args, ranks=ranks)
     assert data["final"]["checksum"] == reference["final"]["checksum"], (data["final"], reference["final"])
     assert data["recovery"], "the failure or growth happened"
     assert_exactly_once(data)
