@@ -68,3 +68,18 @@ def test_admission_and_eviction_through_a_kill_train_like_the_reference(tmp_path
     rows = data["ps"]["dynamic_rows"]
     assert sum(s["dropped"] for s in rows) > 0 and sum(s["evicted"] for s in rows) > 0  # admission, eviction
     assert data["final"]["accuracy"] == pytest.approx(reference["final"]["accuracy"], abs=0.02)
+
+
+def test_model_dir_and_export_write_a_dynamic_table_as_its_ids_and_rows(tmp_path):
+    import numpy as np
+    data = train(tmp_path, "model-dir", "--mode", "hybrid", "--servers", "2", "--steps", "6",
+                 "--model-dir", str(tmp_path / "model"), ranks=4, ft=False)
+    out = tmp_path / "model.npz"
+    exported = hpcreduce_cli("export", str(tmp_path / "model"), "--out", str(out), timeout=60)
+    assert exported.returncode == 0, exported
+    model = np.load(out)
+    held = sum(s["rows"] for s in data["ps"]["dynamic_rows"])
+    for table, width in (("embeddings", 8), ("linear", 1)):
+        ids = model[f"{table}.ids"]
+        assert model[table].shape == (len(ids), width) and (np.diff(ids) > 0).all()
+    assert len(model["embeddings.ids"]) + len(model["linear.ids"]) == held > 0
