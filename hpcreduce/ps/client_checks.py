@@ -38,8 +38,10 @@ def checked_ids(what: str, ids, rows: Optional[int]) -> np.ndarray:
     except (ValueError, TypeError, OverflowError) as err:
         raise PSInputError(f"{what}: ids must be a one-dimensional integer array ({err})") from None
     if array.dtype == object and array.ndim == 1 and all(isinstance(i, int) for i in array.tolist()):
-        outside = next(i for i in array.tolist() if not -2**63 <= i < 2**63)
-        raise PSInputError(f"{what}: id {outside} is outside int64 (row ids are int64)")
+        outside = next((i for i in array.tolist() if not -2**63 <= i < 2**63), None)
+        if outside is not None:
+            raise PSInputError(f"{what}: id {outside} is outside int64 (row ids are int64)")
+        array = array.astype(np.int64)  # Python ints that all fit, in an object array
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise PSInputError(f"{what}: ids must be a one-dimensional integer array, "
                            f"got dtype {array.dtype} and shape {array.shape}")

@@ -116,10 +116,6 @@ class DynamicTable:
     def optimizer_state(self) -> Dict[str, np.ndarray]:
         return {name: array[:self.count] for name, array in self._state.items()}
 
-    @property
-    def position(self) -> "DynamicTable":
-        return self
-
     def __getitem__(self, ids) -> np.ndarray:
         """The slot of each id's row, -1 for ids without one."""
         return self.index.find(np.asarray(ids, dtype=np.int64))
