@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -87,6 +87,21 @@ class Handle:
         if problems:
             return None, PSRefusedError(f"{self.what} refused by " + "; ".join(problems))
         return self._finish(self.parts), None
+
+
+class Joined:
+    """Several tables' handles as one: ``wait()`` returns {table: result}, raising the first refusal
+    after every handle finished (the multi-table calls' result)."""
+
+    def __init__(self, handles: Dict[str, Handle]):
+        self.handles = handles
+
+    def wait(self) -> Dict[str, Any]:
+        return dict(zip(self.handles, wait_all(list(self.handles.values()))))
+
+    @property
+    def done(self) -> bool:
+        return all(handle.done for handle in self.handles.values())
 
 
 def push_result(parts: List[Part]) -> PushResult:

@@ -20,7 +20,8 @@ Cost per call: one 72 B header to each shard involved, the payload, and a 72 B r
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from functools import partial
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -30,7 +31,7 @@ from ..errors import PSInputError
 from ..runtime.context import Traffic
 from ..runtime.failures import abandon
 from . import protocol
-from .handles import Handle, Part, PushResult, push_result
+from .handles import Handle, Joined, Part, PushResult, issue_all, push_result
 from .client_checks import check_array, checked_ids, table_rows
 from .inbox import all_finite
 from .layout import Layout
@@ -175,6 +176,19 @@ class Worker:
 
     def push_rows(self, table: str, ids, grads: np.ndarray) -> PushResult:
         return self.push_rows_async(table, ids, grads).wait()
+
+    def pull_rows_many_async(self, ids_by_table: Mapping[str, np.ndarray]) -> Joined:
+        """Start reading the rows of several sparse tables at once (``ids_by_table``: table ->
+        ids); ``wait()`` returns table -> rows aligned with its ids. Every table is checked
+        before anything is sent."""
+        return Joined(dict(zip(ids_by_table, issue_all(
+            partial(self.pull_rows_async, name, ids) for name, ids in ids_by_table.items()))))
+
+    def push_rows_many_async(self, rows_by_table: Mapping[str, Tuple[np.ndarray, np.ndarray]]) -> Joined:
+        """Start sending the row gradients of several sparse tables at once (``rows_by_table``:
+        table -> (unique ids, gradients)); ``wait()`` returns table -> ``PushResult``."""
+        return Joined(dict(zip(rows_by_table, issue_all(
+            partial(self.push_rows_async, name, ids, grads) for name, (ids, grads) in rows_by_table.items()))))
 
     # -- clock and end -----------------------------------------------------------------
     def clock(self) -> int:
