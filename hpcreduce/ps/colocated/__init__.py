@@ -1,0 +1,9 @@
+"""The colocated layout: embedding shards on every trainer rank, rows exchanged by alltoall.
+
+``ColocatedTables`` (``shards``) offers ``ps.Worker``'s multi-table row calls with no server
+ranks; ``store`` adapts the row store, ``layout`` places rows and replicas, ``routes`` packs
+the messages, ``handles`` completes them. See docs/parameter-server.md, "Colocated layout".
+"""
+from .shards import ColocatedTables, default_init
+
+__all__ = ["ColocatedTables", "default_init"]

@@ -1,0 +1,96 @@
+"""Checks of a colocated call's input, on this rank, before anything moves.
+
+Each check returns the prepared input or a problem (a sentence); the problem travels in the
+count header every rank exchanges first, so a bad call raises ``PSInputError`` on every rank
+(``refuse``) before any id or row is sent.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ...errors import PSInputError
+from ..client_checks import check_array, checked_ids, table_rows
+from ..optimizers import OPTIMIZERS
+from ..tables import ParamSpec
+
+Pulled = Dict[int, Tuple[np.ndarray, np.ndarray]]  # table -> (unique ids, inverse)
+Pushed = Dict[int, Tuple[np.ndarray, np.ndarray]]  # table -> (sorted unique ids, gradients)
+
+
+def spec_problem(specs: Sequence[ParamSpec], optimizer: str, lr: float) -> Optional[str]:
+    """What is wrong with the tables or the update rule (None when nothing is)."""
+    names = [getattr(spec, "name", None) for spec in specs]
+    for spec in specs:
+        if not isinstance(spec, ParamSpec):
+            return f"tables must be ps.ParamSpec, got {type(spec).__name__}"
+        if not spec.sparse:
+            return (f"table {spec.name!r} is dense: the colocated layout holds sparse tables only "
+                    "(dense parameters go through DistributedDataParallel)")
+        problem = spec.problem()
+        if problem:
+            return problem
+    if len(set(names)) != len(names):
+        return f"table names repeat: {names}"
+    if optimizer not in OPTIMIZERS:
+        return f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}"
+    if not (isinstance(lr, (int, float)) and lr > 0 and np.isfinite(lr)):
+        return f"learning rate must be a positive number, got {lr!r}"
+    return None
+
+
+def table_of(name, table_ids: Mapping[str, int], specs: Sequence[ParamSpec]) -> int:
+    t = table_ids.get(name) if isinstance(name, str) else None
+    if t is None:
+        raise PSInputError(f"unknown table {name!r}; the tables are {', '.join(repr(s.name) for s in specs)}")
+    return t
+
+
+def pulled(ids_by_table: Mapping[str, object], table_ids: Mapping[str, int],
+           specs: Sequence[ParamSpec]) -> Pulled:
+    """Each table's unique ids and the inverse that rebuilds the ids asked for."""
+    found: Pulled = {}
+    for name, ids in ids_by_table.items():
+        t = table_of(name, table_ids, specs)
+        ids = checked_ids(f"pull_rows of {name!r}", ids, table_rows(specs[t]))
+        found[t] = np.unique(ids, return_inverse=True)
+    return found
+
+
+def pushed(rows_by_table: Mapping[str, Tuple[object, np.ndarray]], table_ids: Mapping[str, int],
+           specs: Sequence[ParamSpec]) -> Pushed:
+    """Each table's ids sorted with their gradients: unique ids, gradients of the right shape,
+    dtype, finite."""
+    found: Pushed = {}
+    for name, pair in rows_by_table.items():
+        t = table_of(name, table_ids, specs)
+        spec = specs[t]
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise PSInputError(f"push_rows to {name!r}: give (ids, gradients), got {type(pair).__name__}")
+        ids = checked_ids(f"push_rows to {name!r}", pair[0], table_rows(spec))
+        check_array(f"push_rows to {name!r}: gradients", pair[1], (len(ids),) + tuple(spec.shape[1:]), spec.dtype)
+        order = np.argsort(ids, kind="stable")
+        ids, grads = ids[order], np.ascontiguousarray(pair[1][order])
+        if np.any(ids[1:] == ids[:-1]):
+            raise PSInputError(f"push_rows to {name!r}: ids must be unique (sum the gradients of repeated rows); "
+                               f"id {int(ids[1:][ids[1:] == ids[:-1]][0])} repeats")
+        if not np.isfinite(grads).all():
+            raise PSInputError(f"push_rows to {name!r}: the gradients hold NaN or Inf")
+        found[t] = (ids, grads)
+    return found
+
+
+def refuse(comm: MPI.Intracomm, what: str, mine: Optional[str], headers: np.ndarray,
+           described: str) -> None:
+    """Raise the same ``PSInputError`` on every rank when any rank has a problem or the ranks'
+    calls differ (``headers``: every rank's [problem, signature, step, ...]); else nothing."""
+    if headers[:, 0].max() == 0 and (headers[:, 1:3] == headers[0, 1:3]).all():
+        return
+    reports: List[Tuple[Optional[str], str]] = comm.allgather((mine, described))
+    bad = [f"rank {r}: {problem}" for r, (problem, _) in enumerate(reports) if problem]
+    if bad:
+        raise PSInputError(f"{what}: " + "; ".join(bad))
+    calls = "; ".join(f"rank {r} {call}" for r, (_, call) in enumerate(reports))
+    raise PSInputError(f"{what}: every rank must make the same call (same tables, same step): {calls}")

@@ -1,0 +1,109 @@
+"""A colocated pull or push in flight: ``wait()`` completes it and returns {table: result}.
+
+Every message of a call is posted when the call is made (on every rank, in call order), so
+``wait`` posts nothing and handles may be waited for in any order. A pull's handle holds
+the rows' return ``Ialltoallv``; ``wait`` scatters the rows back to the ids asked for. A
+push's handle holds the ids' and gradients' ``Ialltoallv``; ``wait`` sums each id's gradients
+across senders in rank order (bit-reproducible, as a server sums its workers' pushes in
+slot order) and applies them once, to the owner's shard and to the replica.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ...runtime.failures import wait_all
+from ..handles import PushResult
+from ..tables import ParamSpec
+from ..updates import sum_rows
+from .routes import Route, block_starts
+from .store import ShardStore
+
+
+class PullHandle:
+    """Rows coming back for the unique ids of each table; ``wait()`` -> {name: rows aligned with ids}."""
+
+    def __init__(self, specs: Sequence[ParamSpec], tables: Dict[int, Tuple[np.ndarray, np.ndarray]],
+                 route: Route, row_bytes: np.ndarray, request: MPI.Request, received: np.ndarray):
+        self.specs, self.tables, self.route, self.row_bytes = specs, tables, route, row_bytes
+        self.requests, self.received = [request], received
+        self._result: Optional[Dict[str, np.ndarray]] = None
+
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+    def wait(self) -> Dict[str, np.ndarray]:
+        if self._result is None:
+            wait_all(self.requests)
+            self._result = self._scatter()
+        return self._result
+
+    def _scatter(self) -> Dict[str, np.ndarray]:
+        route, starts, out = self.route, block_starts(self.route.counts, self.row_bytes), {}
+        for t, (unique, inverse) in self.tables.items():
+            spec, width = self.specs[t], int(self.row_bytes[t])
+            rows = np.empty((len(unique),) + tuple(spec.shape[1:]), spec.dtype)
+            flat = rows.reshape(-1).view(np.uint8).reshape(len(unique), width)
+            for dest in range(route.counts.shape[0]):
+                count = int(route.counts[dest, t])
+                if count:
+                    start = int(starts[dest, t])
+                    flat[route.items(dest, t)] = self.received[start:start + count * width].reshape(count, width)
+            out[spec.name] = rows[inverse]
+        return out
+
+
+class PushHandle:
+    """Gradients on their way to owners and replicas; ``wait()`` -> {name: ``PushResult``}:
+    ``pieces``, the ranks this rank's rows of the table went to, and ``duplicates``, how many
+    of the table's updates this rank's shard and replica refused as already applied (a step
+    pushed again after a recovery)."""
+
+    def __init__(self, specs: Sequence[ParamSpec], tables: Sequence[int], step: int, route: Route,
+                 incoming: np.ndarray, row_bytes: np.ndarray, requests: List[MPI.Request],
+                 ids: np.ndarray, grads: np.ndarray, stores: Sequence[ShardStore],
+                 commit: Callable[[], None]):
+        self.specs, self.tables, self.step, self.route = specs, list(tables), step, route
+        self.incoming, self.row_bytes, self.requests = incoming, row_bytes, requests
+        self.ids, self.grads, self.stores, self.commit = ids, grads, stores, commit
+        self._result: Optional[Dict[str, PushResult]] = None
+
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+    def wait(self) -> Dict[str, PushResult]:
+        if self._result is None:
+            wait_all(self.requests)
+            self.commit()
+            self._result = self._apply()
+        return self._result
+
+    def _apply(self) -> Dict[str, PushResult]:
+        tables = len(self.specs)
+        id_starts = block_starts(self.incoming, np.ones(self.incoming.shape[1], np.int64))
+        row_starts = block_starts(self.incoming, self.row_bytes)
+        duplicates = {t: 0 for t in self.tables}
+        for segment, store in enumerate(self.stores):
+            for t in self.tables:
+                s = segment * tables + t
+                parts = [self._part(t, s, source, id_starts, row_starts)
+                         for source in range(self.incoming.shape[0]) if self.incoming[source, s]]
+                if parts:
+                    ids, grads = sum_rows(parts)
+                    duplicates[t] += not store.apply(t, ids, grads, self.step)
+        return {self.specs[t].name: PushResult(int(np.count_nonzero(self.route.counts[:, t])), duplicates[t])
+                for t in self.tables}
+
+    def _part(self, t: int, s: int, source: int, id_starts: np.ndarray,
+              row_starts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """The ids and gradients ``source`` sent in segment ``s`` (table ``t``)."""
+        spec, count = self.specs[t], int(self.incoming[source, s])
+        start = int(id_starts[source, s])
+        ids = self.ids[start:start + count]
+        first = int(row_starts[source, s])
+        grads = self.grads[first:first + count * int(self.row_bytes[s])].view(spec.dtype)
+        return ids, grads.reshape((count,) + tuple(spec.shape[1:]))

@@ -1,0 +1,239 @@
+"""``ColocatedTables``: every trainer rank holds a shard of every table; rows move by alltoall.
+
+    tables = ColocatedTables(specs, optimizer="sgd", lr=0.01, comm=comm)   # collective
+    rows = tables.pull_rows_many_async({"emb": ids}).wait()["emb"]          # every rank, each step
+    tables.push_rows_many_async({"emb": (unique_ids, grads)}).wait()
+    tables.clock()
+
+The client surface of ``ps.Worker`` that an embedding collection calls, with no server
+ranks: TorchRec's model-parallel (row-wise) sharding on hpcreduce's row store. Pulls and
+pushes are collective: every rank makes the same calls (same tables, same step). A call
+first exchanges one small count header with every rank (``Alltoall``: counts per table, the
+step, and any rank's input problem, so bad input raises ``PSInputError`` everywhere before
+anything moves); a pull then sends its unique ids to their owners (``Alltoallv``), the owners
+gather the rows and the rows come back through an ``Ialltoallv`` that ``wait`` completes; a
+push sends ids and gradients to the owners, and to the replica holders when replicated, in
+``Ialltoallv`` that ``wait`` completes before summing and applying (``handles``). Every
+table shares each message; rows travel as raw bytes on the library's own duplicate of the
+communicator. A pull first completes the pushes in flight, so it reads every step pushed
+before it (BSP). Initial values are the servers' (``ps.init``): a function of (seed, table,
+id), so colocated and dedicated layouts start equal and, under SGD, stay equal.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ...collectives.validate import InputProblem, ProblemKind, agree, stable_hash
+from ...errors import PSInputError
+from ...runtime.context import Comm, Context, resolve
+from ...runtime.failures import is_process_failure
+from ...runtime.nodes import rank_nodes
+from ..init import PartInit, counter_normal
+from ..optimizers import make_optimizer
+from ..tables import ParamSpec
+from . import checks
+from .handles import PullHandle, PushHandle
+from .layout import ColocatedLayout
+from .routes import as_bytes, block_starts, byte_spec, route
+from .store import ShardStore
+
+INIT_SCALE = 0.01  # fixed tables' rows start N(0, INIT_SCALE**2), as PSEmbeddingBag's
+HEAD = 3  # header fields before the counts: problem, call signature, step
+
+
+def default_init(specs: Sequence[ParamSpec], seed: int) -> PartInit:
+    """N(0, INIT_SCALE**2) values, each a function of (seed, table name, element) alone."""
+    return PartInit(specs, lambda t, flat: counter_normal(seed, specs[t].name, flat, INIT_SCALE, specs[t].dtype))
+
+
+class ColocatedTables:
+    """Sparse tables ``specs`` sharded over every rank of ``comm``; see the module docstring.
+
+    ``optimizer``/``lr``: the update rule the owners run; ``init``: a ``ps.init.PartInit``
+    (default: ``default_init(specs, seed)``); ``replicas``: keep each shard's replica on the next
+    rank of the ring (default: when fault tolerance is on and there are two ranks or more).
+    """
+
+    def __init__(self, specs: Sequence[ParamSpec], *, optimizer: str = "sgd", lr: float = 0.01,
+                 comm: Comm = None, init: Optional[PartInit] = None, seed: int = 0,
+                 replicas: Optional[bool] = None):
+        context = resolve(comm)
+        self.comm = context.comm.Dup()
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.context = Context(self.comm, ft=context.ft, cuda_aware=False, launcher=context.launcher)
+        specs = tuple(specs)
+        replicas = bool(context.ft if replicas is None else replicas) and self.comm.Get_size() > 1
+        problem = checks.spec_problem(specs, optimizer, lr)
+        fields = [("tables", stable_hash([repr(s) for s in specs]), [repr(s) for s in specs]),
+                  ("optimizer", stable_hash(optimizer), repr(optimizer)), ("learning rate", stable_hash(lr), repr(lr)),
+                  ("seed", stable_hash(seed), repr(seed)), ("replicas", int(replicas), replicas)]
+        agree(self.context, "ColocatedTables", fields,
+              InputProblem(ProblemKind.UNUSABLE_SETTING, problem) if problem else None)
+        size, rank = self.comm.Get_size(), self.comm.Get_rank()
+        self.layout = ColocatedLayout(specs, range(size), rank_nodes(self.comm))
+        self.optimizers = {t: make_optimizer(optimizer, lr) for t in range(len(specs))}
+        init = init if init is not None else default_init(specs, seed)
+        self.store = ShardStore.create(self.layout.placement, rank, init, self.optimizers)
+        self.replica = ShardStore.create(self.layout.placement, self.layout.predecessor[rank], init,
+                                         self.optimizers) if replicas else None
+        self.row_bytes = np.array([int(np.prod(s.shape[1:], dtype=np.int64)) * np.dtype(s.dtype).itemsize
+                                   for s in specs], dtype=np.int64)
+        self.clock_value = 0
+        self.released = False
+        self._pushes: List[PushHandle] = []
+
+    @property
+    def worker_count(self) -> int:
+        """Trainer ranks (each holds a shard)."""
+        return self.comm.Get_size()
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+    # -- the Worker surface ------------------------------------------------------------
+    def pull_rows_many_async(self, ids_by_table: Mapping[str, np.ndarray]) -> PullHandle:
+        """Start reading rows of several tables (table -> ids); ``wait()`` -> table -> rows
+        aligned with its ids. Collective."""
+        self._settle()
+        mine, tables = self._prepared(lambda: checks.pulled(ids_by_table, self.layout.table_ids, self.layout.specs))
+        dests = [self.layout.owner_ranks(t, tables[t][0]) if t in tables else np.empty(0, np.int64)
+                 for t in range(len(self.layout.specs))]
+        sent = route(dests, self.worker_count)
+        incoming = self._headers("pull_rows_many", mine, sorted(tables), sent.counts)
+        ids = np.concatenate([tables[t][0] if t in tables else np.empty(0, np.int64)
+                              for t in range(len(dests))])[sent.order]
+        asked = np.empty(int(incoming.sum()), np.int64)
+        self.comm.Alltoallv([ids, sent.counts.sum(1), MPI.INT64_T], [asked, incoming.sum(1), MPI.INT64_T])
+        reply = self._gather(incoming, asked, sorted(tables))
+        received = np.empty(int((sent.counts * self.row_bytes).sum()), np.uint8)
+        request = self.comm.Ialltoallv(byte_spec(reply, (incoming * self.row_bytes).sum(1)),
+                                       byte_spec(received, (sent.counts * self.row_bytes).sum(1)))
+        return PullHandle(self.layout.specs, tables, sent, self.row_bytes, request, received)
+
+    def push_rows_many_async(self, rows_by_table: Mapping[str, Tuple[np.ndarray, np.ndarray]]) -> PushHandle:
+        """Start sending row gradients of several tables (table -> (unique ids, gradients)) for
+        this step; ``wait()`` -> table -> ``PushResult``. Collective."""
+        self._settle()
+        mine, tables = self._prepared(lambda: checks.pushed(rows_by_table, self.layout.table_ids, self.layout.specs))
+        count = len(self.layout.specs)
+        stores = [self.store] + ([self.replica] if self.replica is not None else [])
+        owners = {t: self.layout.owner_ranks(t, ids) for t, (ids, _) in tables.items()}
+        empty = np.empty(0, np.int64)
+        dests = [owners.get(t, empty) for t in range(count)]
+        if self.replica is not None:
+            dests += [self.layout.replica_ranks(owners[t]) if t in owners else empty for t in range(count)]
+        sent = route(dests, self.worker_count)
+        incoming = self._headers("push_rows_many", mine, sorted(tables), sent.counts)
+        segments = len(dests) // count
+        row_bytes = np.tile(self.row_bytes, segments)
+        ids = np.concatenate([tables[s % count][0] if s % count in tables else empty
+                              for s in range(len(dests))])[sent.order]
+        grads = self._packed(tables, sent, row_bytes)
+        got_ids = np.empty(int(incoming.sum()), np.int64)
+        got_grads = np.empty(int((incoming * row_bytes).sum()), np.uint8)
+        requests = [self.comm.Ialltoallv([ids, sent.counts.sum(1), MPI.INT64_T],
+                                         [got_ids, incoming.sum(1), MPI.INT64_T]),
+                    self.comm.Ialltoallv(byte_spec(grads, (sent.counts * row_bytes).sum(1)),
+                                         byte_spec(got_grads, (incoming * row_bytes).sum(1)))]
+        handle = PushHandle(self.layout.specs, sorted(tables), self.clock_value, sent, incoming, row_bytes,
+                            requests, got_ids, got_grads, stores, self._commit)
+        self._pushes.append(handle)
+        return handle
+
+    def clock(self) -> int:
+        """End this step (the pushes in flight are completed and applied); the new step."""
+        self._check_open("clock()")
+        self._settle()
+        self.clock_value += 1
+        return self.clock_value
+
+    def release(self) -> None:
+        """Done: complete the pushes in flight; no call is taken after it."""
+        self._check_open("release()")
+        self._settle()
+        self.released = True
+
+    def checksum(self) -> float:
+        """The sum of every value of every table, over every rank (collective)."""
+        self._settle()
+        return self.comm.allreduce(self.store.checksum())
+
+    # -- internals ---------------------------------------------------------------------
+    def _check_open(self, call: str) -> None:
+        if self.released:
+            raise PSInputError(f"{call} after release(): the colocated tables take no call")
+
+    def _prepared(self, check) -> Tuple[Optional[str], dict]:
+        """This rank's checked input, or its problem (raised on every rank by ``_headers``)."""
+        if self.released:
+            return "called after release()", {}
+        try:
+            return None, check()
+        except PSInputError as error:
+            return str(error), {}
+
+    def _headers(self, what: str, mine: Optional[str], tables: List[int], counts: np.ndarray) -> np.ndarray:
+        """Exchange the count header with every rank; every rank's counts for this one, after
+        ``checks.refuse`` raised on every rank if any rank's call was bad or differed."""
+        names = [self.layout.specs[t].name for t in tables]
+        signature = stable_hash((what, names))
+        header = np.empty((self.worker_count, HEAD + counts.shape[1]), np.int64)
+        header[:, 0], header[:, 1], header[:, 2], header[:, HEAD:] = int(mine is not None), signature, \
+            self.clock_value, counts
+        got = np.empty_like(header)
+        self.comm.Alltoall(header, got)
+        checks.refuse(self.comm, what, mine, got, f"{what} of {names} at step {self.clock_value}")
+        return got[:, HEAD:]
+
+    def _gather(self, incoming: np.ndarray, asked: np.ndarray, tables: List[int]) -> np.ndarray:
+        """The owner's reply to a pull: the rows of ``asked`` in (source rank, table) order, as bytes."""
+        id_starts = block_starts(incoming, np.ones(incoming.shape[1], np.int64))
+        row_starts = block_starts(incoming, self.row_bytes)
+        reply = np.empty(int((incoming * self.row_bytes).sum()), np.uint8)
+        for t in tables:
+            width = int(self.row_bytes[t])
+            pieces = [(int(id_starts[r, t]), int(incoming[r, t]), int(row_starts[r, t]))
+                      for r in range(incoming.shape[0]) if incoming[r, t]]
+            if not pieces:
+                continue
+            wanted = np.concatenate([asked[start:start + n] for start, n, _ in pieces])
+            rows = as_bytes(self.store.rows(t, wanted), width)
+            done = 0
+            for _, n, first in pieces:
+                reply[first:first + n * width] = rows[done:done + n].reshape(-1)
+                done += n
+        return reply
+
+    def _packed(self, tables, sent, row_bytes: np.ndarray) -> np.ndarray:
+        """The gradients' bytes in (destination, segment) order."""
+        count = len(self.layout.specs)
+        pieces = []
+        for dest in range(self.worker_count):
+            for s in range(sent.segments):
+                if sent.counts[dest, s]:
+                    grads = tables[s % count][1]
+                    pieces.append(as_bytes(grads, int(row_bytes[s]))[sent.items(dest, s)].reshape(-1))
+        return np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
+
+    def _commit(self) -> None:
+        """Under fault tolerance, agree that every rank received the step before anyone applies it."""
+        if not self.context.ft:
+            return
+        try:
+            committed = bool(self.comm.Agree(1))
+        except MPI.Exception as error:
+            if not is_process_failure(error, self.comm):
+                raise
+            committed = False
+        if not committed:
+            raise MPI.Exception(MPI.ERR_PROC_FAILED)
+
+    def _settle(self) -> None:
+        """Complete and apply the pushes in flight, in the order they were made."""
+        pushes, self._pushes = self._pushes, []
+        for handle in pushes:
+            handle.wait()

@@ -1,0 +1,113 @@
+"""The row store under the colocated layout: the one module that knows today's row classes.
+
+``ShardStore`` is one shard key's rows of every table (fixed: ``TableShard`` with its
+``RowIndex``; dynamic: ``DynamicTable``), behind an interface that always takes ids:
+``rows(t, ids)``, ``apply(t, ids, grads, step)``, ``export(t)`` / ``take(t, ...)`` (rows
+moved after a failure, replicas, checkpoints). It also keeps the last step applied to each
+table, so a step is applied at most once (exactly-once pushes). When the row store's
+interface changes, only this module does.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Dict, Mapping, Sequence, Tuple
+
+import numpy as np
+
+from ..dynamic_rows import DynamicTable
+from ..init import PartInit, owned_rows
+from ..optimizers import Optimizer
+from ..placement import Placement
+from ..shard_state import TableShard
+from ..tables import ParamSpec, RowIndex
+from ..updates import apply_rows
+
+Exported = Tuple[np.ndarray, np.ndarray, Dict[str, np.ndarray]]
+
+
+class ShardStore:
+    """Shard key ``key``'s rows of every table of ``placement``, updated by ``optimizers``."""
+
+    def __init__(self, key: int, specs: Sequence[ParamSpec], optimizers: Mapping[int, Optimizer],
+                 tables: Dict[int, object]):
+        self.key, self.specs, self.optimizers, self.tables = key, tuple(specs), dict(optimizers), tables
+        self.last_step = {t: -1 for t in tables}
+        self.events: Counter = Counter()
+
+    @classmethod
+    def create(cls, placement: Placement, key: int, init: PartInit,
+               optimizers: Mapping[int, Optimizer]) -> "ShardStore":
+        """Shard ``key``'s initial rows: ``init``'s values, zeroed optimizer state."""
+        tables: Dict[int, object] = {}
+        for t, spec in enumerate(placement.specs):
+            if spec.dynamic is not None:
+                tables[t] = DynamicTable(t, spec, optimizers[t], 1)
+                continue
+            ids = owned_rows(placement, t, [key])[key]
+            values = init.rows(t, ids)
+            tables[t] = TableShard(t, True, values, optimizers[t].init_state(values), 1)
+            tables[t].own_rows(ids, spec.shape[0])
+        return cls(key, placement.specs, optimizers, tables)
+
+    @classmethod
+    def empty(cls, key: int, specs: Sequence[ParamSpec], optimizers: Mapping[int, Optimizer]) -> "ShardStore":
+        """A shard with no rows (filled by ``take``)."""
+        tables: Dict[int, object] = {}
+        for t, spec in enumerate(specs):
+            if spec.dynamic is not None:
+                tables[t] = DynamicTable(t, spec, optimizers[t], 1)
+            else:
+                values = np.empty((0,) + tuple(spec.shape[1:]), spec.dtype)
+                tables[t] = TableShard(t, True, values, optimizers[t].init_state(values), 1)
+                tables[t].own_rows(np.empty(0, np.int64), spec.shape[0])
+        return cls(key, specs, optimizers, tables)
+
+    def rows(self, t: int, ids: np.ndarray) -> np.ndarray:
+        """The current values of rows ``ids`` of table ``t`` (ids this shard owns)."""
+        table = self.tables[t]
+        if table.dynamic:
+            return table.rows_at(ids)
+        local = table.position[ids]
+        if len(local) and local.min() < 0:
+            raise RuntimeError(f"shard {self.key} asked for row {int(ids[np.argmin(local)])} of table "
+                               f"{self.specs[t].name!r}, which it does not hold (placements differ)")
+        return table.values[local]
+
+    def apply(self, t: int, ids: np.ndarray, grads: np.ndarray, step: int) -> bool:
+        """One optimizer update of rows ``ids`` (sorted, unique) of table ``t`` for ``step``;
+        False (nothing changed) when that step was applied already."""
+        if step <= self.last_step[t]:
+            return False
+        table, optimizer = self.tables[t], self.optimizers[t]
+        if table.dynamic:
+            local, grads = table.admit(ids, grads, self.events)
+        else:
+            local = table.position[ids]
+        if len(local):
+            apply_rows(table, local, grads, optimizer, step + 1)
+        self.last_step[t] = step
+        return True
+
+    def export(self, t: int) -> Exported:
+        """(ids, values, optimizer state) of every row of table ``t`` held here."""
+        table = self.tables[t]
+        return table.ids.copy(), table.values.copy(), {k: v.copy() for k, v in table.optimizer_state.items()}
+
+    def take(self, t: int, ids: np.ndarray, values: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
+        """Add rows ``ids`` (none held here yet) of table ``t`` with their values and state."""
+        table = self.tables[t]
+        if not len(ids):
+            return
+        if table.dynamic:
+            table.take(np.asarray(ids, np.int64), values, dict(state))
+            return
+        merged = np.concatenate([table.ids.astype(np.int64), ids])
+        order = np.argsort(merged, kind="stable")
+        table.values = np.concatenate([table.values, values])[order]
+        table.optimizer_state = {k: np.concatenate([v, state[k]])[order] for k, v in table.optimizer_state.items()}
+        table.own_rows(merged[order].astype(table.ids.dtype if len(table.ids) else np.int64),
+                       self.specs[t].shape[0])
+
+    def checksum(self) -> float:
+        """The sum of every value held (a quick comparison between runs)."""
+        return float(sum(float(np.sum(table.values, dtype=np.float64)) for table in self.tables.values()))

@@ -1,0 +1,126 @@
+"""Colocated tables over real ranks: BSP SGD values against a numpy reference (fixed and
+dynamic tables, several widths), replicas bit-identical to their shards, and bad input
+refused on every rank before anything moves.
+
+Run under mpirun with 2 or 3 ranks; every rank asserts.
+"""
+import numpy as np
+
+import hpcreduce
+from hpcreduce.errors import ConfigurationError, InputMismatchError
+from hpcreduce.ps import Dynamic, ParamSpec, PSInputError, dynamic_table
+from hpcreduce.ps.colocated import ColocatedTables, default_init
+from hpcreduce.ps.tables import initial_rows
+from shared_checks import expect
+
+ctx = hpcreduce.init()
+comm, rank, size = ctx.comm, ctx.rank, ctx.size
+SPECS = [ParamSpec("a", (300, 4), sparse=True), ParamSpec("b", (50, 3), "float64", sparse=True),
+         dynamic_table("d", 2, Dynamic(seed=5))]
+LR, STEPS, SEED = 0.25, 5, 7
+
+
+def batch(r: int, step: int):
+    """Rank r's ids (with repeats) and unique-id gradients per table at ``step``: multiples of 1/64,
+    so the sums over ranks are exact in any order."""
+    rng = np.random.default_rng([r, step])
+    out = {}
+    for spec in SPECS:
+        high = spec.shape[0] or 1000
+        ids = rng.integers(0, high, 40) if spec.dynamic is None else rng.integers(-2**40, 2**40, 8).repeat(3)
+        unique = np.unique(ids)
+        grads = (rng.integers(-8, 9, (len(unique),) + spec.shape[1:]) / 64).astype(spec.dtype)
+        out[spec.name] = (ids, unique, grads)
+    return out
+
+
+def reference(asked):
+    """Rows of every table after each step, by a dict of rows (the servers' rule: SGD on the summed gradient)."""
+    init = default_init(SPECS, SEED)
+    rows = {s.name: {} for s in SPECS}
+
+    def value(t, i):
+        spec = SPECS[t]
+        if i not in rows[spec.name]:
+            rows[spec.name][i] = (initial_rows(spec, np.array([i]))[0] if spec.dynamic else init.rows(t, np.array([i]))[0]).copy()
+        return rows[spec.name][i]
+    history = []
+    for step in range(STEPS):
+        history.append({s.name: np.array([value(t, int(i)) for i in asked[step][s.name]]) for t, s in enumerate(SPECS)})
+        for t, spec in enumerate(SPECS):
+            total = {}
+            for r in range(size):
+                _, unique, grads = batch(r, step)[spec.name]
+                for i, g in zip(unique.tolist(), grads):
+                    total[i] = total[i] + g if i in total else g.copy()
+            for i, g in total.items():
+                row = value(t, i)
+                row -= LR * g
+    return history
+
+
+def check_bsp_sgd_matches_the_reference_and_replicas_match_their_shards():
+    tables = ColocatedTables(SPECS, optimizer="sgd", lr=LR, comm=ctx, seed=SEED, replicas=True)
+    assert tables.worker_count == size and tables.replica is not None
+    asked = [{name: ids for name, (ids, _, _) in batch(r, step).items()} for step in range(STEPS) for r in [rank]]
+    want = reference([{name: ids for name, (ids, _, _) in batch(rank, step).items()} for step in range(STEPS)])
+    for step in range(STEPS):
+        mine = batch(rank, step)
+        pulled = tables.pull_rows_many_async({name: ids for name, (ids, _, _) in mine.items()}).wait()
+        for name, rows in pulled.items():
+            assert rows.dtype == want[step][name].dtype and np.array_equal(rows, want[step][name]), (rank, step, name)
+        results = tables.push_rows_many_async({name: (unique, grads) for name, (_, unique, grads) in mine.items()}).wait()
+        assert all(result.duplicates == 0 for result in results.values()), results
+        assert tables.clock() == step + 1
+    # the replica on the ring successor equals the owner's shard, bit for bit (dynamic rows included)
+    successor = tables.layout.rank_of(tables.layout.successor[rank])
+    predecessor = tables.layout.rank_of(tables.layout.predecessor[rank])
+    for t in range(len(SPECS)):
+        theirs = comm.sendrecv(tables.store.export(t), dest=successor, source=predecessor)
+        ids, values, _ = tables.replica.export(t)
+        order, their_order = np.argsort(ids), np.argsort(theirs[0])
+        assert np.array_equal(ids[order], theirs[0][their_order]), (rank, t)
+        assert np.array_equal(values[order], theirs[1][their_order]), (rank, t)
+    assert asked
+
+
+def check_bad_input_raises_on_every_rank_and_changes_nothing():
+    tables = ColocatedTables(SPECS, lr=LR, comm=ctx, seed=SEED)
+    ids = np.arange(10)
+    before = tables.pull_rows_many_async({"a": ids}).wait()["a"]
+    last = size - 1
+    cases = [
+        ({"a": ids.astype(np.float32) if rank == last else ids}, "ids must be a one-dimensional integer array"),
+        ({"a": ids + 295 if rank == last else ids}, "row id 300 out of range [0, 300)"),
+        ({"nope" if rank == last else "a": ids}, "unknown table 'nope'"),
+        ({"a": ids} if rank == last else {"a": ids, "b": ids}, "every rank must make the same call"),
+    ]
+    for request, fragment in cases:
+        message = expect(PSInputError, fragment, lambda: tables.pull_rows_many_async(request).wait())
+        assert f"rank {last}" in message, message
+    good = np.ones((10, 4), np.float32)
+    pushes = [
+        ({"a": (np.r_[ids[:9], 3], good)}, "ids must be unique"),
+        ({"a": (ids, good[:, :3])}, "has shape (10, 3), the table needs (10, 4)"),
+        ({"a": (ids, good.astype(np.float64))}, "has dtype float64, the table needs float32"),
+        ({"a": (ids, good * np.nan)}, "NaN or Inf"),
+    ]
+    for request, fragment in pushes:
+        bad = request if rank == last else {"a": (ids, good)}
+        expect(PSInputError, fragment, lambda: tables.push_rows_many_async(bad).wait())
+    assert np.array_equal(tables.pull_rows_many_async({"a": ids}).wait()["a"], before)  # nothing applied
+    assert tables.clock() == 1
+
+
+def check_tables_declared_differently_are_refused_everywhere():
+    other = [ParamSpec("a", (301 if rank == 0 else 300, 4), sparse=True)]
+    expect(InputMismatchError, "ranks disagree on the tables", lambda: ColocatedTables(other, comm=ctx))
+    dense = [ParamSpec("w", (3, 4))] if rank == 0 else SPECS[:1]
+    expect(ConfigurationError, "dense", lambda: ColocatedTables(dense, comm=ctx))
+
+
+check_bsp_sgd_matches_the_reference_and_replicas_match_their_shards()
+check_bad_input_raises_on_every_rank_and_changes_nothing()
+check_tables_declared_differently_are_refused_everywhere()
+if rank == 0:
+    print("colocated checks passed", flush=True)

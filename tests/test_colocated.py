@@ -1,0 +1,20 @@
+"""The colocated layout (``hpcreduce.ps.colocated``): shards on every trainer rank."""
+import numpy as np
+
+from mpi_run import mpirun
+
+
+def test_colocated_bsp_values_replicas_and_bad_input_at_2_and_3_ranks():
+    for ranks in (2, 3):
+        result = mpirun(ranks, "colocated_checks.py", timeout=120)
+        assert result.returncode == 0, result.output
+        assert "colocated checks passed" in result.output, result.output
+
+
+def test_routes_group_items_by_destination_then_segment():
+    from hpcreduce.ps.colocated.routes import block_starts, route
+    found = route([np.array([1, 0, 1]), np.array([], np.int64), np.array([0, 0])], 2)
+    assert found.counts.tolist() == [[1, 0, 2], [2, 0, 0]]
+    assert found.items(0, 0).tolist() == [1] and found.items(0, 2).tolist() == [0, 1]
+    assert found.items(1, 0).tolist() == [0, 2]
+    assert block_starts(found.counts, np.array([4, 8, 2])).tolist() == [[0, 4, 4], [8, 16, 16]]
