@@ -7,8 +7,7 @@ Run under mpirun with 2 or 3 ranks; every rank asserts.
 import numpy as np
 
 import hpcreduce
-from hpcreduce.errors import ConfigurationError, InputMismatchError
-from hpcreduce.ps import Dynamic, ParamSpec, PSInputError, dynamic_table
+from hpcreduce.ps import Dynamic, ParamSpec, PSConfigError, PSInputError, dynamic_table
 from hpcreduce.ps.colocated import ColocatedTables, default_init
 from hpcreduce.ps.tables import initial_rows
 from shared_checks import expect
@@ -114,9 +113,10 @@ def check_bad_input_raises_on_every_rank_and_changes_nothing():
 
 def check_tables_declared_differently_are_refused_everywhere():
     other = [ParamSpec("a", (301 if rank == 0 else 300, 4), sparse=True)]
-    expect(InputMismatchError, "ranks disagree on the tables", lambda: ColocatedTables(other, comm=ctx))
+    expect(PSConfigError, "the ranks declare different tables", lambda: ColocatedTables(other, comm=ctx))
     dense = [ParamSpec("w", (3, 4))] if rank == 0 else SPECS[:1]
-    expect(ConfigurationError, "dense", lambda: ColocatedTables(dense, comm=ctx))
+    expect(PSConfigError, "rank 0: table 'w' is dense", lambda: ColocatedTables(dense, comm=ctx))
+    expect(PSConfigError, "unknown optimizer", lambda: ColocatedTables(SPECS, optimizer="nope", comm=ctx))
 
 
 check_bsp_sgd_matches_the_reference_and_replicas_match_their_shards()

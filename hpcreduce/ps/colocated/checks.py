@@ -11,7 +11,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from ...errors import PSInputError
+from ...errors import PSConfigError, PSInputError
 from ..client_checks import check_array, checked_ids, table_rows
 from ..optimizers import OPTIMIZERS
 from ..tables import ParamSpec
@@ -39,6 +39,21 @@ def spec_problem(specs: Sequence[ParamSpec], optimizer: str, lr: float) -> Optio
     if not (isinstance(lr, (int, float)) and lr > 0 and np.isfinite(lr)):
         return f"learning rate must be a positive number, got {lr!r}"
     return None
+
+
+def agree_on_setup(comm: MPI.Intracomm, problem: Optional[str], settings: Mapping[str, object]) -> None:
+    """Raise the same ``PSConfigError`` on every rank when a rank's tables or update rule are bad
+    or differ from rank 0's (one allgather; ``collectives.validate.agree`` is a layer above ps)."""
+    everyone = comm.allgather((problem, {name: repr(value) for name, value in settings.items()}))
+    bad = [f"rank {r}: {found}" for r, (found, _) in enumerate(everyone) if found]
+    if bad:
+        raise PSConfigError("ColocatedTables: " + "; ".join(bad))
+    first = everyone[0][1]
+    for r, (_, theirs) in enumerate(everyone):
+        for name, value in first.items():
+            if theirs[name] != value:
+                raise PSConfigError(f"ColocatedTables: the ranks declare different {name}: {value} on rank 0, "
+                                    f"{theirs[name]} on rank {r}")
 
 
 def table_of(name, table_ids: Mapping[str, int], specs: Sequence[ParamSpec]) -> int:

@@ -21,14 +21,14 @@ id), so colocated and dedicated layouts start equal and, under SGD, stay equal.
 """
 from __future__ import annotations
 
+import zlib
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
-from ...collectives.validate import InputProblem, ProblemKind, agree, stable_hash
 from ...errors import PSInputError
-from ...runtime.context import Comm, Context, resolve
+from ...runtime.context import Comm, resolve
 from ...runtime.failures import is_process_failure
 from ...runtime.nodes import rank_nodes
 from ..init import PartInit, counter_normal
@@ -63,15 +63,12 @@ class ColocatedTables:
         context = resolve(comm)
         self.comm = context.comm.Dup()
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
-        self.context = Context(self.comm, ft=context.ft, cuda_aware=False, launcher=context.launcher)
+        self.ft = context.ft
         specs = tuple(specs)
         replicas = bool(context.ft if replicas is None else replicas) and self.comm.Get_size() > 1
-        problem = checks.spec_problem(specs, optimizer, lr)
-        fields = [("tables", stable_hash([repr(s) for s in specs]), [repr(s) for s in specs]),
-                  ("optimizer", stable_hash(optimizer), repr(optimizer)), ("learning rate", stable_hash(lr), repr(lr)),
-                  ("seed", stable_hash(seed), repr(seed)), ("replicas", int(replicas), replicas)]
-        agree(self.context, "ColocatedTables", fields,
-              InputProblem(ProblemKind.UNUSABLE_SETTING, problem) if problem else None)
+        checks.agree_on_setup(self.comm, checks.spec_problem(specs, optimizer, lr),
+                              {"tables": list(specs), "optimizer": optimizer, "learning rate": lr, "seed": seed,
+                               "replicas": replicas})
         size, rank = self.comm.Get_size(), self.comm.Get_rank()
         self.layout = ColocatedLayout(specs, range(size), rank_nodes(self.comm))
         self.optimizers = {t: make_optimizer(optimizer, lr) for t in range(len(specs))}
@@ -180,7 +177,7 @@ class ColocatedTables:
         """Exchange the count header with every rank; every rank's counts for this one, after
         ``checks.refuse`` raised on every rank if any rank's call was bad or differed."""
         names = [self.layout.specs[t].name for t in tables]
-        signature = stable_hash((what, names))
+        signature = zlib.crc32(repr((what, names)).encode()) & 0x7FFFFFFF
         header = np.empty((self.worker_count, HEAD + counts.shape[1]), np.int64)
         header[:, 0], header[:, 1], header[:, 2], header[:, HEAD:] = int(mine is not None), signature, \
             self.clock_value, counts
@@ -221,7 +218,7 @@ class ColocatedTables:
 
     def _commit(self) -> None:
         """Under fault tolerance, agree that every rank received the step before anyone applies it."""
-        if not self.context.ft:
+        if not self.ft:
             return
         try:
             committed = bool(self.comm.Agree(1))
