@@ -22,7 +22,7 @@ id), so colocated and dedicated layouts start equal and, under SGD, stay equal.
 from __future__ import annotations
 
 import zlib
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
