@@ -18,3 +18,9 @@ def test_routes_group_items_by_destination_then_segment():
     assert found.items(0, 0).tolist() == [1] and found.items(0, 2).tolist() == [0, 1]
     assert found.items(1, 0).tolist() == [0, 2]
     assert block_starts(found.counts, np.array([4, 8, 2])).tolist() == [[0, 4, 4], [8, 16, 16]]
+
+
+def test_a_trainer_sigkilled_mid_step_is_rebuilt_from_its_replica_bit_for_bit():
+    result = mpirun(3, "colocated_ft.py", ft=True, timeout=120)
+    assert result.returncode == 0, result.output
+    assert "survivors end on the unkilled rows bit for bit" in result.output, result.output

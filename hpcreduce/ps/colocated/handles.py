@@ -9,7 +9,7 @@ slot order) and applies them once, to the owner's shard and to the replica.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -22,12 +22,17 @@ from .routes import Route, block_starts
 from .store import ShardStore
 
 
+Collective = Callable[[Callable[[], Any]], Any]  # runs a step of a call, handling a process failure
+
+
 class PullHandle:
     """Rows coming back for the unique ids of each table; ``wait()`` -> {name: rows aligned with ids}."""
 
     def __init__(self, specs: Sequence[ParamSpec], tables: Dict[int, Tuple[np.ndarray, np.ndarray]],
-                 route: Route, row_bytes: np.ndarray, request: MPI.Request, received: np.ndarray):
+                 route: Route, row_bytes: np.ndarray, request: MPI.Request, received: np.ndarray,
+                 collective: Collective):
         self.specs, self.tables, self.route, self.row_bytes = specs, tables, route, row_bytes
+        self.collective = collective
         self.requests, self.received = [request], received
         self._result: Optional[Dict[str, np.ndarray]] = None
 
@@ -37,7 +42,7 @@ class PullHandle:
 
     def wait(self) -> Dict[str, np.ndarray]:
         if self._result is None:
-            wait_all(self.requests)
+            self.collective(lambda: wait_all(self.requests))
             self._result = self._scatter()
         return self._result
 
@@ -65,10 +70,11 @@ class PushHandle:
     def __init__(self, specs: Sequence[ParamSpec], tables: Sequence[int], step: int, route: Route,
                  incoming: np.ndarray, row_bytes: np.ndarray, requests: List[MPI.Request],
                  ids: np.ndarray, grads: np.ndarray, stores: Sequence[ShardStore],
-                 commit: Callable[[], None]):
+                 collective: Collective, commit: Callable[[], None]):
         self.specs, self.tables, self.step, self.route = specs, list(tables), step, route
         self.incoming, self.row_bytes, self.requests = incoming, row_bytes, requests
         self.ids, self.grads, self.stores, self.commit = ids, grads, stores, commit
+        self.collective = collective
         self._result: Optional[Dict[str, PushResult]] = None
 
     @property
@@ -77,7 +83,7 @@ class PushHandle:
 
     def wait(self) -> Dict[str, PushResult]:
         if self._result is None:
-            wait_all(self.requests)
+            self.collective(lambda: wait_all(self.requests))
             self.commit()
             self._result = self._apply()
         return self._result

@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from ...errors import PSInputError
 from ...runtime.context import Comm, resolve
-from ...runtime.failures import is_process_failure
+from ...runtime.failures import abandon, is_process_failure, release
 from ...runtime.nodes import rank_nodes
 from ..init import PartInit, counter_normal
 from ..optimizers import make_optimizer
@@ -37,6 +37,7 @@ from ..tables import ParamSpec
 from . import checks
 from .handles import PullHandle, PushHandle
 from .layout import ColocatedLayout
+from .recovery import rebuilt
 from .routes import as_bytes, block_starts, byte_spec, route
 from .store import ShardStore
 
@@ -70,6 +71,7 @@ class ColocatedTables:
                               {"tables": list(specs), "optimizer": optimizer, "learning rate": lr, "seed": seed,
                                "replicas": replicas})
         size, rank = self.comm.Get_size(), self.comm.Get_rank()
+        self.key = rank  # this rank's shard key, for life
         self.layout = ColocatedLayout(specs, range(size), rank_nodes(self.comm))
         self.optimizers = {t: make_optimizer(optimizer, lr) for t in range(len(specs))}
         init = init if init is not None else default_init(specs, seed)
@@ -81,6 +83,7 @@ class ColocatedTables:
         self.clock_value = 0
         self.released = False
         self._pushes: List[PushHandle] = []
+        self._pulls: List[PullHandle] = []
 
     @property
     def worker_count(self) -> int:
@@ -96,6 +99,10 @@ class ColocatedTables:
         """Start reading rows of several tables (table -> ids); ``wait()`` -> table -> rows
         aligned with its ids. Collective."""
         self._settle()
+        return self._collective(lambda: self._pull(ids_by_table))
+
+    def _pull(self, ids_by_table: Mapping[str, np.ndarray]) -> PullHandle:
+        """The pull: header, ids to their owners, the owners' rows posted back."""
         mine, tables = self._prepared(lambda: checks.pulled(ids_by_table, self.layout.table_ids, self.layout.specs))
         dests = [self.layout.owner_ranks(t, tables[t][0]) if t in tables else np.empty(0, np.int64)
                  for t in range(len(self.layout.specs))]
@@ -109,12 +116,18 @@ class ColocatedTables:
         received = np.empty(int((sent.counts * self.row_bytes).sum()), np.uint8)
         request = self.comm.Ialltoallv(byte_spec(reply, (incoming * self.row_bytes).sum(1)),
                                        byte_spec(received, (sent.counts * self.row_bytes).sum(1)))
-        return PullHandle(self.layout.specs, tables, sent, self.row_bytes, request, received)
+        handle = PullHandle(self.layout.specs, tables, sent, self.row_bytes, request, received, self._collective)
+        self._pulls = [h for h in self._pulls if not h.done] + [handle]
+        return handle
 
     def push_rows_many_async(self, rows_by_table: Mapping[str, Tuple[np.ndarray, np.ndarray]]) -> PushHandle:
         """Start sending row gradients of several tables (table -> (unique ids, gradients)) for
         this step; ``wait()`` -> table -> ``PushResult``. Collective."""
         self._settle()
+        return self._collective(lambda: self._push(rows_by_table))
+
+    def _push(self, rows_by_table: Mapping[str, Tuple[np.ndarray, np.ndarray]]) -> PushHandle:
+        """The push: header, then ids and gradients posted to owners and replica holders."""
         mine, tables = self._prepared(lambda: checks.pushed(rows_by_table, self.layout.table_ids, self.layout.specs))
         count = len(self.layout.specs)
         stores = [self.store] + ([self.replica] if self.replica is not None else [])
@@ -137,7 +150,7 @@ class ColocatedTables:
                     self.comm.Ialltoallv(byte_spec(grads, (sent.counts * row_bytes).sum(1)),
                                          byte_spec(got_grads, (incoming * row_bytes).sum(1)))]
         handle = PushHandle(self.layout.specs, sorted(tables), self.clock_value, sent, incoming, row_bytes,
-                            requests, got_ids, got_grads, stores, self._commit)
+                            requests, got_ids, got_grads, stores, self._collective, self._commit)
         self._pushes.append(handle)
         return handle
 
@@ -153,6 +166,18 @@ class ColocatedTables:
         self._check_open("release()")
         self._settle()
         self.released = True
+
+    def recover(self) -> List[int]:
+        """After a call raised a process failure (ULFM), on every survivor: rebuild the lost
+        shards from their replicas and re-replicate (``recovery``); the lost shard keys. Then
+        redo the step: pull again, push this step's gradients over the new split of the batch
+        (``rank`` and ``worker_count`` changed; a step already applied is refused)."""
+        self._abandon()
+        restored = rebuilt(self.comm, self.layout, self.key, self.store, self.replica, self.clock_value)
+        release(self.comm)
+        self.comm, self.layout, self.store, self.replica = restored.comm, restored.layout, restored.store, \
+            restored.replica
+        return restored.lost
 
     def checksum(self) -> float:
         """The sum of every value of every table, over every rank (collective)."""
@@ -216,21 +241,43 @@ class ColocatedTables:
                     pieces.append(as_bytes(grads, int(row_bytes[s]))[sent.items(dest, s)].reshape(-1))
         return np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
 
-    def _commit(self) -> None:
-        """Under fault tolerance, agree that every rank received the step before anyone applies it."""
-        if not self.ft:
-            return
+    def _collective(self, work):
+        """``work()``; under fault tolerance a process failure in it revokes the communicator,
+        completes every request in flight and joins the step's one agreement (where the ranks
+        that saw no failure commit their push) before it is raised: every survivor then
+        calls ``recover``."""
         try:
-            committed = bool(self.comm.Agree(1))
+            return work()
+        except MPI.Exception as error:
+            if self.ft and is_process_failure(error, self.comm):
+                self._abandon()
+                self._agree(False)
+            raise
+
+    def _commit(self) -> None:
+        """Under fault tolerance, agree that every rank received the step before anyone applies
+        it; a process failure (here or anywhere) raises ``ERR_PROC_FAILED``, nothing applied."""
+        if self.ft and not self._agree(True):
+            self._abandon()
+            raise MPI.Exception(MPI.ERR_PROC_FAILED)
+
+    def _agree(self, ok: bool) -> bool:
+        """True only if every rank says ``ok`` and none failed; the same on every survivor."""
+        try:
+            return bool(self.comm.Agree(int(ok)))
         except MPI.Exception as error:
             if not is_process_failure(error, self.comm):
                 raise
-            committed = False
-        if not committed:
-            raise MPI.Exception(MPI.ERR_PROC_FAILED)
+            return False
+
+    def _abandon(self) -> None:
+        """Revoke the communicator and complete every request still in flight (with an error)."""
+        handles = [h for h in self._pulls + self._pushes if not h.done]
+        abandon(self.comm, [request for handle in handles for request in handle.requests])
+        self._pulls, self._pushes = [], []
 
     def _settle(self) -> None:
         """Complete and apply the pushes in flight, in the order they were made."""
-        pushes, self._pushes = self._pushes, []
-        for handle in pushes:
-            handle.wait()
+        while self._pushes:
+            self._pushes[0].wait()
+            self._pushes.pop(0)

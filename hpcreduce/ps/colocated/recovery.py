@@ -1,0 +1,124 @@
+"""A trainer rank SIGKILLed under the colocated layout: survivors rebuild its shard in place (ULFM).
+
+After a call raised a process failure, every survivor calls ``ColocatedTables.recover()``:
+
+1. the communicator is revoked, shrunk to the survivors and agreed (``shrink``, the skeleton
+   of ``ft.rounds``, a layer the ps may not import); survivors keep their order and shard keys;
+2. each lost key's rows come from its replica, held by the key's ring successor (a key lost
+   with its replica is a ``PSTrainingError`` on every rank); the placement is recomputed over
+   the live keys (rendezvous hashing: only the lost rows move) and each replicated row goes to
+   its new owner, with its optimizer state;
+3. every shard is copied whole to its new ring successor, the new replica;
+4. one ``Agree`` commits: only then are the new stores installed, so a failure during the
+   restore starts the round again from what each survivor held before.
+
+Pushes are exactly once: a push is applied only after every rank agreed that every rank
+received it (``ColocatedTables._commit``), so an interrupted step was applied nowhere and
+is pushed again by the survivors over the new split of the batch; the step travels with it,
+and a shard refuses a step it already applied. Cost: one shrink, one ``alltoall`` of the
+lost rows, one shard to each successor, one agreement (Python objects: recovery is rare).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ...errors import PSTrainingError
+from ...runtime.failures import is_process_failure, release, revoke
+from ...runtime.nodes import rank_nodes
+from .layout import ColocatedLayout
+from .store import ShardStore
+
+
+@dataclass
+class Restored:
+    """What one committed recovery installs."""
+
+    comm: MPI.Intracomm
+    layout: ColocatedLayout
+    store: ShardStore
+    replica: Optional[ShardStore]
+    lost: List[int]
+
+
+def shrink(comm: MPI.Intracomm) -> MPI.Intracomm:
+    """Revoke ``comm``, shrink it to the survivors and agree; again while ranks keep failing."""
+    current = comm
+    while True:
+        revoke(current)
+        try:
+            survivors = current.Shrink()
+        except MPI.Exception as error:
+            if not is_process_failure(error):
+                raise
+            continue
+        survivors.Set_errhandler(MPI.ERRORS_RETURN)
+        if current is not comm:
+            release(current)
+        current = survivors
+        try:
+            current.Agree(1)
+            return current
+        except MPI.Exception as error:
+            if not is_process_failure(error):
+                raise
+
+
+def restore(comm: MPI.Intracomm, layout: ColocatedLayout, key: int, store: ShardStore,
+            replica: Optional[ShardStore], clock: int) -> Restored:
+    """Steps 2-3 of the module docstring on the survivors' ``comm``: nothing given is changed."""
+    keys_and_clocks = comm.allgather((key, clock))
+    keys = [k for k, _ in keys_and_clocks]
+    if len({c for _, c in keys_and_clocks}) > 1:
+        raise PSTrainingError(f"colocated recovery: the survivors are at different steps {keys_and_clocks}")
+    lost = sorted(set(layout.keys) - set(keys))
+    holders = {k: layout.successor[k] for k in lost}
+    orphans = [k for k, holder in holders.items() if holder in lost or replica is None]
+    if orphans:
+        raise PSTrainingError(f"colocated recovery: shard keys {orphans} were lost with their replicas "
+                              "(a replica lives on the ring successor; two neighbours died, or replicas are off)")
+    new = ColocatedLayout(layout.specs, keys, rank_nodes(comm))
+    mine = copy.deepcopy(store)
+    outgoing: List[List[Tuple[int, np.ndarray, np.ndarray, Dict[str, np.ndarray]]]] = [[] for _ in keys]
+    if any(holders[k] == key for k in lost):
+        for t in range(len(layout.specs)):
+            ids, values, state = replica.export(t)
+            owners = new.owner_ranks(t, ids)
+            for rank in np.unique(owners).tolist():
+                chosen = owners == rank
+                outgoing[rank].append((t, ids[chosen], values[chosen], {n: a[chosen] for n, a in state.items()}))
+    for pieces in comm.alltoall(outgoing):
+        for t, ids, values, state in pieces:
+            mine.take(t, ids, values, state)
+    size = comm.Get_size()
+    successor = new.rank_of(new.successor[key])
+    predecessor = new.rank_of(new.predecessor[key])
+    copied = comm.sendrecv(mine, dest=successor, source=predecessor) if size > 1 and replica is not None else None
+    return Restored(comm, new, mine, copied, lost)
+
+
+def rebuilt(comm: MPI.Intracomm, layout: ColocatedLayout, key: int, store: ShardStore,
+            replica: Optional[ShardStore], clock: int) -> Restored:
+    """Shrink, restore and commit, in rounds until a round commits (steps 1-4)."""
+    while True:
+        comm = shrink(comm)
+        try:
+            restored = restore(comm, layout, key, store, replica, clock)
+            ok = True
+        except MPI.Exception as error:
+            if not is_process_failure(error, comm):
+                raise
+            revoke(comm)
+            ok = False
+        try:
+            committed = bool(comm.Agree(int(ok)))
+        except MPI.Exception as error:
+            if not is_process_failure(error):
+                raise
+            committed = False
+        if committed:
+            return restored

@@ -1,0 +1,95 @@
+"""A trainer SIGKILLed under the colocated layout, under mpirun --with-ft ulfm (3 ranks).
+
+The same BSP SGD run twice in one launch, the global batch split over the live ranks:
+unkilled, then with rank 1 SIGKILLed in the middle of step KILL (rows pulled, gradients
+not pushed). The survivors rebuild its shard from the replica on its ring successor and
+redo the step over the new split; they must end on the unkilled run's rows bit for bit
+(gradients are multiples of 1/16, so any split sums them exactly), with no step applied
+twice and the replicas re-made on the new ring.
+"""
+import os
+import signal
+import sys
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+import hpcreduce
+from hpcreduce.ps import Dynamic, ParamSpec, dynamic_table
+from hpcreduce.ps.colocated import ColocatedTables
+from hpcreduce.runtime.failures import is_process_failure
+
+
+def abort_on_error(kind, value, trace):
+    """Under ULFM a rank that exits is not a failure to its peers: end the whole job instead."""
+    traceback.print_exception(kind, value, trace)
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(1)
+
+
+sys.excepthook = abort_on_error
+ctx = hpcreduce.init(ft=True)
+assert ctx.size == 3, "run with 3 ranks"
+SPECS = [ParamSpec("a", (500, 4), sparse=True), dynamic_table("d", 2, Dynamic(seed=3))]
+STEPS, KILL, EXAMPLES, VICTIM = 8, 4, 48, 1
+
+
+def step_rows(step: int, share: int, shares: int):
+    """This share's ids per table (one per example) and its unique ids' summed gradients."""
+    examples = np.arange(share, EXAMPLES, shares)
+    rng = np.random.default_rng([step, 99])
+    every = {"a": rng.integers(0, 500, EXAMPLES), "d": rng.integers(-2**50, 2**50, EXAMPLES) % 37}
+    grads = ((np.arange(EXAMPLES) % 7) - 3) / 16
+    out = {}
+    for spec in SPECS:
+        ids = every[spec.name][examples]
+        unique, inverse = np.unique(ids, return_inverse=True)
+        total = np.zeros((len(unique),) + spec.shape[1:], np.float32)
+        np.add.at(total, inverse, grads[examples][:, None].astype(np.float32))
+        out[spec.name] = (ids, unique, total)
+    return out
+
+
+def run(kill: bool):
+    tables = ColocatedTables(SPECS, lr=0.5, comm=ctx, seed=1)
+    assert tables.replica is not None, "replicas are on under fault tolerance"
+    lost, redone = [], 0
+    while tables.clock_value < STEPS:
+        step = tables.clock_value
+        try:
+            mine = step_rows(step, tables.rank, tables.worker_count)
+            rows = tables.pull_rows_many_async({name: ids for name, (ids, _, _) in mine.items()}).wait()
+            assert all(np.isfinite(r).all() for r in rows.values())
+            if kill and step == KILL and MPI.COMM_WORLD.Get_rank() == VICTIM:
+                os.kill(os.getpid(), signal.SIGKILL)
+            results = tables.push_rows_many_async({n: (u, g) for n, (_, u, g) in mine.items()}).wait()
+            redone += sum(result.duplicates for result in results.values())
+            tables.clock()
+        except MPI.Exception as error:
+            if not is_process_failure(error, tables.comm):
+                raise
+            lost += tables.recover()
+    everything = {"a": np.arange(500), "d": np.arange(37)}
+    return tables, lost, tables.pull_rows_many_async(everything).wait()
+
+
+reference, lost, want = run(kill=False)
+assert lost == []
+tables, lost, got = run(kill=True)
+assert lost == [VICTIM], lost
+assert tables.worker_count == 2
+for name in want:
+    assert np.array_equal(got[name], want[name]), (name, np.abs(got[name] - want[name]).max())
+# the replicas were re-made on the new ring: each equals its owner's shard
+successor = tables.layout.rank_of(tables.layout.successor[tables.key])
+predecessor = tables.layout.rank_of(tables.layout.predecessor[tables.key])
+for t in range(len(SPECS)):
+    ids, values, _ = tables.comm.sendrecv(tables.store.export(t), dest=successor, source=predecessor)
+    mine_ids, mine_values, _ = tables.replica.export(t)
+    assert np.array_equal(np.sort(ids), np.sort(mine_ids)), t
+    assert np.array_equal(values[np.argsort(ids)], mine_values[np.argsort(mine_ids)]), t
+    assert tables.store.last_step[t] == STEPS - 1, tables.store.last_step
+if tables.rank == 0:
+    print(f"colocated ft: rank {VICTIM} killed at step {KILL}, survivors end on the unkilled rows bit for bit",
+          flush=True)
