@@ -16,21 +16,21 @@ Pushes are exactly once: a push is applied only after every rank agreed that eve
 received it (``ColocatedTables._commit``), so an interrupted step was applied nowhere and
 is pushed again by the survivors over the new split of the batch; the step travels with it,
 and a shard refuses a step it already applied. Cost: one shrink, one ``alltoall`` of the
-lost rows, one shard to each successor, one agreement (Python objects: recovery is rare).
+lost rows, one shard to each successor, one agreement (``moves``).
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional
 
-import numpy as np
 from mpi4py import MPI
 
 from ...errors import PSTrainingError
 from ...runtime.failures import is_process_failure, release, revoke
 from ...runtime.nodes import rank_nodes
 from .layout import ColocatedLayout
+from .moves import deliver, replicate
 from .store import ShardStore
 
 
@@ -83,21 +83,9 @@ def restore(comm: MPI.Intracomm, layout: ColocatedLayout, key: int, store: Shard
                               "(a replica lives on the ring successor; two neighbours died, or replicas are off)")
     new = ColocatedLayout(layout.specs, keys, rank_nodes(comm))
     mine = copy.deepcopy(store)
-    outgoing: List[List[Tuple[int, np.ndarray, np.ndarray, Dict[str, np.ndarray]]]] = [[] for _ in keys]
-    if any(holders[k] == key for k in lost):
-        for t in range(len(layout.specs)):
-            ids, values, state = replica.export(t)
-            owners = new.owner_ranks(t, ids)
-            for rank in np.unique(owners).tolist():
-                chosen = owners == rank
-                outgoing[rank].append((t, ids[chosen], values[chosen], {n: a[chosen] for n, a in state.items()}))
-    for pieces in comm.alltoall(outgoing):
-        for t, ids, values, state in pieces:
-            mine.take(t, ids, values, state)
-    size = comm.Get_size()
-    successor = new.rank_of(new.successor[key])
-    predecessor = new.rank_of(new.predecessor[key])
-    copied = comm.sendrecv(mine, dest=successor, source=predecessor) if size > 1 and replica is not None else None
+    adopted = [k for k in lost if holders[k] == key]
+    deliver(comm, new, mine, [(t, *replica.export(t)) for t in range(len(layout.specs))] if adopted else [])
+    copied = replicate(comm, new, key, mine) if replica is not None else None
     return Restored(comm, new, mine, copied, lost)
 
 

@@ -1,0 +1,38 @@
+"""Rows changing rank, off the hot path (recovery, checkpoint loads): to their owners, and replicas.
+
+Python objects through ``alltoall``/``sendrecv``: these run once per failure or load, never
+per step.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from .layout import ColocatedLayout
+from .store import ShardStore
+
+Rows = Tuple[int, np.ndarray, np.ndarray, Dict[str, np.ndarray]]  # table, ids, values, optimizer state
+
+
+def deliver(comm: MPI.Intracomm, layout: ColocatedLayout, store: ShardStore, rows: Iterable[Rows]) -> None:
+    """Send ``rows`` each to its owner under ``layout`` (collective); ``store`` takes what arrives."""
+    outgoing: List[List[Rows]] = [[] for _ in range(comm.Get_size())]
+    for t, ids, values, state in rows:
+        owners = layout.owner_ranks(t, ids)
+        for rank in np.unique(owners).tolist():
+            chosen = owners == rank
+            outgoing[rank].append((t, ids[chosen], values[chosen], {n: a[chosen] for n, a in state.items()}))
+    for pieces in comm.alltoall(outgoing):
+        for t, ids, values, state in pieces:
+            store.take(t, ids, values, state)
+
+
+def replicate(comm: MPI.Intracomm, layout: ColocatedLayout, key: int, store: ShardStore) -> Optional[ShardStore]:
+    """Send ``store`` whole to the ring successor of ``key``; the predecessor's shard, this rank's
+    new replica (None on one rank)."""
+    if comm.Get_size() < 2:
+        return None
+    return comm.sendrecv(store, dest=layout.rank_of(layout.successor[key]),
+                         source=layout.rank_of(layout.predecessor[key]))
