@@ -24,3 +24,9 @@ def test_a_trainer_sigkilled_mid_step_is_rebuilt_from_its_replica_bit_for_bit():
     result = mpirun(3, "colocated_ft.py", ft=True, timeout=120)
     assert result.returncode == 0, result.output
     assert "survivors end on the unkilled rows bit for bit" in result.output, result.output
+
+
+def test_a_checkpoint_saved_at_3_ranks_loads_at_2_and_trains_to_the_same_rows(tmp_path):
+    result = mpirun(3, "colocated_checkpoint.py", str(tmp_path), timeout=120)
+    assert result.returncode == 0, result.output
+    assert "loaded at 2, same rows after training on" in result.output, result.output

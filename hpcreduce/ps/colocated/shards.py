@@ -34,7 +34,7 @@ from ...runtime.nodes import rank_nodes
 from ..init import PartInit, counter_normal
 from ..optimizers import make_optimizer
 from ..tables import ParamSpec
-from . import checks
+from . import checkpoint, checks
 from .handles import PullHandle, PushHandle
 from .layout import ColocatedLayout
 from .recovery import rebuilt
@@ -178,6 +178,20 @@ class ColocatedTables:
         self.comm, self.layout, self.store, self.replica = restored.comm, restored.layout, restored.store, \
             restored.replica
         return restored.lost
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Write every shard (ids, rows, optimizer state) and the step to ``directory`` (collective)."""
+        self._settle()
+        checkpoint.save(self, directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Load what ``save_checkpoint`` wrote, at this or another number of ranks (collective)."""
+        self._settle()
+        checkpoint.load(self, directory)
+
+    def install(self, store: ShardStore, replica: Optional[ShardStore], step: int) -> None:
+        """Make ``store`` this rank's shard and ``replica`` its replica, at ``step``."""
+        self.store, self.replica, self.clock_value = store, replica, step
 
     def checksum(self) -> float:
         """The sum of every value of every table, over every rank (collective)."""

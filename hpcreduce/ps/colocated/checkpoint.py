@@ -1,0 +1,95 @@
+"""Colocated tables on disk: one file per shard, loadable at another number of ranks.
+
+``save(tables, directory)``: every rank writes ``shard-<key>.npz`` (each table's ids, rows and
+optimizer state, the last step applied), then rank 0 writes ``colocated.json`` (the tables,
+the optimizer, the step, the shard files), each file atomically. ``load(tables, directory)``:
+every rank reads the description, checks it against its own tables and optimizer, reads every
+``size``-th shard file and sends each row to its owner under the current layout (rendezvous
+hashing over the live keys), then re-makes the replicas: any number of ranks loads any
+checkpoint of the same tables. A problem (no checkpoint, other tables, a missing file) is a
+``PSConfigError`` on every rank before anything is changed.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ...errors import PSConfigError
+from ...runtime.files import atomic_file, write_json
+from .moves import Rows, deliver, replicate
+from .store import ShardStore
+
+DESCRIPTION = "colocated.json"
+
+
+def description(tables) -> Dict[str, object]:
+    """What a checkpoint of ``tables`` says about itself (shard files aside)."""
+    return {"tables": [repr(spec) for spec in tables.layout.specs],
+            "optimizer": [type(o).__name__ for o in tables.optimizers.values()],
+            "step": tables.clock_value}
+
+
+def save(tables, directory: str) -> None:
+    """Write ``tables`` (collective; no push in flight)."""
+    arrays: Dict[str, np.ndarray] = {}
+    for t in range(len(tables.layout.specs)):
+        ids, values, state = tables.store.export(t)
+        arrays[f"{t}/ids"], arrays[f"{t}/values"] = ids.astype(np.int64), values
+        arrays.update({f"{t}/{name}": array for name, array in state.items()})
+    problem = None
+    try:
+        with atomic_file(os.path.join(directory, f"shard-{tables.key}.npz"), "wb") as out:
+            np.savez(out, **arrays)
+    except OSError as error:
+        problem = f"rank {tables.rank}: {error}"
+    keys = tables.comm.allgather((tables.key, problem))
+    problems = [p for _, p in keys if p]
+    if problems:
+        raise PSConfigError("colocated checkpoint not written: " + "; ".join(problems))
+    if tables.rank == 0:
+        write_json(os.path.join(directory, DESCRIPTION), {**description(tables), "shards": sorted(k for k, _ in keys)})
+    tables.comm.Barrier()
+
+
+def load(tables, directory: str) -> None:
+    """Replace ``tables``' rows, optimizer state and step with the checkpoint in ``directory``."""
+    rank, size = tables.rank, tables.worker_count
+    found, problem = _read(tables, directory, rank, size)
+    problems = [p for p in tables.comm.allgather(problem) if p]
+    if problems:
+        raise PSConfigError(f"cannot load the colocated checkpoint in {directory}: {problems[0]}")
+    saved, rows = found
+    store = ShardStore.empty(tables.key, tables.layout.specs, tables.optimizers)
+    deliver(tables.comm, tables.layout, store, rows)
+    store.last_step = {t: int(saved["step"]) - 1 for t in store.tables}
+    held = tables.comm.allreduce(np.array([len(store.tables[t].ids) for t in range(len(tables.layout.specs))]))
+    short = [(spec, int(got)) for spec, got in zip(tables.layout.specs, held) if spec.dynamic is None
+             and got != spec.shape[0]]
+    if short:
+        raise PSConfigError(f"cannot load the colocated checkpoint in {directory}: table {short[0][0].name!r} has "
+                            f"{short[0][1]} rows in it, not the {short[0][0].shape[0]} it declares")
+    tables.install(store, replicate(tables.comm, tables.layout, tables.key, store) if tables.replica else None,
+                   int(saved["step"]))
+
+
+def _read(tables, directory: str, rank: int, size: int) -> Tuple[Optional[tuple], Optional[str]]:
+    """(description, rows of this rank's share of the shard files), or the problem."""
+    try:
+        with open(os.path.join(directory, DESCRIPTION), encoding="utf-8") as source:
+            saved = json.load(source)
+        mine = description(tables)
+        for name in ("tables", "optimizer"):
+            if saved.get(name) != mine[name]:
+                return None, f"it holds {name} {saved.get(name)}, these tables have {mine[name]}"
+        rows: List[Rows] = []
+        for key in saved["shards"][rank::size]:
+            with np.load(os.path.join(directory, f"shard-{key}.npz")) as shard:
+                for t in range(len(tables.layout.specs)):
+                    state = {n: shard[f"{t}/{n}"] for n in tables.optimizers[t].state_names}
+                    rows.append((t, shard[f"{t}/ids"], shard[f"{t}/values"], state))
+        return (saved, rows), None
+    except (OSError, ValueError, KeyError) as error:
+        return None, f"{type(error).__name__}: {error}"
