@@ -7,7 +7,7 @@ Run under mpirun with 2 or 3 ranks; every rank asserts.
 import numpy as np
 
 import hpcreduce
-from hpcreduce.ps import Dynamic, ParamSpec, PSConfigError, PSInputError, dynamic_table
+from hpcreduce.ps import Consistency, Dynamic, ParamSpec, PSConfigError, PSInputError, Worker, dynamic_table, start
 from hpcreduce.ps.colocated import ColocatedTables, default_init
 from hpcreduce.ps.tables import initial_rows
 from shared_checks import expect
@@ -83,6 +83,40 @@ def check_bsp_sgd_matches_the_reference_and_replicas_match_their_shards():
     assert asked
 
 
+def check_a_step_pushed_twice_is_applied_once():
+    tables = ColocatedTables(SPECS, lr=LR, comm=ctx, seed=SEED)
+    _, unique, grads = batch(rank, 0)["a"]
+    first = tables.push_rows_many_async({"a": (unique, grads)}).wait()["a"]
+    after = tables.pull_rows_many_async({"a": unique}).wait()["a"]
+    again = tables.push_rows_many_async({"a": (unique, grads)}).wait()["a"]  # the same step (no clock between)
+    assert first.duplicates == 0 and again.duplicates == 1, (first, again)
+    assert np.array_equal(tables.pull_rows_many_async({"a": unique}).wait()["a"], after)
+
+
+def check_equals_a_dedicated_server_run():
+    """3 ranks: 1 server + 2 workers (``ps.start``, BSP) against colocated tables on the 2 workers, same pushes."""
+    if size != 3:
+        return
+    every = {"a": np.arange(300), "b": np.arange(50)}
+    role = start(SPECS[:2], default_init(SPECS[:2], SEED), servers=1, consistency=Consistency("bsp"), lr=LR, comm=ctx)
+    workers = comm.Split(0 if rank else 1, rank)
+    if isinstance(role, Worker):
+        tables = ColocatedTables(SPECS[:2], lr=LR, comm=workers, seed=SEED)
+        for step in range(STEPS):
+            mine = {name: pair for name, pair in batch(rank - 1, step).items() if name in every}
+            for client in (role, tables):
+                client.pull_rows_many_async({name: ids for name, (ids, _, _) in mine.items()}).wait()
+                client.push_rows_many_async({name: (u, g) for name, (_, u, g) in mine.items()}).wait()
+                client.clock()
+        dedicated = role.pull_rows_many_async(every).wait()
+        role.release()
+        colocated = tables.pull_rows_many_async(every).wait()
+        for name in every:
+            assert np.array_equal(dedicated[name], colocated[name]), name
+    else:
+        role.serve()
+
+
 def check_bad_input_raises_on_every_rank_and_changes_nothing():
     tables = ColocatedTables(SPECS, lr=LR, comm=ctx, seed=SEED)
     ids = np.arange(10)
@@ -120,6 +154,8 @@ def check_tables_declared_differently_are_refused_everywhere():
 
 
 check_bsp_sgd_matches_the_reference_and_replicas_match_their_shards()
+check_a_step_pushed_twice_is_applied_once()
+check_equals_a_dedicated_server_run()
 check_bad_input_raises_on_every_rank_and_changes_nothing()
 check_tables_declared_differently_are_refused_everywhere()
 if rank == 0:
