@@ -193,11 +193,6 @@ class ColocatedTables:
         """Make ``store`` this rank's shard and ``replica`` its replica, at ``step``."""
         self.store, self.replica, self.clock_value = store, replica, step
 
-    def checksum(self) -> float:
-        """The sum of every value of every table, over every rank (collective)."""
-        self._settle()
-        return self.comm.allreduce(self.store.checksum())
-
     # -- internals ---------------------------------------------------------------------
     def _check_open(self, call: str) -> None:
         if self.released:

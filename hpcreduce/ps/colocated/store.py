@@ -107,7 +107,3 @@ class ShardStore:
         table.optimizer_state = {k: np.concatenate([v, state[k]])[order] for k, v in table.optimizer_state.items()}
         table.own_rows(merged[order].astype(table.ids.dtype if len(table.ids) else np.int64),
                        self.specs[t].shape[0])
-
-    def checksum(self) -> float:
-        """The sum of every value held (a quick comparison between runs)."""
-        return float(sum(float(np.sum(table.values, dtype=np.float64)) for table in self.tables.values()))
