@@ -20,10 +20,10 @@ def test_routes_group_items_by_destination_then_segment():
     assert block_starts(found.counts, np.array([4, 8, 2])).tolist() == [[0, 4, 4], [8, 16, 16]]
 
 
-def test_a_trainer_sigkilled_mid_step_is_rebuilt_from_its_replica_bit_for_bit():
+def test_trainers_sigkilled_mid_step_are_rebuilt_from_their_replicas_bit_for_bit():
     result = mpirun(3, "colocated_ft.py", ft=True, timeout=120)
     assert result.returncode == 0, result.output
-    assert "survivors end on the unkilled rows bit for bit" in result.output, result.output
+    assert "rank 0 ends alone on the unkilled rows bit for bit" in result.output, result.output
 
 
 def test_a_checkpoint_saved_at_3_ranks_loads_at_2_and_trains_to_the_same_rows(tmp_path):

@@ -5,7 +5,10 @@
 Each round times one step of ``ColocatedTables`` (pull of every table's ids, a bag per
 example, then a push of the unique ids' gradients, clock) and then ``Alltoallv`` moving the
 bytes that step moved (ids out, rows back, ids and gradients out), on the same ranks. Prints
-the medians and their ratio (raw / colocated: 1.0 is as fast as the bytes allow).
+the medians and their ratio (raw / colocated: 1.0 is as fast as the bytes allow). With 3
+ranks, rank 0 is a dedicated server (``ps.start``, BSP, the same tables and SGD) and each round
+also times the same step through ``ps.Worker`` on ranks 1-2: the two layouts for the same
+trainers (the server's loop runs all along, as it does in a dedicated job).
 """
 import sys
 import time
@@ -14,14 +17,21 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcreduce
-from hpcreduce.ps import ParamSpec
-from hpcreduce.ps.colocated import ColocatedTables
+from hpcreduce.ps import Consistency, ParamSpec, Server, start
+from hpcreduce.ps.colocated import ColocatedTables, default_init
 
 TABLES, BATCH, BAG, DIM, ROWS, ROUNDS = (int(a) for a in (sys.argv[1:] + ["26", "512", "4", "16", "100000", "20"][len(sys.argv) - 1:]))
 ctx = hpcreduce.init()
-comm, rank, size = ctx.comm, ctx.rank, ctx.size
 specs = [ParamSpec(f"t{t}", (ROWS, DIM), sparse=True) for t in range(TABLES)]
-tables = ColocatedTables(specs, lr=0.01, comm=ctx, replicas=False)
+comm = ctx.comm.Split(int(ctx.size == 3 and ctx.rank == 0), ctx.rank)  # the trainers
+dedicated = None
+if ctx.size == 3:
+    dedicated = start(specs, default_init(specs, 0), servers=1, consistency=Consistency("bsp"), lr=0.01, comm=ctx)
+    if isinstance(dedicated, Server):
+        dedicated.serve()
+        sys.exit(0)
+rank, size = comm.Get_rank(), comm.Get_size()
+tables = ColocatedTables(specs, lr=0.01, comm=comm, replicas=False)
 rng = np.random.default_rng(rank)
 
 
@@ -38,6 +48,12 @@ def colocated(ids, grads):
     tables.pull_rows_many_async(ids).wait()
     tables.push_rows_many_async(grads).wait()
     tables.clock()
+
+
+def through_server(ids, grads):
+    dedicated.pull_rows_many_async(ids).wait()
+    dedicated.push_rows_many_async(grads).wait()
+    dedicated.clock()
 
 
 def raw_buffers(grads):
@@ -57,11 +73,12 @@ def raw(buffers):
     comm.Alltoallv(rows, rows_in)        # push: gradients
 
 
-times = {"colocated": [], "raw": []}
+times = {"colocated": [], "raw": [], "dedicated": []}
 for round_ in range(ROUNDS + 2):
     ids, grads = batch()
     buffers = raw_buffers(grads)
-    for name, run in (("colocated", lambda: colocated(ids, grads)), ("raw", lambda: raw(buffers))):
+    runs = [("colocated", lambda: colocated(ids, grads)), ("raw", lambda: raw(buffers))]
+    for name, run in runs + ([("dedicated", lambda: through_server(ids, grads))] if dedicated else []):
         comm.Barrier()
         start = time.perf_counter()
         run()
@@ -73,3 +90,9 @@ if rank == 0:
     print(f"colocated pull+push: {TABLES} tables x {BATCH}x{BAG} ids x {DIM} floats, {size} ranks: "
           f"median step {c * 1e3:.2f} ms; raw Alltoallv of the same bytes {r * 1e3:.2f} ms; "
           f"raw/colocated {r / c:.3f}", flush=True)
+    if dedicated is not None:
+        d = float(np.median(times["dedicated"]))
+        print(f"dedicated (1 server + {size} workers, BSP): median step {d * 1e3:.2f} ms; "
+              f"dedicated/colocated step time {d / c:.3f}", flush=True)
+if dedicated is not None:
+    dedicated.release()
