@@ -1,5 +1,6 @@
 """The colocated layout (``hpcreduce.ps.colocated``): shards on every trainer rank."""
 import numpy as np
+import pytest
 
 from mpi_run import mpirun
 
@@ -20,8 +21,9 @@ def test_routes_group_items_by_destination_then_segment():
     assert block_starts(found.counts, np.array([4, 8, 2])).tolist() == [[0, 4, 4], [8, 16, 16]]
 
 
-def test_trainers_sigkilled_mid_step_are_rebuilt_from_their_replicas_bit_for_bit():
-    result = mpirun(3, "colocated_ft.py", ft=True, timeout=120)
+@pytest.mark.parametrize("where", ["before-push", "in-push"])
+def test_trainers_sigkilled_mid_step_are_rebuilt_from_their_replicas_bit_for_bit(where):
+    result = mpirun(3, "colocated_ft.py", where, ft=True, timeout=120)
     assert result.returncode == 0, result.output
     assert "rank 0 ends alone on the unkilled rows bit for bit" in result.output, result.output
 

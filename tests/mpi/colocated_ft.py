@@ -1,8 +1,9 @@
 """A trainer SIGKILLed under the colocated layout, under mpirun --with-ft ulfm (3 ranks).
 
 The same BSP SGD run twice in one launch, the global batch split over the live ranks:
-unkilled, then with rank 1 SIGKILLed in the middle of step 3 (rows pulled, gradients not
-pushed) and rank 2 in the middle of step 6. Each time the survivors rebuild the lost shard
+unkilled, then with rank 1 SIGKILLed in the middle of step 3 and rank 2 in the middle of
+step 6: with its rows pulled and nothing pushed (``before-push``), or with its push posted
+and not received by all (``in-push``, the others waiting in the ``Ialltoallv``). Each time the survivors rebuild the lost shard
 from the replica on its ring successor and redo the step over the new split (the second
 loss is rebuilt from a replica re-made after the first, holding rows adopted from rank 1);
 rank 0 must end alone on the unkilled run's rows bit for bit (gradients are multiples of
@@ -35,6 +36,7 @@ ctx = hpcreduce.init(ft=True)
 assert ctx.size == 3, "run with 3 ranks"
 SPECS = [ParamSpec("a", (500, 4), sparse=True), dynamic_table("d", 2, Dynamic(seed=3))]
 STEPS, EXAMPLES, KILLS = 8, 48, {3: 1, 6: 2}  # step: world rank SIGKILLed in it
+WHERE = sys.argv[1]  # "before-push": rows pulled, nothing pushed; "in-push": the push posted
 
 
 def step_rows(step: int, share: int, shares: int):
@@ -74,9 +76,13 @@ def run(kill: bool):
             mine = step_rows(step, tables.rank, tables.worker_count)
             rows = tables.pull_rows_many_async({name: ids for name, (ids, _, _) in mine.items()}).wait()
             assert all(np.isfinite(r).all() for r in rows.values())
-            if kill and KILLS.get(step) == MPI.COMM_WORLD.Get_rank():
+            dies = kill and KILLS.get(step) == MPI.COMM_WORLD.Get_rank()
+            if dies and WHERE == "before-push":
                 os.kill(os.getpid(), signal.SIGKILL)
-            results = tables.push_rows_many_async({n: (u, g) for n, (_, u, g) in mine.items()}).wait()
+            handle = tables.push_rows_many_async({n: (u, g) for n, (_, u, g) in mine.items()})
+            if dies:  # the gradients posted, not all received
+                os.kill(os.getpid(), signal.SIGKILL)
+            results = handle.wait()
             assert all(result.duplicates == 0 for result in results.values()), results
             tables.clock()
         except MPI.Exception as error:
