@@ -3,12 +3,13 @@
 The same BSP SGD run twice in one launch, the global batch split over the live ranks:
 unkilled, then with rank 1 SIGKILLed in the middle of step 3 and rank 2 in the middle of
 step 6: with its rows pulled and nothing pushed (``before-push``), or with its push posted
-and not received by all (``in-push``, the others waiting in the ``Ialltoallv``). Each time the survivors rebuild the lost shard
-from the replica on its ring successor and redo the step over the new split (the second
-loss is rebuilt from a replica re-made after the first, holding rows adopted from rank 1);
-rank 0 must end alone on the unkilled run's rows bit for bit (gradients are multiples of
-1/16, so any split sums them exactly), with every step applied once and, after the first
-recovery, each replica equal to its shard.
+and not received by all (``in-push``: the others wait in the ``Ialltoallv``). Each time the
+survivors rebuild the lost shard from the replica on its ring successor and redo the step
+over the new split (the second loss is rebuilt from a replica re-made after the first,
+holding rows adopted from rank 1); rank 0 must end alone on the unkilled run's rows bit for
+bit (gradients are multiples of 1/16, so any split sums them exactly), with every step
+applied once and, after the first recovery, each replica equal to its shard.
+Run: python colocated_ft.py before-push|in-push.
 """
 import os
 import signal
