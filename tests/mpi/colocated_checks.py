@@ -142,7 +142,10 @@ def check_bad_input_raises_on_every_rank_and_changes_nothing():
         bad = request if rank == last else {"a": (ids, good)}
         expect(PSInputError, fragment, lambda: tables.push_rows_many_async(bad).wait())
     assert np.array_equal(tables.pull_rows_many_async({"a": ids}).wait()["a"], before)  # nothing applied
+    expect(PSInputError, "takes a mapping of table name -> ids, got list", lambda: tables.pull_rows_many_async({"a": ids} if rank else [1, 2]))
     assert tables.clock() == 1
+    tables.release()
+    expect(PSInputError, "after release()", lambda: tables.pull_rows_many_async({"a": ids}))
 
 
 def check_tables_declared_differently_are_refused_everywhere():

@@ -63,9 +63,15 @@ def table_of(name, table_ids: Mapping[str, int], specs: Sequence[ParamSpec]) -> 
     return t
 
 
+def mapping(call: str, given, values: str) -> None:
+    if not isinstance(given, Mapping):
+        raise PSInputError(f"{call} takes a mapping of table name -> {values}, got {type(given).__name__}")
+
+
 def pulled(ids_by_table: Mapping[str, object], table_ids: Mapping[str, int],
            specs: Sequence[ParamSpec]) -> Pulled:
     """Each table's unique ids and the inverse that rebuilds the ids asked for."""
+    mapping("pull_rows_many_async", ids_by_table, "ids")
     found: Pulled = {}
     for name, ids in ids_by_table.items():
         t = table_of(name, table_ids, specs)
@@ -78,6 +84,7 @@ def pushed(rows_by_table: Mapping[str, Tuple[object, np.ndarray]], table_ids: Ma
            specs: Sequence[ParamSpec]) -> Pushed:
     """Each table's ids sorted with their gradients: unique ids, gradients of the right shape,
     dtype, finite."""
+    mapping("push_rows_many_async", rows_by_table, "(unique ids, gradients)")
     found: Pushed = {}
     for name, pair in rows_by_table.items():
         t = table_of(name, table_ids, specs)

@@ -98,6 +98,7 @@ class ColocatedTables:
     def pull_rows_many_async(self, ids_by_table: Mapping[str, np.ndarray]) -> PullHandle:
         """Start reading rows of several tables (table -> ids); ``wait()`` -> table -> rows
         aligned with its ids. Collective."""
+        self._check_open("pull_rows_many_async()")
         self._settle()
         return self._collective(lambda: self._pull(ids_by_table))
 
@@ -123,6 +124,7 @@ class ColocatedTables:
     def push_rows_many_async(self, rows_by_table: Mapping[str, Tuple[np.ndarray, np.ndarray]]) -> PushHandle:
         """Start sending row gradients of several tables (table -> (unique ids, gradients)) for
         this step; ``wait()`` -> table -> ``PushResult``. Collective."""
+        self._check_open("push_rows_many_async()")
         self._settle()
         return self._collective(lambda: self._push(rows_by_table))
 
@@ -162,10 +164,12 @@ class ColocatedTables:
         return self.clock_value
 
     def release(self) -> None:
-        """Done: complete the pushes in flight; no call is taken after it."""
+        """Done (collective): complete the pushes in flight and free the communicator; every
+        call after it raises ``PSInputError``."""
         self._check_open("release()")
         self._settle()
         self.released = True
+        release(self.comm)
 
     def recover(self) -> List[int]:
         """After a call raised a process failure (ULFM), on every survivor: rebuild the lost
@@ -181,11 +185,13 @@ class ColocatedTables:
 
     def save_checkpoint(self, directory: str) -> None:
         """Write every shard (ids, rows, optimizer state) and the step to ``directory`` (collective)."""
+        self._check_open("save_checkpoint()")
         self._settle()
         checkpoint.save(self, directory)
 
     def load_checkpoint(self, directory: str) -> None:
         """Load what ``save_checkpoint`` wrote, at this or another number of ranks (collective)."""
+        self._check_open("load_checkpoint()")
         self._settle()
         checkpoint.load(self, directory)
 
@@ -199,13 +205,14 @@ class ColocatedTables:
             raise PSInputError(f"{call} after release(): the colocated tables take no call")
 
     def _prepared(self, check) -> Tuple[Optional[str], dict]:
-        """This rank's checked input, or its problem (raised on every rank by ``_headers``)."""
-        if self.released:
-            return "called after release()", {}
+        """This rank's checked input, or its problem (raised on every rank by ``_headers``):
+        anything ``check`` raises is reported there, so no rank is left waiting."""
         try:
             return None, check()
         except PSInputError as error:
             return str(error), {}
+        except Exception as error:  # e.g. not a mapping: still refused everywhere
+            return f"{type(error).__name__}: {error}", {}
 
     def _headers(self, what: str, mine: Optional[str], tables: List[int], counts: np.ndarray) -> np.ndarray:
         """Exchange the count header with every rank; every rank's counts for this one, after
