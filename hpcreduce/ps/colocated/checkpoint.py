@@ -1,7 +1,7 @@
 """Colocated tables on disk: one file per shard, loadable at another number of ranks.
 
 ``save(tables, directory)``: every rank writes ``shard-<key>.npz`` (each table's ids, rows and
-optimizer state, the last step applied), then rank 0 writes ``colocated.json`` (the tables,
+optimizer state, a dynamic table's use counters), then rank 0 writes ``colocated.json`` (the tables,
 the optimizer, the step, the shard files), each file atomically. ``load(tables, directory)``:
 every rank reads the description, checks it against its own tables and optimizer, reads every
 ``size``-th shard file and sends each row to its owner under the current layout (rendezvous
@@ -20,7 +20,7 @@ import numpy as np
 from ...errors import PSConfigError
 from ...runtime.files import atomic_file, write_json
 from .moves import Rows, deliver, replicate
-from .store import ShardStore
+from .store import HEAT, ShardStore
 
 DESCRIPTION = "colocated.json"
 
@@ -89,6 +89,7 @@ def _read(tables, directory: str, rank: int, size: int) -> Tuple[Optional[tuple]
             with np.load(os.path.join(directory, f"shard-{key}.npz")) as shard:
                 for t in range(len(tables.layout.specs)):
                     state = {n: shard[f"{t}/{n}"] for n in tables.optimizers[t].state_names}
+                    state.update((n, shard[f"{t}/{n}"]) for n in HEAT if f"{t}/{n}" in shard.files)
                     rows.append((t, shard[f"{t}/ids"], shard[f"{t}/values"], state))
         return (saved, rows), None
     except (OSError, ValueError, KeyError) as error:

@@ -23,6 +23,7 @@ from ..tables import ParamSpec, RowIndex
 from ..updates import apply_rows
 
 Exported = Tuple[np.ndarray, np.ndarray, Dict[str, np.ndarray]]
+HEAT = ("last_used", "uses")  # a dynamic row's use counters, carried beside its optimizer state
 
 
 class ShardStore:
@@ -89,9 +90,13 @@ class ShardStore:
         return True
 
     def export(self, t: int) -> Exported:
-        """(ids, values, optimizer state) of every row of table ``t`` held here."""
+        """(ids, values, optimizer state) of every row of table ``t`` held here; a dynamic
+        table's state also holds each row's use counters (``HEAT``), for its eviction."""
         table = self.tables[t]
-        return table.ids.copy(), table.values.copy(), {k: v.copy() for k, v in table.optimizer_state.items()}
+        state = {k: v.copy() for k, v in table.optimizer_state.items()}
+        if table.dynamic:
+            state.update(zip(HEAT, (np.array(a) for a in table.heat(slice(None)))))
+        return table.ids.copy(), table.values.copy(), state
 
     def take(self, t: int, ids: np.ndarray, values: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
         """Add rows ``ids`` (none held here yet) of table ``t`` with their values and state."""
@@ -99,7 +104,7 @@ class ShardStore:
         if not len(ids):
             return
         if table.dynamic:
-            table.take(np.asarray(ids, np.int64), values, dict(state))
+            table.take(np.asarray(ids, np.int64), values, dict(state), *(state.get(name) for name in HEAT))
             return
         merged = np.concatenate([table.ids.astype(np.int64), ids])
         order = np.argsort(merged, kind="stable")
