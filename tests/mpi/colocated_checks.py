@@ -9,6 +9,7 @@ import numpy as np
 import hpcreduce
 from hpcreduce.ps import Consistency, Dynamic, ParamSpec, PSConfigError, PSInputError, Worker, dynamic_table, start
 from hpcreduce.ps.colocated import ColocatedTables, default_init
+from hpcreduce.ps.init import PartInit
 from hpcreduce.ps.tables import initial_rows
 from shared_checks import expect
 
@@ -154,6 +155,8 @@ def check_tables_declared_differently_are_refused_everywhere():
     dense = [ParamSpec("w", (3, 4))] if rank == 0 else SPECS[:1]
     expect(PSConfigError, "rank 0: table 'w' is dense", lambda: ColocatedTables(dense, comm=ctx))
     expect(PSConfigError, "unknown optimizer", lambda: ColocatedTables(SPECS, optimizer="nope", comm=ctx))
+    wrong = PartInit(SPECS, lambda t, flat: np.zeros(len(flat) + (rank == 0), np.float32))  # one value too many
+    expect(PSConfigError, "rank 0: ValueError", lambda: ColocatedTables(SPECS, comm=ctx, init=wrong))
 
 
 check_bsp_sgd_matches_the_reference_and_replicas_match_their_shards()

@@ -6,22 +6,26 @@ count header every rank exchanges first, so a bad call raises ``PSInputError`` o
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 from mpi4py import MPI
 
 from ...errors import PSConfigError, PSInputError
 from ..client_checks import check_array, checked_ids, table_rows
+from ..init import PartInit
 from ..optimizers import OPTIMIZERS
 from ..tables import ParamSpec
 
+T = TypeVar("T")
 Pulled = Dict[int, Tuple[np.ndarray, np.ndarray]]  # table -> (unique ids, inverse)
 Pushed = Dict[int, Tuple[np.ndarray, np.ndarray]]  # table -> (sorted unique ids, gradients)
 
 
-def spec_problem(specs: Sequence[ParamSpec], optimizer: str, lr: float) -> Optional[str]:
-    """What is wrong with the tables or the update rule (None when nothing is)."""
+def spec_problem(specs: Sequence[ParamSpec], optimizer: str, lr: float, init: object) -> Optional[str]:
+    """What is wrong with the tables, the update rule or the initialiser (None when nothing is)."""
+    if init is not None and not isinstance(init, PartInit):
+        return f"init must be a ps.init.PartInit (or None for the default), got {type(init).__name__}"
     names = [getattr(spec, "name", None) for spec in specs]
     for spec in specs:
         if not isinstance(spec, ParamSpec):
@@ -54,6 +58,20 @@ def agree_on_setup(comm: MPI.Intracomm, problem: Optional[str], settings: Mappin
             if theirs[name] != value:
                 raise PSConfigError(f"ColocatedTables: the ranks declare different {name}: {value} on rank 0, "
                                     f"{theirs[name]} on rank {r}")
+
+
+def made_everywhere(comm: MPI.Intracomm, make: Callable[[], T]) -> T:
+    """``make()`` on every rank; if it raised anywhere, ``PSConfigError`` on every rank naming it
+    (one allgather), so a failed setup never leaves a rank waiting."""
+    made, problem = None, None
+    try:
+        made = make()
+    except Exception as error:  # an initialiser of the wrong shape, memory, ...: refused everywhere
+        problem = f"{type(error).__name__}: {error}"
+    problems = [f"rank {r}: {p}" for r, p in enumerate(comm.allgather(problem)) if p]
+    if problems:
+        raise PSConfigError("ColocatedTables could not make its shards: " + "; ".join(problems))
+    return made
 
 
 def table_of(name, table_ids: Mapping[str, int], specs: Sequence[ParamSpec]) -> int:

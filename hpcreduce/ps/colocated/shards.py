@@ -67,7 +67,7 @@ class ColocatedTables:
         self.ft = context.ft
         specs = tuple(specs)
         replicas = bool(context.ft if replicas is None else replicas) and self.comm.Get_size() > 1
-        checks.agree_on_setup(self.comm, checks.spec_problem(specs, optimizer, lr),
+        checks.agree_on_setup(self.comm, checks.spec_problem(specs, optimizer, lr, init),
                               {"tables": list(specs), "optimizer": optimizer, "learning rate": lr, "seed": seed,
                                "replicas": replicas})
         size, rank = self.comm.Get_size(), self.comm.Get_rank()
@@ -75,9 +75,10 @@ class ColocatedTables:
         self.layout = ColocatedLayout(specs, range(size), rank_nodes(self.comm))
         self.optimizers = {t: make_optimizer(optimizer, lr) for t in range(len(specs))}
         init = init if init is not None else default_init(specs, seed)
-        self.store = ShardStore.create(self.layout.placement, rank, init, self.optimizers)
-        self.replica = ShardStore.create(self.layout.placement, self.layout.predecessor[rank], init,
-                                         self.optimizers) if replicas else None
+        self.store, self.replica = checks.made_everywhere(self.comm, lambda: (
+            ShardStore.create(self.layout.placement, rank, init, self.optimizers),
+            ShardStore.create(self.layout.placement, self.layout.predecessor[rank], init, self.optimizers)
+            if replicas else None))
         self.row_bytes = np.array([int(np.prod(s.shape[1:], dtype=np.int64)) * np.dtype(s.dtype).itemsize
                                    for s in specs], dtype=np.int64)
         self.clock_value = 0
