@@ -32,3 +32,15 @@ def test_a_checkpoint_saved_at_3_ranks_loads_at_2_and_trains_to_the_same_rows(tm
     result = mpirun(3, "colocated_checkpoint.py", str(tmp_path), timeout=120)
     assert result.returncode == 0, result.output
     assert "loaded at 2, same rows after training on" in result.output, result.output
+
+
+def test_owner_sums_add_in_the_servers_order_bit_for_bit():
+    from hpcreduce.ps.colocated.handles import summed
+    from hpcreduce.ps.updates import sum_rows
+    rng = np.random.default_rng(3)
+    parts = [(np.unique(rng.integers(0, 50, 40)), None) for _ in range(4)]
+    parts = [(ids, rng.standard_normal((len(ids), 3)).astype(np.float32) * 10.0 ** rng.integers(-3, 4))
+             for ids, _ in parts]
+    ids, grads = summed(parts)
+    want_ids, want = sum_rows(parts)
+    assert np.array_equal(ids, want_ids) and grads.tobytes() == want.tobytes()
