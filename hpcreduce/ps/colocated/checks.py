@@ -111,8 +111,11 @@ def pushed(rows_by_table: Mapping[str, Tuple[object, np.ndarray]], table_ids: Ma
             raise PSInputError(f"push_rows to {name!r}: give (ids, gradients), got {type(pair).__name__}")
         ids = checked_ids(f"push_rows to {name!r}", pair[0], table_rows(spec))
         check_array(f"push_rows to {name!r}: gradients", pair[1], (len(ids),) + tuple(spec.shape[1:]), spec.dtype)
-        order = np.argsort(ids, kind="stable")
-        ids, grads = ids[order], np.ascontiguousarray(pair[1][order])
+        grads = pair[1]
+        if not (ids[1:] > ids[:-1]).all():  # not already sorted and unique (np.unique's output is)
+            order = np.argsort(ids, kind="stable")
+            ids, grads = ids[order], grads[order]
+        grads = np.ascontiguousarray(grads)
         if np.any(ids[1:] == ids[:-1]):
             raise PSInputError(f"push_rows to {name!r}: ids must be unique (sum the gradients of repeated rows); "
                                f"id {int(ids[1:][ids[1:] == ids[:-1]][0])} repeats")

@@ -120,7 +120,8 @@ def summed(parts: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np.ndarray, 
     same bits, without its unbuffered ``np.add.at`` (ids are unique within a part)."""
     if len(parts) == 1:
         return parts[0]
-    ids = np.unique(np.concatenate([part_ids for part_ids, _ in parts]))
+    ids = np.sort(np.concatenate([part_ids for part_ids, _ in parts]), kind="stable")  # merges the sorted runs
+    ids = ids[np.concatenate([[True], ids[1:] != ids[:-1]])]
     total = np.zeros((len(ids),) + parts[0][1].shape[1:], parts[0][1].dtype)
     for part_ids, grads in parts:
         total[np.searchsorted(ids, part_ids)] += grads

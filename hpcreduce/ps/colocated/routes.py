@@ -41,7 +41,8 @@ def route(dests: Sequence[np.ndarray], size: int) -> Route:
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     key = np.concatenate([np.asarray(d, np.int64) * segments + s for s, d in enumerate(dests)]) \
         if segments else np.empty(0, np.int64)
-    order = np.argsort(key, kind="stable")
+    small = np.uint16 if size * segments <= np.iinfo(np.uint16).max else np.int64
+    order = np.argsort(key.astype(small), kind="stable")  # a radix sort for 16-bit keys
     counts = np.bincount(key, minlength=size * segments).reshape(size, segments).astype(np.int64)
     return Route(segments, offsets, order, counts)
 
