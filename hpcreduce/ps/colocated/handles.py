@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from ...errors import PSInputError
 from ...runtime.failures import wait_all
 from ..handles import PushResult
 from ..tables import ParamSpec
@@ -37,9 +38,10 @@ class PullHandle:
 
     @property
     def done(self) -> bool:
-        return self._result is not None
+        return self._result is not None or self.abandoned
 
     def wait(self) -> Dict[str, np.ndarray]:
+        interrupted(self)
         if self._result is None:
             self.collective(lambda: wait_all(self.requests))
             self._result = self._scatter()
@@ -75,12 +77,14 @@ class PushHandle:
         self.ids, self.grads, self.stores, self.commit = ids, grads, stores, commit
         self.collective = collective
         self._result: Optional[Dict[str, PushResult]] = None
+        self.abandoned = False
 
     @property
     def done(self) -> bool:
-        return self._result is not None
+        return self._result is not None or self.abandoned
 
     def wait(self) -> Dict[str, PushResult]:
+        interrupted(self)
         if self._result is None:
             self.collective(lambda: wait_all(self.requests))
             self.commit()
@@ -112,6 +116,14 @@ class PushHandle:
         first = int(row_starts[source, s])
         grads = self.grads[first:first + count * int(self.row_bytes[s])].view(spec.dtype)
         return ids, grads.reshape((count,) + tuple(spec.shape[1:]))
+
+
+def interrupted(handle) -> None:
+    """``PSInputError`` for a handle whose call a process failure interrupted (its requests were
+    completed with an error by ``ColocatedTables.recover``): its rows or push never arrived."""
+    if handle.abandoned:
+        raise PSInputError("this call was interrupted by a process failure and abandoned in recover(): "
+                           "make it again")
 
 
 def summed(parts: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:

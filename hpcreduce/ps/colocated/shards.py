@@ -22,7 +22,7 @@ id), so colocated and dedicated layouts start equal and, under SGD, stay equal.
 from __future__ import annotations
 
 import zlib
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -43,6 +43,7 @@ from .store import ShardStore
 
 INIT_SCALE = 0.01  # fixed tables' rows start N(0, INIT_SCALE**2), as PSEmbeddingBag's
 HEAD = 3  # header fields before the counts: problem, call signature, step
+T = TypeVar("T")
 
 
 def default_init(specs: Sequence[ParamSpec], seed: int) -> PartInit:
@@ -258,7 +259,7 @@ class ColocatedTables:
                     pieces.append(as_bytes(grads, int(row_bytes[s]))[sent.items(dest, s)].reshape(-1))
         return np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
 
-    def _collective(self, work):
+    def _collective(self, work: Callable[[], T]) -> T:
         """``work()``; under fault tolerance a process failure in it revokes the communicator,
         completes every request in flight and joins the step's one agreement (where the ranks
         that saw no failure commit their push) before it is raised: every survivor then
@@ -291,6 +292,8 @@ class ColocatedTables:
         """Revoke the communicator and complete every request still in flight (with an error)."""
         handles = [h for h in self._pulls + self._pushes if not h.done]
         abandon(self.comm, [request for handle in handles for request in handle.requests])
+        for handle in handles:
+            handle.abandoned = True
         self._pulls, self._pushes = [], []
 
     def _settle(self) -> None:
