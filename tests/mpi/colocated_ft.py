@@ -20,9 +20,10 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcreduce
-from hpcreduce.ps import Dynamic, ParamSpec, dynamic_table
+from hpcreduce.ps import Dynamic, ParamSpec, PSInputError, dynamic_table
 from hpcreduce.ps.colocated import ColocatedTables
 from hpcreduce.runtime.failures import is_process_failure
+from shared_checks import expect
 
 
 def abort_on_error(kind, value, trace):
@@ -72,7 +73,7 @@ def run(kill: bool):
     assert tables.replica is not None, "replicas are on under fault tolerance"
     lost = []
     while tables.clock_value < STEPS:
-        step = tables.clock_value
+        step, handle = tables.clock_value, None
         try:
             mine = step_rows(step, tables.rank, tables.worker_count)
             rows = tables.pull_rows_many_async({name: ids for name, (ids, _, _) in mine.items()}).wait()
@@ -90,6 +91,8 @@ def run(kill: bool):
             if not is_process_failure(error, tables.comm):
                 raise
             lost += tables.recover()
+            if handle is not None:  # the push the failure interrupted is gone: it must be made again
+                expect(PSInputError, "interrupted by a process failure", handle.wait)
             if tables.worker_count > 1:
                 replicas_match(tables)
     everything = {"a": np.arange(500), "d": np.arange(37)}

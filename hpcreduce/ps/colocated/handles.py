@@ -35,6 +35,7 @@ class PullHandle:
         self.collective = collective
         self.requests, self.received = [request], received
         self._result: Optional[Dict[str, np.ndarray]] = None
+        self.abandoned = False
 
     @property
     def done(self) -> bool:
