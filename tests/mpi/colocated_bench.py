@@ -1,12 +1,12 @@
 """Step time of a colocated pull + push against raw ``Alltoallv`` of the same bytes, interleaved.
 
-    mpirun -n 2 python -m mpi4py tests/mpi/colocated_bench.py [tables] [batch] [bag] [dim] [rows] [rounds]
+    mpirun -n 2 python -m mpi4py tests/mpi/colocated_bench.py [tables] [batch] [bag] [dim] [rows] [rounds] [dedicated]
 
 Each round times one step of ``ColocatedTables`` (pull of every table's ids, a bag per
 example, then a push of the unique ids' gradients, clock) and then ``Alltoallv`` moving the
 bytes that step moved (ids out, rows back, ids and gradients out), on the same ranks. Prints
-the medians and their ratio (raw / colocated: 1.0 is as fast as the bytes allow). With 3
-ranks, rank 0 is a dedicated server (``ps.start``, BSP, the same tables and SGD) and each round
+the medians and their ratio (raw / colocated: 1.0 is as fast as the bytes allow). With
+``dedicated`` after the six numbers, rank 0 is a dedicated server (``ps.start``, BSP, the same tables and SGD) and each round
 also times the same step through ``ps.Worker`` on ranks 1-2: the two layouts for the same
 trainers (the server's loop runs all along, as it does in a dedicated job).
 """
@@ -20,12 +20,13 @@ import hpcreduce
 from hpcreduce.ps import Consistency, ParamSpec, Server, start
 from hpcreduce.ps.colocated import ColocatedTables, default_init
 
-TABLES, BATCH, BAG, DIM, ROWS, ROUNDS = (int(a) for a in (sys.argv[1:] + ["26", "512", "4", "16", "100000", "20"][len(sys.argv) - 1:]))
+TABLES, BATCH, BAG, DIM, ROWS, ROUNDS = (int(a) for a in (sys.argv[1:7] + ["26", "512", "4", "16", "100000", "20"][len(sys.argv[1:7]):]))
+DEDICATED = sys.argv[7:] == ["dedicated"]
 ctx = hpcreduce.init()
 specs = [ParamSpec(f"t{t}", (ROWS, DIM), sparse=True) for t in range(TABLES)]
-comm = ctx.comm.Split(int(ctx.size == 3 and ctx.rank == 0), ctx.rank)  # the trainers
+comm = ctx.comm.Split(int(DEDICATED and ctx.rank == 0), ctx.rank)  # the trainers
 dedicated = None
-if ctx.size == 3:
+if DEDICATED:
     dedicated = start(specs, default_init(specs, 0), servers=1, consistency=Consistency("bsp"), lr=0.01, comm=ctx)
     if isinstance(dedicated, Server):
         dedicated.serve()

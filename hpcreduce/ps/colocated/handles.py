@@ -3,13 +3,13 @@
 Every message of a call is posted when the call is made (on every rank, in call order), so
 ``wait`` posts nothing and handles may be waited for in any order. A pull's handle holds
 the rows' return ``Ialltoallv``; ``wait`` scatters the rows back to the ids asked for. A
-push's handle holds the ids' and gradients' ``Ialltoallv``; ``wait`` sums each id's gradients
+push's handle holds one ``Ialltoallv`` of items (an id, then its gradient); ``wait`` sums each id's gradients
 across senders in rank order (bit-reproducible, as a server sums its workers' pushes in
 slot order) and applies them once, to the owner's shard and to the replica.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -22,6 +22,7 @@ from .routes import Route, block_starts
 from .store import ShardStore
 
 
+ID_BYTES = 8  # an int64 id before each pushed gradient row
 Collective = Callable[[Callable[[], Any]], Any]  # runs a step of a call, handling a process failure
 
 
@@ -70,12 +71,12 @@ class PushHandle:
     pushed again after a recovery)."""
 
     def __init__(self, specs: Sequence[ParamSpec], tables: Sequence[int], step: int, route: Route,
-                 incoming: np.ndarray, row_bytes: np.ndarray, requests: List[MPI.Request],
-                 ids: np.ndarray, grads: np.ndarray, stores: Sequence[ShardStore],
+                 incoming: np.ndarray, row_bytes: np.ndarray, request: MPI.Request,
+                 received: np.ndarray, stores: Sequence[ShardStore],
                  collective: Collective, commit: Callable[[], None]):
         self.specs, self.tables, self.step, self.route = specs, list(tables), step, route
-        self.incoming, self.row_bytes, self.requests = incoming, row_bytes, requests
-        self.ids, self.grads, self.stores, self.commit = ids, grads, stores, commit
+        self.incoming, self.row_bytes, self.requests = incoming, row_bytes, [request]
+        self.received, self.stores, self.commit = received, stores, commit
         self.collective = collective
         self._result: Optional[Dict[str, PushResult]] = None
         self.abandoned = False
@@ -94,13 +95,12 @@ class PushHandle:
 
     def _apply(self) -> Dict[str, PushResult]:
         tables = len(self.specs)
-        id_starts = block_starts(self.incoming, np.ones(self.incoming.shape[1], np.int64))
-        row_starts = block_starts(self.incoming, self.row_bytes)
+        starts = block_starts(self.incoming, ID_BYTES + self.row_bytes)
         duplicates = {t: 0 for t in self.tables}
         for segment, store in enumerate(self.stores):
             for t in self.tables:
                 s = segment * tables + t
-                parts = [self._part(t, s, source, id_starts, row_starts)
+                parts = [self._part(t, s, source, starts)
                          for source in range(self.incoming.shape[0]) if self.incoming[source, s]]
                 if parts:
                     ids, grads = summed(parts)
@@ -108,14 +108,14 @@ class PushHandle:
         return {self.specs[t].name: PushResult(int(np.count_nonzero(self.route.counts[:, t])), duplicates[t])
                 for t in self.tables}
 
-    def _part(self, t: int, s: int, source: int, id_starts: np.ndarray,
-              row_starts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        """The ids and gradients ``source`` sent in segment ``s`` (table ``t``)."""
-        spec, count = self.specs[t], int(self.incoming[source, s])
-        start = int(id_starts[source, s])
-        ids = self.ids[start:start + count]
-        first = int(row_starts[source, s])
-        grads = self.grads[first:first + count * int(self.row_bytes[s])].view(spec.dtype)
+    def _part(self, t: int, s: int, source: int, starts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """The ids and gradients ``source`` sent in segment ``s`` (table ``t``): items of an id's
+        8 bytes followed by its gradient's."""
+        spec, count, width = self.specs[t], int(self.incoming[source, s]), int(self.row_bytes[s])
+        first = int(starts[source, s])
+        items = self.received[first:first + count * (ID_BYTES + width)].reshape(count, ID_BYTES + width)
+        ids = np.ascontiguousarray(items[:, :ID_BYTES]).view(np.int64).reshape(count)
+        grads = np.ascontiguousarray(items[:, ID_BYTES:]).view(spec.dtype)
         return ids, grads.reshape((count,) + tuple(spec.shape[1:]))
 
 

@@ -12,8 +12,9 @@ first exchanges one small count header with every rank (``Alltoall``: counts per
 step, and any rank's input problem, so bad input raises ``PSInputError`` everywhere before
 anything moves); a pull then sends its unique ids to their owners (``Alltoallv``), the owners
 gather the rows and the rows come back through an ``Ialltoallv`` that ``wait`` completes; a
-push sends ids and gradients to the owners, and to the replica holders when replicated, in
-``Ialltoallv`` that ``wait`` completes before summing and applying (``handles``). Every
+push sends items (an id, then its gradient) to the owners, and to the replica holders when
+replicated, in one ``Ialltoallv`` that ``wait`` completes before summing and applying
+(``handles``). Every
 table shares each message; rows travel as raw bytes on the library's own duplicate of the
 communicator. A pull first completes the pushes in flight, so it reads every step pushed
 before it (BSP). Initial values are the servers' (``ps.init``): a function of (seed, table,
@@ -35,7 +36,7 @@ from ..init import PartInit, counter_normal
 from ..optimizers import make_optimizer
 from ..tables import ParamSpec
 from . import checkpoint, checks
-from .handles import PullHandle, PushHandle
+from .handles import ID_BYTES, PullHandle, PushHandle
 from .layout import ColocatedLayout
 from .recovery import rebuilt
 from .routes import as_bytes, block_starts, byte_spec, route
@@ -142,19 +143,14 @@ class ColocatedTables:
             dests += [self.layout.replica_ranks(owners[t]) if t in owners else empty for t in range(count)]
         sent = route(dests, self.worker_count)
         incoming = self._headers("push_rows_many", mine, sorted(tables), sent.counts)
-        segments = len(dests) // count
-        row_bytes = np.tile(self.row_bytes, segments)
-        ids = np.concatenate([tables[s % count][0] if s % count in tables else empty
-                              for s in range(len(dests))])[sent.order]
-        grads = self._packed(tables, sent, row_bytes)
-        got_ids = np.empty(int(incoming.sum()), np.int64)
-        got_grads = np.empty(int((incoming * row_bytes).sum()), np.uint8)
-        requests = [self.comm.Ialltoallv([ids, sent.counts.sum(1), MPI.INT64_T],
-                                         [got_ids, incoming.sum(1), MPI.INT64_T]),
-                    self.comm.Ialltoallv(byte_spec(grads, (sent.counts * row_bytes).sum(1)),
-                                         byte_spec(got_grads, (incoming * row_bytes).sum(1)))]
+        row_bytes = np.tile(self.row_bytes, len(dests) // count)
+        items = self._packed(tables, sent, row_bytes)
+        item_bytes = ID_BYTES + row_bytes
+        received = np.empty(int((incoming * item_bytes).sum()), np.uint8)
+        request = self.comm.Ialltoallv(byte_spec(items, (sent.counts * item_bytes).sum(1)),
+                                       byte_spec(received, (incoming * item_bytes).sum(1)))
         handle = PushHandle(self.layout.specs, sorted(tables), self.clock_value, sent, incoming, row_bytes,
-                            requests, got_ids, got_grads, stores, self._collective, self._commit)
+                            request, received, stores, self._collective, self._commit)
         self._pushes.append(handle)
         return handle
 
@@ -249,14 +245,16 @@ class ColocatedTables:
         return reply
 
     def _packed(self, tables, sent, row_bytes: np.ndarray) -> np.ndarray:
-        """The gradients' bytes in (destination, segment) order."""
+        """The push's items (an id's 8 bytes, then its gradient's) in (destination, segment) order."""
         count = len(self.layout.specs)
         pieces = []
         for dest in range(self.worker_count):
             for s in range(sent.segments):
                 if sent.counts[dest, s]:
-                    grads = tables[s % count][1]
-                    pieces.append(as_bytes(grads, int(row_bytes[s]))[sent.items(dest, s)].reshape(-1))
+                    ids, grads = tables[s % count]
+                    chosen = sent.items(dest, s)
+                    pieces.append(np.concatenate([as_bytes(ids[chosen], ID_BYTES),
+                                                  as_bytes(grads, int(row_bytes[s]))[chosen]], axis=1).reshape(-1))
         return np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
 
     def _collective(self, work: Callable[[], T]) -> T:
