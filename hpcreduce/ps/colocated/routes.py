@@ -18,10 +18,9 @@ from mpi4py import MPI
 
 @dataclass
 class Route:
-    """Where the items of a request go. ``sources[s]``: for segment s, the position of each
-    of its items in its table's ids (None: segment unused); ``order``: item numbers (over the
-    concatenated segments) sorted by (destination, segment); ``counts[d, s]``: items of segment s
-    to rank d."""
+    """Where the items of a request go: ``offsets[s]``, where segment s starts among the
+    concatenated segments' items; ``order``, item numbers (over the concatenated segments) sorted
+    by (destination, segment); ``counts[d, s]``, items of segment s to rank d."""
 
     segments: int
     offsets: np.ndarray
