@@ -44,3 +44,16 @@ def test_owner_sums_add_in_the_servers_order_bit_for_bit():
     ids, grads = summed(parts)
     want_ids, want = sum_rows(parts)
     assert np.array_equal(ids, want_ids) and grads.tobytes() == want.tobytes()
+
+
+def test_replicas_go_to_another_node_where_there_are_two():
+    from hpcreduce.ps import ParamSpec
+    from hpcreduce.ps.colocated.layout import ColocatedLayout
+    layout = ColocatedLayout([ParamSpec("a", (100, 2), sparse=True)], [0, 1, 2, 3], ["n1", "n1", "n2", "n2"])
+    assert all(layout.nodes[layout.rank_of(layout.successor[k])] != layout.nodes[layout.rank_of(k)]
+               for k in layout.keys)
+    survivors = ColocatedLayout(layout.specs, [0, 2, 3], ["n1", "n2", "n2"])  # key 1 lost: only its rows move
+    ids = np.arange(100)
+    before, after = layout.owner_ranks(0, ids), survivors.owner_ranks(0, ids)
+    kept = before != 1
+    assert (np.array([0, 2, 3])[after[kept]] == np.array([0, 1, 2, 3])[before[kept]]).all()
