@@ -43,3 +43,9 @@ def test_train_reports_server_load_and_float16_wire_trains(tmp_path):
     assert result["config"]["wire_dtype"] == "float16" and result["final"]["accuracy"] > 0.7, result["final"]
     bad = hpcreduce_cli("train", "--mode", "ps", "-n", "3", "--wire-dtype", "float8", timeout=60)
     assert bad.returncode == 2 and bad.output.count("--wire-dtype must be one of float32, float16") == 1, bad
+
+
+def test_many_tables_one_request_per_server_bit_equal_exactly_once_replicated():
+    result = mpirun(4, "ps_many_tables.py", timeout=180)
+    assert result.returncode == 0, result.output
+    assert "all checks passed" in result.output, result.output

@@ -58,6 +58,16 @@ class ShardEngine:
             self.apply(table_id, [(slot, gradient)], table.version + 1)
         return Status.OK
 
+    def accept_many(self, slot: int, step: int, gradients: List[Tuple[int, object]]) -> Tuple[Status, int]:
+        """Take one push of several tables (table id, gradient) as ``accept`` takes each: LATE when
+        any is late (under BSP then none is taken: lateness is the same for every table), else
+        DUPLICATE when every table had it already, else OK; and how many were duplicates."""
+        statuses = [self.accept(slot, step, table_id, gradient) for table_id, gradient in gradients]
+        duplicates = statuses.count(Status.DUPLICATE)
+        if Status.LATE in statuses:
+            return Status.LATE, duplicates
+        return (Status.DUPLICATE if statuses and duplicates == len(statuses) else Status.OK), duplicates
+
     def apply(self, table_id: int, contributions: List[Contribution], step: int) -> None:
         """One optimizer update of ``table_id`` from the contributions, summed in slot order."""
         state = self.state

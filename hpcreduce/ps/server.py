@@ -30,7 +30,7 @@ from .optimizers import Optimizer
 from . import inbox, protocol
 from .consistency import Consistency
 from .engine import ShardEngine
-from .inbox import Request
+from .inbox import Request, table_gradients
 from .key_cache import KnownKeys
 from .layout import Layout
 from .protocol import DENSE_PUSHES, FUSED, PULLS, PUSHES, TAG_REPLY, TAG_REQUEST, VALUES_BACK, Op, Status
@@ -230,9 +230,12 @@ class Server:
     def _read(self, request: Request, slowest: int, clock: Optional[int] = None,
               status: Status = Status.OK) -> None:
         """Answer a read at ``clock`` (the request's own by default) with the values."""
-        table = self.state.tables[request.table]
         clock = request.clock if clock is None else clock
         self.state.read_staleness[max(0, clock - slowest)] += 1
+        if request.op == Op.PULL_ROWS_MANY:
+            self._reply(request, status, self._rows_of_tables(request), reads=None)
+            return
+        table = self.state.tables[request.table]
         table.read_version[request.slot] = table.version
         wire = protocol.DTYPES[request.wire]  # the table's, or narrower (float16)
         if table.sparse:
@@ -241,6 +244,16 @@ class Server:
             self._reply(request, status, table.values.astype(wire), reads=None)
         else:
             self._reply(request, status, table.values, reads=request.table)
+
+    def _rows_of_tables(self, request: Request) -> np.ndarray:
+        """A PULL_ROWS_MANY's reply: each table's rows in its wire dtype, as bytes, in directory order."""
+        parts = []
+        for one in request.tables:
+            table = self.state.tables[one.table]
+            table.read_version[request.slot] = table.version
+            rows = table.rows_at(one.local).astype(protocol.DTYPES[one.wire], copy=False)
+            parts.append(rows.reshape(-1).view(np.uint8))
+        return np.concatenate(parts) if parts else EMPTY
 
     def _push(self, request: Request) -> None:
         if request.pushed is None:
@@ -284,8 +297,11 @@ class Server:
         replication = self.replication
         if replication is not None:
             replication.pin(request)
-        gradient = request.payloads[0] if request.op in DENSE_PUSHES else (request.local, request.payloads[1])
-        status = self.engine.accept(request.slot, request.clock, request.table, gradient)
+        if request.op == Op.PUSH_ROWS_MANY:
+            status, request.duplicates = self.engine.accept_many(request.slot, request.clock, table_gradients(request))
+        else:
+            gradient = request.payloads[0] if request.op in DENSE_PUSHES else (request.local, request.payloads[1])
+            status = self.engine.accept(request.slot, request.clock, request.table, gradient)
         if status == Status.LATE:
             if replication is not None:
                 replication.unpin(request)
@@ -311,9 +327,9 @@ class Server:
         ``forward`` the push goes to the backup first and the reply waits for its
         acknowledgement; a reply behind such a one waits its turn."""
         table = self.state.tables.get(request.table)
+        count = request.duplicates if request.op == Op.PUSH_ROWS_MANY else 0 if payload is None else payload.size
         header = protocol.reply(request.header, self.state.shard, status,
-                                version=table.version if table is not None else 0,
-                                count=0 if payload is None else payload.size, detail=detail,
+                                version=table.version if table is not None else 0, count=count, detail=detail,
                                 slowest=self._slowest)
         if forward:
             self.replication.forward(request, header)
