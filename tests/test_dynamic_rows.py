@@ -151,6 +151,8 @@ def test_declarations_that_cannot_work_are_named():
     assert "must be sparse with shape (0, *row_shape)" in ParamSpec("e", (8, 2), sparse=True,
                                                                     dynamic=Dynamic()).problem()
     assert "admit_after must be a whole number >= 1" in dynamic_table("e", 2, Dynamic(admit_after=-1)).problem()
+    assert "admit_after must be at most 65535" in dynamic_table("e", 2, Dynamic(admit_after=65536)).problem()
+    assert dynamic_table("e", 2, Dynamic(admit_after=65535)).problem() is None
     assert "eviction must be one of lru, lfu" in dynamic_table("e", 2, Dynamic(eviction="fifo")).problem()
     assert "admit_probability must be in (0, 1]" in dynamic_table("e", 2, Dynamic(admit_probability=0)).problem()
 

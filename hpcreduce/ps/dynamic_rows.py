@@ -32,10 +32,10 @@ import numpy as np
 from ..arrays.hashing import GOLDEN, mix64, name_key, unit_uniform
 from .id_index import CELL_BYTES, IdIndex, cells_for
 from .optimizers import Optimizer
-from .tables import ParamSpec, initial_rows
+from .tables import SKETCH_COUNT_MAX, ParamSpec, initial_rows
 
 SKETCH_DEPTH, SKETCH_WIDTH, SKETCH_MIN_WIDTH = 4, 1 << 20, 1 << 10  # uint16 counters: 8 MiB at most
-SKETCH_CAP = np.iinfo(np.uint16).max
+SKETCH_CAP = SKETCH_COUNT_MAX
 EVICT_SHARE = 8  # an eviction frees at least budget // EVICT_SHARE rows
 ROW_EVENTS = ("seen", "admitted", "evicted", "dropped")
 

@@ -23,6 +23,9 @@ from ..arrays.hashing import GOLDEN, mix64, name_key
 EVICTIONS = ("lru", "lfu")
 
 
+SKETCH_COUNT_MAX = int(np.iinfo(np.uint16).max)  # the admission sketch's counters are uint16
+
+
 @dataclass(frozen=True)
 class Dynamic:
     """How a dynamic table's rows come and go on each shard.
@@ -49,6 +52,9 @@ class Dynamic:
         if isinstance(self.admit_after, bool) or not isinstance(self.admit_after, (int, np.integer)) \
                 or self.admit_after < 1:
             return f"admit_after must be a whole number >= 1 (pushes of an id before it gets a row), got {self.admit_after!r}"
+        if self.admit_after > SKETCH_COUNT_MAX:
+            return (f"admit_after must be at most {SKETCH_COUNT_MAX} (the admission sketch counts sightings "
+                    f"in uint16: a larger count is never reached), got {self.admit_after!r}")
         if not 0.0 < float(self.admit_probability) <= 1.0:
             return f"admit_probability must be in (0, 1], got {self.admit_probability!r}"
         if not isinstance(self.budget_bytes, (int, np.integer)) or self.budget_bytes < 0:
