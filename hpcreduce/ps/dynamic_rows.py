@@ -31,11 +31,13 @@ import numpy as np
 
 from ..arrays.hashing import GOLDEN, mix64, name_key, unit_uniform
 from .id_index import CELL_BYTES, IdIndex, cells_for
+from .kernels import kernel
 from .optimizers import Optimizer
 from .tables import SKETCH_COUNT_MAX, ParamSpec, initial_rows
 
 SKETCH_DEPTH, SKETCH_WIDTH, SKETCH_MIN_WIDTH = 4, 1 << 20, 1 << 10  # uint16 counters: 8 MiB at most
 SKETCH_CAP = SKETCH_COUNT_MAX
+SIGHTING = kernel("sketch", "sighting")  # the conservative count-min update, compiled
 EVICT_SHARE = 8  # an eviction frees at least budget // EVICT_SHARE rows
 ROW_EVENTS = ("seen", "admitted", "evicted", "dropped")
 
@@ -176,15 +178,7 @@ class DynamicTable:
 
     def _sighting(self, ids: np.ndarray) -> np.ndarray:
         """Count one more sighting of each id (conservative count-min update); the new counts."""
-        with np.errstate(over="ignore"):
-            hashed = ids.astype(np.uint64) * GOLDEN ^ self._salt
-            width = np.uint64(self.sketch.shape[1])
-            cells = [(mix64(hashed + np.uint64(depth + 1) * GOLDEN) % width).astype(np.int64)
-                     for depth in range(SKETCH_DEPTH)]
-        counts = np.min([self.sketch[d, c] for d, c in enumerate(cells)], axis=0).astype(np.int64) + 1
-        counts = np.minimum(counts, SKETCH_CAP)
-        for depth, cell in enumerate(cells):
-            self.sketch[depth, cell] = np.maximum(self.sketch[depth, cell], counts.astype(np.uint16))
+        counts = SIGHTING(self.sketch, np.ascontiguousarray(ids, dtype=np.int64), self._salt[0], SKETCH_CAP)
         self.sightings += len(ids)
         if self.sightings >= self.sketch.shape[1] // 4:
             self.sketch >>= 1

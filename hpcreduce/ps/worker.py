@@ -30,6 +30,7 @@ from ..errors import PSInputError
 from ..runtime.context import Traffic
 from ..runtime.failures import abandon
 from . import multi_table, protocol
+from .kernels import kernel
 from .handles import Handle, Part, PushResult, push_result
 from .client_checks import check_array, checked_ids, sorted_push_rows, table_rows
 from .inbox import all_finite
@@ -37,6 +38,8 @@ from .layout import Layout
 from .key_cache import SentKeys
 from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op, Req
 from .tables import ParamSpec, row_width
+
+GROUP = kernel("route", "group")  # a stable counting sort of positions by shard
 
 
 class Worker:
@@ -393,11 +396,10 @@ class Worker:
         """(server rank, positions in ids) for each shard owning some of ``ids``."""
         if not len(ids):
             return []
-        owners = self.layout.placement.row_owners(table, ids)
-        order = np.argsort(owners, kind="stable")
-        keys, starts = np.unique(owners[order], return_index=True)
-        groups = np.split(order, starts[1:])
-        return [(self.layout.shard_ranks[int(k)], g) for k, g in zip(keys, groups)]
+        placement = self.layout.placement
+        order, starts = GROUP(placement.owner_index(table, ids), len(placement.shards))
+        return [(self.layout.shard_ranks[key], order[starts[k]:starts[k + 1]])
+                for k, key in sorted(enumerate(placement.shards), key=lambda pair: pair[1]) if starts[k + 1] > starts[k]]
 
     def _tell_servers(self, op: Op, skip: Set[int] = frozenset()) -> None:
         self._retire_unanswered()
