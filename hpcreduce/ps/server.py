@@ -13,6 +13,8 @@ forwards of the server whose backup it is. A fused push-pull is taken when it re
 queue's head and answered with the values once a read at the next clock may be; while it
 waits, the pushes and clocks queued behind it are taken (``_run_ahead``).
 
+An idle server waits without spinning (``idle.wait_until``: polls with back-off up to 1 ms),
+and counts its CPU seconds per step (``stats.RequestLoad``).
 Cost per request: one header (72 B) each way plus the payloads; see docs/parameter-server.md.
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..runtime.failures import abandon
 from .optimizers import Optimizer
 from . import inbox, protocol
 from .consistency import Consistency
+from .idle import wait_until
 from .engine import ShardEngine
 from .inbox import Request, table_gradients
 from .key_cache import KnownKeys
@@ -70,6 +73,7 @@ class Server:
         self.load = RequestLoad()
         self.known_keys = KnownKeys()
         self._slowest = NOBODY_LIVE
+        self._listening: Optional[MPI.Request] = None  # the request receive posted while idle
         self._waiting = f"server rank {comm.Get_rank()} waiting for requests"
 
     @property
@@ -95,18 +99,22 @@ class Server:
         reported = None
         while True:
             slowest = self._slowest
-            if self.on_progress is not None and slowest != reported:
+            if slowest != reported:
                 reported = slowest
-                self.on_progress(self, slowest)
+                self.load.reached(slowest)
+                if self.on_progress is not None:
+                    self.on_progress(self, slowest)
             if slowest == NOBODY_LIVE and self._finished():
                 break
             header = None
-            with self.guard(self._waiting):
+            with self.guard(self._waiting):  # polled with back-off: an idle server does not spin
                 if self.replication is None:  # one receive, no probe: only requests arrive
                     header = np.zeros(protocol.HEADER_LEN, dtype=np.int64)
-                    self.comm.Recv(header, MPI.ANY_SOURCE, TAG_REQUEST, status)
+                    self._listening = self.comm.Irecv(header, MPI.ANY_SOURCE, TAG_REQUEST)
+                    wait_until(lambda: self._listening.Test(status))
+                    self._listening = None
                 else:
-                    self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+                    wait_until(lambda: self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status))
             source = status.Get_source()
             if status.Get_tag() == TAG_REQUEST:
                 request = inbox.receive(self.comm, source, self.layout, self.state, self.engine.take_buffer,
@@ -138,7 +146,7 @@ class Server:
 
     def pending_requests(self) -> List[MPI.Request]:
         """Every send still in flight (to be abandoned after a failure)."""
-        requests = [entry[0] for entry in self.outbox]
+        requests = [entry[0] for entry in self.outbox] + ([self._listening] if self._listening is not None else [])
         if self.replication is not None:
             requests += self.replication.pending_requests()
         return requests
