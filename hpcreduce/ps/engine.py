@@ -19,7 +19,7 @@ from .optimizers import Optimizer
 from .consistency import Consistency
 from .protocol import Status
 from .shard_state import ShardState
-from .updates import apply_dense, apply_rows, sum_rows
+from .updates import apply_dense, sum_rows
 
 Contribution = Tuple[int, object]
 
@@ -78,11 +78,8 @@ class ShardEngine:
                 state.update_lag[int(table.version - table.read_version[slot])] += 1
             state.applied[slot] += 1
         optimizer = self.optimizers[table_id]
-        if table.sparse:
-            local, grads = sum_rows([grad for _, grad in contributions])
-            if table.dynamic:  # ids, not positions: rows are found, admitted, evicted now
-                local, grads = table.admit(local, grads, state.row_events)
-            apply_rows(table, local, grads, optimizer, step)
+        if table.sparse:  # a row store, by id (a dynamic one finds, admits and evicts rows now)
+            table.apply(*sum_rows([grad for _, grad in contributions]), optimizer, step, state.row_events)
             return
         total = contributions[0][1]
         if len(contributions) > 1 and self.pinned(total):

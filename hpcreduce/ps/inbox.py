@@ -20,7 +20,6 @@ from .tables import row_width
 from .protocol import (DENSE_PUSHES, DTYPES, wire_dtype, HEADER_LEN, MANY, PAYLOADS_IN, PUSHES, SPARSE_OPS,
                        TAG_FORWARD, TAG_FORWARD_PAYLOAD, TAG_PAYLOAD, TAG_REQUEST, WORKER_OPS, Op, Req, Status)
 from .shard_state import ShardState
-from .updates import local_rows
 
 Refusal = Tuple[Status, int]
 """Why a server refuses a request: its status, and the offending value (an id, a size) or 0."""
@@ -33,7 +32,7 @@ TakeBuffer = Callable[[int], np.ndarray]
 @dataclass
 class Request:
     """One received request: its header (and the header's fields as ints), payloads and
-    ``refusal`` (None: none so far). ``local``: the owned-row positions of its sparse ids;
+    ``refusal`` (None: none so far). ``ids``: its sparse ids, once checked;
     ``borrowed``: the server's spare buffer its dense gradient was received into; ``pushed``: a push's
     status once the server took it (its reply may wait); ``wire``: the dtype code values
     travel in (replies of PULL and PUSH_PULL are narrowed to it). ``tables``: a MANY op's
@@ -45,7 +44,7 @@ class Request:
     header: np.ndarray
     payloads: List[np.ndarray] = field(default_factory=list)
     refusal: Optional[Refusal] = None
-    local: Optional[np.ndarray] = None
+    ids: Optional[np.ndarray] = None
     borrowed: Optional[np.ndarray] = None
     nbytes: int = 0
     pushed: Optional[Status] = None
@@ -230,7 +229,7 @@ def split_tables(request: Request, layout: Layout, state: ShardState) -> Optiona
 
 def table_gradients(request: Request) -> List[Tuple[int, Tuple[np.ndarray, np.ndarray]]]:
     """A PUSH_ROWS_MANY's (table, (rows, gradients)) per table, for ``ShardEngine.accept_many``."""
-    return [(one.table, (one.local, one.payloads[1])) for one in request.tables]
+    return [(one.table, (one.ids, one.payloads[1])) for one in request.tables]
 
 
 def _widened(request: Request, layout: Layout, take_buffer: TakeBuffer) -> None:
@@ -251,8 +250,7 @@ def _widened(request: Request, layout: Layout, take_buffer: TakeBuffer) -> None:
 
 def content_refusal(request: Request, layout: Layout, state: ShardState) -> Optional[Refusal]:
     """Ids out of range or not owned here, push ids not sorted-unique, NaN/Inf gradients.
-    Sets ``request.local``: the rows' positions in a fixed table, their ids in a dynamic one
-    (whose rows are found when the push is applied)."""
+    Sets ``request.ids``: the rows' ids (checked: the row store takes ids)."""
     op = request.op
     if op in SPARSE_OPS:
         ids = request.payloads[0]
@@ -263,10 +261,9 @@ def content_refusal(request: Request, layout: Layout, state: ShardState) -> Opti
                 return Status.BAD_IDS, int(bad[0])
             if op == Op.PUSH_ROWS and not np.all(ids[1:] > ids[:-1]):
                 return Status.BAD_IDS, int(ids[np.argmin(ids[1:] > ids[:-1]) + 1])
-        if spec.dynamic is not None:
-            request.local, foreign = ids, _foreign_id(layout, request.table, state.shard, ids)
-        else:
-            request.local, foreign = local_rows(state.tables[request.table], ids)
+        request.ids = ids
+        foreign = _foreign_id(layout, request.table, state.shard, ids) if spec.dynamic is not None \
+            else state.tables[request.table].foreign(ids)
         if foreign is not None:
             return Status.NOT_OWNER, foreign
     if op in PUSHES and not all_finite(request.payloads[-1]):

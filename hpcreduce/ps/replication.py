@@ -164,7 +164,7 @@ class Replication:
         if request.op == Op.PUSH_ROWS_MANY:
             status, _ = replica.accept_many(request.slot, request.clock, inbox.table_gradients(request))
         else:
-            gradient = request.payloads[0] if request.op == Op.PUSH else (request.local, request.payloads[1])
+            gradient = request.payloads[0] if request.op == Op.PUSH else (request.ids, request.payloads[1])
             status = replica.accept(request.slot, request.clock, request.table, gradient)
         if status != Status.OK:
             replica.recycle(request.table, request.borrowed)

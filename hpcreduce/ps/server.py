@@ -247,7 +247,7 @@ class Server:
         table.read_version[request.slot] = table.version
         wire = protocol.DTYPES[request.wire]  # the table's, or narrower (float16)
         if table.sparse:
-            self._reply(request, status, table.rows_at(request.local).astype(wire, copy=False), reads=None)
+            self._reply(request, status, table.rows(request.ids).astype(wire, copy=False), reads=None)
         elif wire != table.values.dtype:
             self._reply(request, status, table.values.astype(wire), reads=None)
         else:
@@ -259,7 +259,7 @@ class Server:
         for one in request.tables:
             table = self.state.tables[one.table]
             table.read_version[request.slot] = table.version
-            rows = table.rows_at(one.local).astype(protocol.DTYPES[one.wire], copy=False)
+            rows = table.rows(one.ids).astype(protocol.DTYPES[one.wire], copy=False)
             parts.append(rows.reshape(-1).view(np.uint8))
         return np.concatenate(parts) if parts else EMPTY
 
@@ -308,7 +308,7 @@ class Server:
         if request.op == Op.PUSH_ROWS_MANY:
             status, request.duplicates = self.engine.accept_many(request.slot, request.clock, table_gradients(request))
         else:
-            gradient = request.payloads[0] if request.op in DENSE_PUSHES else (request.local, request.payloads[1])
+            gradient = request.payloads[0] if request.op in DENSE_PUSHES else (request.ids, request.payloads[1])
             status = self.engine.accept(request.slot, request.clock, request.table, gradient)
         if status == Status.LATE:
             if replication is not None:

@@ -8,40 +8,28 @@ Cost: O(piece) or O(rows pushed).
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 
 from .optimizers import FUSED_DTYPES, Optimizer
 from .kernels import kernel
-from .shard_state import TableShard
 
 SUM_INTO = kernel("rows", "sum_into")
 
 
-def local_rows(table: TableShard, ids: np.ndarray) -> Tuple[np.ndarray, Optional[int]]:
-    """Positions of ``ids`` (in range) among the shard's owned rows, and the first id it
-    does not own (None when it owns them all)."""
-    local = table.position[ids]
-    foreign = local < 0
-    if foreign.any():
-        return local, int(ids[np.argmax(foreign)])
-    return local, None
-
-
-def apply_dense(table: TableShard, grad: np.ndarray, optimizer: Optimizer, step: int) -> None:
+def apply_dense(table, grad: np.ndarray, optimizer: Optimizer, step: int) -> None:
     """One optimizer update of the whole dense piece."""
     optimizer.update(table.values, grad, table.optimizer_state, step)
     table.version += 1
 
 
-def apply_rows(table: TableShard, local: np.ndarray, grads: np.ndarray, optimizer: Optimizer,
-               step: int) -> None:
-    """One lazy update of the rows at positions ``local`` (unique) of a sparse table (one
-    compiled pass: ``Optimizer.update_rows``)."""
-    optimizer.update_rows(rows_2d(table.values), {name: rows_2d(array) for name, array in table.optimizer_state.items()},
-                          local, rows_2d(grads), step)
-    table.version += 1
+def update_rows(store, positions: np.ndarray, grads: np.ndarray, optimizer: Optimizer, step: int) -> None:
+    """One lazy update of the rows at ``positions`` (unique) of a row store's arrays
+    (``row_store``): only those rows and their optimizer state change."""
+    optimizer.update_rows(rows_2d(store.values), {name: rows_2d(a) for name, a in store.optimizer_state.items()},
+                          positions, rows_2d(grads), step)
+    store.version += 1
 
 
 def rows_2d(array: np.ndarray) -> np.ndarray:
