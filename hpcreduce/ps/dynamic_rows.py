@@ -33,7 +33,7 @@ from ..arrays.hashing import GOLDEN, mix64, name_key, unit_uniform
 from .id_index import CELL_BYTES, IdIndex, cells_for
 from .kernels import kernel
 from .optimizers import Optimizer
-from .updates import update_rows
+from .updates import gather_rows, update_rows
 from .tables import SKETCH_COUNT_MAX, ParamSpec, initial_rows
 
 SKETCH_DEPTH, SKETCH_WIDTH, SKETCH_MIN_WIDTH = 4, 1 << 20, 1 << 10  # uint16 counters: 8 MiB at most
@@ -126,7 +126,7 @@ class DynamicTable:
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """The values of rows ``ids``: their row, or the initial value for ids without one."""
         slots = self.index.find(ids)
-        rows = self._values[np.maximum(slots, 0)]
+        rows = gather_rows(self._values, np.maximum(slots, 0))
         missing = slots < 0
         if missing.any():
             rows[missing] = initial_rows(self.spec, ids[missing])

@@ -39,7 +39,7 @@ from .init import PartInit, owned_rows, whole_tables
 from .layout import Layout
 from .optimizers import Optimizer
 from .tables import ParamSpec, RowIndex
-from .updates import update_rows
+from .updates import gather_rows, update_rows
 
 RowGrads = Tuple[np.ndarray, np.ndarray]
 Pending = Dict[int, Dict[int, List[Tuple[int, Union[np.ndarray, RowGrads]]]]]
@@ -82,8 +82,8 @@ class TableShard:
 
     # -- the row store (``row_store``; a sparse table's): by id ---------------------------
     def rows(self, ids: np.ndarray) -> np.ndarray:
-        """The values of rows ``ids`` (all held here; a copy)."""
-        return self.values[self.position[ids]]
+        """The values of rows ``ids`` (all held here; a copy, gathered by a compiled loop)."""
+        return gather_rows(self.values, self.position[ids])
 
     def foreign(self, ids: np.ndarray) -> Optional[int]:
         """The first of ``ids`` (in range) this shard holds no row for, or None."""

@@ -8,6 +8,7 @@ Cost: O(piece) or O(rows pushed).
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence, Tuple
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from .optimizers import FUSED_DTYPES, Optimizer
 from .kernels import kernel
 
-SUM_INTO = kernel("rows", "sum_into")
+SUM_INTO, GATHER = kernel("rows", "sum_into"), kernel("rows", "gather")
 
 
 def apply_dense(table, grad: np.ndarray, optimizer: Optimizer, step: int) -> None:
@@ -32,9 +33,17 @@ def update_rows(store, positions: np.ndarray, grads: np.ndarray, optimizer: Opti
     store.version += 1
 
 
+def gather_rows(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``values[positions]`` (a copy): a compiled loop for float32/float64 rows."""
+    if values.dtype not in FUSED_DTYPES or not values.flags.c_contiguous:
+        return values[positions]
+    gathered = GATHER(rows_2d(values), np.ascontiguousarray(positions, dtype=np.int64))
+    return gathered.reshape((len(gathered),) + values.shape[1:])
+
+
 def rows_2d(array: np.ndarray) -> np.ndarray:
     """``array`` (rows x any row shape) seen as rows x row width (a view)."""
-    return array.reshape(len(array), int(np.prod(array.shape[1:], dtype=np.int64)))
+    return array.reshape(len(array), math.prod(array.shape[1:]))
 
 
 def sum_rows(parts: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:

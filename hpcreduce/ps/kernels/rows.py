@@ -21,7 +21,9 @@ def gather(values, local):
     """The rows at ``local`` (a copy)."""
     out = np.empty((len(local), values.shape[1]), values.dtype)
     for i in range(len(local)):
-        out[i] = values[local[i]]
+        row = local[i]
+        for j in range(values.shape[1]):
+            out[i, j] = values[row, j]
     return out
 
 
