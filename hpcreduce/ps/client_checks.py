@@ -58,10 +58,13 @@ def checked_ids(what: str, ids, rows: Optional[int]) -> np.ndarray:
 
 
 def sorted_push_rows(table: str, spec: ParamSpec, ids, grads) -> Tuple[np.ndarray, np.ndarray]:
-    """A push's ids (checked, unique) and gradients (checked) on the host, sorted by id."""
+    """A push's ids (checked, unique) and gradients (checked) on the host, sorted by id (copies:
+    the caller may change its arrays once the call returns)."""
     ids = checked_ids(f"push_rows to {table!r}", to_host(ids) if is_device_array(ids) else ids, table_rows(spec))
     grads = to_host(grads) if is_device_array(grads) else grads
     check_array(f"push_rows to {table!r}: gradients", grads, (len(ids),) + tuple(spec.shape[1:]), spec.dtype)
+    if np.all(ids[1:] > ids[:-1]):  # already sorted and unique (np.unique's, torch.unique's): no sort
+        return ids.copy(), np.array(grads, order="C")  # the worker's own copies: in flight, key-cached
     order = np.argsort(ids, kind="stable")
     ids, grads = ids[order], np.ascontiguousarray(grads[order])
     if np.any(ids[1:] == ids[:-1]):

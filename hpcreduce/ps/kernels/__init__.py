@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
+import numpy as np
+
 
 def kernel(module: str, name: str) -> Callable[..., Any]:
     """Kernel ``name`` of submodule ``module``, imported (and compiled or loaded) on first call."""
@@ -29,3 +31,25 @@ def kernel(module: str, name: str) -> Callable[..., Any]:
         return compiled(*args)
     call.__name__ = name
     return call
+
+
+def warm() -> None:
+    """Import numba and load (or compile) the kernels' usual signatures now: a PS role with
+    sparse tables calls it while it is set up, so no worker's guarded wait (the watchdog's
+    deadline) ever covers a server loading its kernels on its first request."""
+    index, rows, route, sketch = (importlib.import_module(f"{__name__}.{name}")
+                                  for name in ("index", "rows", "route", "sketch"))
+    ids, cells = np.zeros(1, np.int64), np.full(2, -1, np.int64)
+    index.find(np.zeros(2, np.int64), cells, ids)
+    index.cells(np.zeros(2, np.int64), cells, ids)
+    sketch.sighting(np.zeros((1, 2), np.uint16), ids, np.uint64(1), 65535)
+    route.owners(ids, np.ones(2, np.uint64))
+    route.group(ids, 1)
+    for dtype in (np.float32, np.float64):
+        values, one = np.zeros((1, 1), dtype), dtype(1)
+        rows.gather(values, ids)
+        rows.sum_into(values.copy(), ids, values)
+        rows.sgd(values, ids, values.copy(), one)
+        rows.momentum(values, values.copy(), ids, values.copy(), one, one)
+        rows.adagrad(values, values.copy(), ids, values.copy(), one, one)
+        rows.adam(values, values.copy(), values.copy(), ids, values.copy(), *[one] * 8)
