@@ -3,7 +3,8 @@
 ``index``: the id index's probe, insert, remove and move; ``sketch``: the admission
 sketch's count-min sighting; ``rows``: summing duplicate ids' gradients and the row
 optimizers (SGD, momentum, Adagrad, Adam) fused with the gather and scatter; ``route``:
-a worker's shard routing (rendezvous owners and the group-by). Each kernel computes what
+a worker's shard routing (rendezvous owners and the group-by); ``normal``: counter-based
+normal initial values. Each kernel computes what
 the numpy code it replaced computed, bit for bit (float32 arithmetic stays float32).
 
 ``kernel(module, name)`` gives a function that imports numba and the module on its first
@@ -37,14 +38,16 @@ def warm() -> None:
     """Import numba and load (or compile) the kernels' usual signatures now: a PS role with
     sparse tables calls it while it is set up, so no worker's guarded wait (the watchdog's
     deadline) ever covers a server loading its kernels on its first request."""
-    index, rows, route, sketch = (importlib.import_module(f"{__name__}.{name}")
-                                  for name in ("index", "rows", "route", "sketch"))
+    index, normal, rows, route, sketch = (importlib.import_module(f"{__name__}.{name}")
+                                          for name in ("index", "normal", "rows", "route", "sketch"))
     ids, cells = np.zeros(1, np.int64), np.full(2, -1, np.int64)
     index.find(np.zeros(2, np.int64), cells, ids)
     index.cells(np.zeros(2, np.int64), cells, ids)
     sketch.sighting(np.zeros((1, 2), np.uint16), ids, np.uint64(1), 65535)
     route.owners(ids, np.ones(2, np.uint64))
     route.group(ids, 1)
+    normal.counter_normal(np.uint64(1), ids, 1.0, np.zeros(1, np.float32))
+    normal.counter_normal(np.uint64(1), ids.view(np.uint64), 1.0, np.zeros(1, np.float32))
     for dtype in (np.float32, np.float64):
         values, one = np.zeros((1, 1), dtype), dtype(1)
         rows.gather(values, ids)
