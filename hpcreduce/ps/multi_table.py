@@ -5,7 +5,7 @@ PUSH_ROWS_MANY (``protocol.py``): a directory (table, ids, row width, dtype code
 table), the tables' ids concatenated, and for a push their gradients concatenated as
 bytes. ``by_server`` groups the checked tables' rows per server; ``directory`` and
 ``concatenated`` build the payloads; ``scatter_rows`` puts a pull's reply into each
-table's output. Cost: one header and one reply per server, instead of one per table.
+table's output (``put_rows``: a compiled loop). Cost: one header and one reply per server, instead of one per table.
 """
 from __future__ import annotations
 
@@ -14,8 +14,12 @@ from typing import Dict, List, NamedTuple, Sequence, Tuple
 import numpy as np
 
 from .handles import Part, PushResult
+from .kernels import kernel
+from .optimizers import FUSED_DTYPES
 from .protocol import Rep, Status
+from .updates import rows_2d
 
+SCATTER = kernel("rows", "scatter")
 Groups = List[Tuple[int, np.ndarray]]  # (server rank, positions in the table's ids)
 
 
@@ -63,8 +67,16 @@ def scatter_rows(reply: np.ndarray, entries: Sequence[Entry], outs: Sequence[np.
         out = outs[e.table]
         rows = len(e.where)
         size = rows * (out[0].size if len(out) else 0) * wires[e.table].itemsize
-        out[e.where] = reply[offset:offset + size].view(wires[e.table]).reshape((rows,) + out.shape[1:])
+        put_rows(out, e.where, reply[offset:offset + size].view(wires[e.table]).reshape((rows,) + out.shape[1:]))
         offset += size
+
+
+def put_rows(out: np.ndarray, where: np.ndarray, rows: np.ndarray) -> None:
+    """``out[where] = rows``: a compiled loop when both are float32 or float64 alike."""
+    if out.dtype != rows.dtype or out.dtype not in FUSED_DTYPES or not out.flags.c_contiguous:
+        out[where] = rows
+        return
+    SCATTER(rows_2d(out), np.ascontiguousarray(where, dtype=np.int64), rows_2d(rows))
 
 
 def push_results(parts: Sequence[Part], plans: Sequence[List[Entry]], names: Sequence[str]) -> Dict[str, PushResult]:

@@ -150,7 +150,7 @@ class Worker:
         def scatter(done: List[Part]) -> np.ndarray:
             if not direct:
                 for part, (_, where) in zip(done, groups):
-                    out[where] = part.buffers[-1]
+                    multi_table.put_rows(out, where, part.buffers[-1])
             return out
         return self._handle(f"pull_rows of table {table!r}", parts, scatter, t)
 

@@ -51,6 +51,7 @@ def warm() -> None:
     for dtype in (np.float32, np.float64):
         values, one = np.zeros((1, 1), dtype), dtype(1)
         rows.gather(values, ids)
+        rows.scatter(values, ids, values.copy())
         rows.sum_into(values.copy(), ids, values)
         rows.sgd(values, ids, values.copy(), one)
         rows.momentum(values, values.copy(), ids, values.copy(), one, one)

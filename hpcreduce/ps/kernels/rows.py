@@ -28,6 +28,15 @@ def gather(values, local):
 
 
 @njit(nogil=True, cache=True)
+def scatter(out, where, rows):
+    """``out[where[i]] = rows[i]`` (a pull's reply put in place)."""
+    for i in range(len(where)):
+        row = where[i]
+        for j in range(rows.shape[1]):
+            out[row, j] = rows[i, j]
+
+
+@njit(nogil=True, cache=True)
 def sgd(values, local, grads, lr):
     """p -= lr * g on the rows at ``local``."""
     for i in range(len(local)):
