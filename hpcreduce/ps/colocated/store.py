@@ -1,7 +1,7 @@
 """The row store under the colocated layout: the one module that knows today's row classes.
 
-``ShardStore`` is one shard key's rows of every table (fixed: ``TableShard`` with its
-``RowIndex``; dynamic: ``DynamicTable``), behind an interface that always takes ids:
+``ShardStore`` is one shard key's rows of every table, each table a row store
+(``shard_state.make_row_store``: fixed or dynamic, by id), behind an interface that takes ids:
 ``rows(t, ids)``, ``apply(t, ids, grads, step)``, ``export(t)`` / ``take(t, ...)`` (rows
 moved after a failure, replicas, checkpoints). It also keeps the last step applied to each
 table, so a step is applied at most once (exactly-once pushes). When the row store's
@@ -14,13 +14,11 @@ from typing import Dict, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from ..dynamic_rows import DynamicTable
 from ..init import PartInit, owned_rows
 from ..optimizers import Optimizer
 from ..placement import Placement
-from ..shard_state import TableShard
-from ..tables import ParamSpec, RowIndex
-from ..updates import apply_rows
+from ..shard_state import make_row_store
+from ..tables import ParamSpec
 
 Exported = Tuple[np.ndarray, np.ndarray, Dict[str, np.ndarray]]
 HEAT = ("last_used", "uses")  # a dynamic row's use counters, carried beside its optimizer state
@@ -41,51 +39,35 @@ class ShardStore:
         """Shard ``key``'s initial rows: ``init``'s values, zeroed optimizer state."""
         tables: Dict[int, object] = {}
         for t, spec in enumerate(placement.specs):
-            if spec.dynamic is not None:
-                tables[t] = DynamicTable(t, spec, optimizers[t], 1)
-                continue
-            ids = owned_rows(placement, t, [key])[key]
-            values = init.rows(t, ids)
-            tables[t] = TableShard(t, True, values, optimizers[t].init_state(values), 1)
-            tables[t].own_rows(ids, spec.shape[0])
+            ids = owned_rows(placement, t, [key])[key] if spec.dynamic is None else None
+            tables[t] = make_row_store(t, spec, optimizers[t], 1, ids=ids,
+                                       values=None if ids is None else init.rows(t, ids))
         return cls(key, placement.specs, optimizers, tables)
 
     @classmethod
     def empty(cls, key: int, specs: Sequence[ParamSpec], optimizers: Mapping[int, Optimizer]) -> "ShardStore":
         """A shard with no rows (filled by ``take``)."""
-        tables: Dict[int, object] = {}
-        for t, spec in enumerate(specs):
-            if spec.dynamic is not None:
-                tables[t] = DynamicTable(t, spec, optimizers[t], 1)
-            else:
-                values = np.empty((0,) + tuple(spec.shape[1:]), spec.dtype)
-                tables[t] = TableShard(t, True, values, optimizers[t].init_state(values), 1)
-                tables[t].own_rows(np.empty(0, np.int64), spec.shape[0])
+        tables = {t: make_row_store(t, spec, optimizers[t], 1, ids=np.empty(0, np.int64),
+                                    values=np.empty((0,) + tuple(spec.shape[1:]), spec.dtype))
+                  for t, spec in enumerate(specs)}
         return cls(key, specs, optimizers, tables)
 
     def rows(self, t: int, ids: np.ndarray) -> np.ndarray:
         """The current values of rows ``ids`` of table ``t`` (ids this shard owns)."""
         table = self.tables[t]
-        if table.dynamic:
-            return table.rows_at(ids)
-        local = table.position[ids]
-        if len(local) and local.min() < 0:
-            raise RuntimeError(f"shard {self.key} asked for row {int(ids[np.argmin(local)])} of table "
+        missing = table.foreign(ids)
+        if missing is not None:
+            raise RuntimeError(f"shard {self.key} asked for row {missing} of table "
                                f"{self.specs[t].name!r}, which it does not hold (placements differ)")
-        return table.values[local]
+        return table.rows(ids)
 
     def apply(self, t: int, ids: np.ndarray, grads: np.ndarray, step: int) -> bool:
         """One optimizer update of rows ``ids`` (sorted, unique) of table ``t`` for ``step``;
         False (nothing changed) when that step was applied already."""
         if step <= self.last_step[t]:
             return False
-        table, optimizer = self.tables[t], self.optimizers[t]
-        if table.dynamic:
-            local, grads = table.admit(ids, grads, self.events)
-        else:
-            local = table.position[ids]
-        if len(local):
-            apply_rows(table, local, grads, optimizer, step + 1)
+        if len(ids):
+            self.tables[t].apply(ids, grads, self.optimizers[t], step + 1, self.events)
         self.last_step[t] = step
         return True
 
