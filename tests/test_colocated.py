@@ -13,12 +13,11 @@ def test_colocated_bsp_values_replicas_and_bad_input_at_2_and_3_ranks():
 
 
 def test_routes_group_items_by_destination_then_segment():
-    from hpcreduce.ps.colocated.routes import block_starts, route
+    from hpcreduce.ps.colocated.routes import route
     found = route([np.array([1, 0, 1]), np.array([], np.int64), np.array([0, 0])], 2)
     assert found.counts.tolist() == [[1, 0, 2], [2, 0, 0]]
     assert found.items(0, 0).tolist() == [1] and found.items(0, 2).tolist() == [0, 1]
     assert found.items(1, 0).tolist() == [0, 2]
-    assert block_starts(found.counts, np.array([4, 8, 2])).tolist() == [[0, 4, 4], [8, 16, 16]]
 
 
 @pytest.mark.parametrize("where", ["before-push", "in-push"])
@@ -34,16 +33,23 @@ def test_a_checkpoint_saved_at_3_ranks_loads_at_2_and_trains_to_the_same_rows(tm
     assert "loaded at 2, same rows after training on" in result.output, result.output
 
 
-def test_owner_sums_add_in_the_servers_order_bit_for_bit():
-    from hpcreduce.ps.colocated.handles import summed
-    from hpcreduce.ps.updates import sum_rows
-    rng = np.random.default_rng(3)
-    parts = [(np.unique(rng.integers(0, 50, 40)), None) for _ in range(4)]
-    parts = [(ids, rng.standard_normal((len(ids), 3)).astype(np.float32) * 10.0 ** rng.integers(-3, 4))
-             for ids, _ in parts]
-    ids, grads = summed(parts)
-    want_ids, want = sum_rows(parts)
-    assert np.array_equal(ids, want_ids) and grads.tobytes() == want.tobytes()
+def test_items_of_several_widths_go_to_wire_order_and_back_by_segment():
+    from hpcreduce.ps.colocated.flat import by_segment, move, natural_to_wire, offsets
+    from hpcreduce.ps.colocated.routes import route
+    widths = np.array([4, 8, 2])
+    found = route([np.array([1, 0, 1]), np.array([0]), np.array([0, 1])], 2)
+    lengths = found.counts.sum(0)
+    natural = np.arange(int((lengths * widths).sum()), dtype=np.uint8)
+    natural_at, wire_at, width = natural_to_wire(found.order, lengths, widths)
+    wire = np.zeros_like(natural)
+    move(natural, natural_at, wire, wire_at, width)
+    item = np.split(natural, np.cumsum(np.repeat(widths, lengths))[:-1])  # natural items: a0 a1 a2 b0 c0 c1
+    assert wire.tobytes() == b"".join(item[k].tobytes() for k in [1, 3, 4, 0, 2, 5])  # rank 0: a1 b0 c0; 1: a0 a2 c1
+    order, starts, at, got_width = by_segment(found.counts, widths)  # the receiver's view: by segment, rank order
+    assert starts.tolist() == [0, 3, 4, 6] and got_width.tolist() == [4, 8, 2, 4, 4, 2]
+    back = np.zeros_like(natural)
+    move(wire, at[order], back, offsets(got_width[order]), got_width[order])
+    assert back.tobytes() == b"".join(item[k].tobytes() for k in [1, 0, 2, 3, 4, 5])
 
 
 def test_replicas_go_to_another_node_where_there_are_two():

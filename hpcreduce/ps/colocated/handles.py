@@ -4,8 +4,8 @@ Every message of a call is posted when the call is made (on every rank, in call 
 ``wait`` posts nothing and handles may be waited for in any order. A pull's handle holds
 the rows' return ``Ialltoallv``; ``wait`` scatters the rows back to the ids asked for. A
 push's handle holds one ``Ialltoallv`` of items (an id, then its gradient); ``wait`` sums each id's gradients
-across senders in rank order (bit-reproducible, as a server sums its workers' pushes in
-slot order) and applies them once, to the owner's shard and to the replica.
+across senders in rank order (``updates.sum_rows``, as a server sums its workers' pushes in
+slot order: the same bits) and applies them once, to the owner's shard and to the replica.
 """
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from ...errors import PSInputError
 from ...runtime.failures import wait_all
 from ..handles import PushResult
 from ..tables import ParamSpec
-from .routes import Route, block_starts
+from ..updates import sum_rows
+from .flat import by_segment, move, natural_to_wire, offsets
+from .routes import Route
 from .store import ShardStore
 
 
@@ -50,17 +52,17 @@ class PullHandle:
         return self._result
 
     def _scatter(self) -> Dict[str, np.ndarray]:
-        route, starts, out = self.route, block_starts(self.route.counts, self.row_bytes), {}
+        """Every table's rows moved from wire order in one compiled pass, then each table's
+        unique rows spread to the ids asked for."""
+        route, lengths = self.route, self.route.counts.sum(0)
+        natural_at, wire_at, width = natural_to_wire(route.order, lengths, self.row_bytes)
+        natural = np.empty(len(self.received), np.uint8)
+        move(self.received, wire_at, natural, natural_at, width)
+        starts, out = offsets(lengths * self.row_bytes), {}
         for t, (unique, inverse) in self.tables.items():
-            spec, width = self.specs[t], int(self.row_bytes[t])
-            rows = np.empty((len(unique),) + tuple(spec.shape[1:]), spec.dtype)
-            flat = rows.reshape(-1).view(np.uint8).reshape(len(unique), width)
-            for dest in range(route.counts.shape[0]):
-                count = int(route.counts[dest, t])
-                if count:
-                    start = int(starts[dest, t])
-                    flat[route.items(dest, t)] = self.received[start:start + count * width].reshape(count, width)
-            out[spec.name] = rows[inverse]
+            spec, first = self.specs[t], int(starts[t])
+            rows = natural[first:first + len(unique) * int(self.row_bytes[t])].view(spec.dtype)
+            out[spec.name] = rows.reshape((len(unique),) + tuple(spec.shape[1:]))[inverse]
         return out
 
 
@@ -94,29 +96,32 @@ class PushHandle:
         return self._result
 
     def _apply(self) -> Dict[str, PushResult]:
+        """Group the items by segment (one compiled pass; senders stay in rank order), sum each
+        table's gradients as a server sums its workers' (``updates.sum_rows``: the same bits)
+        and apply them once to the shard, and to the replica."""
         tables = len(self.specs)
-        starts = block_starts(self.incoming, ID_BYTES + self.row_bytes)
+        order, starts, wire_at, width = by_segment(self.incoming, self.row_bytes, ID_BYTES)
+        ids = np.empty(len(order), np.int64)
+        move(self.received, wire_at[order], ids.view(np.uint8), np.arange(len(order), dtype=np.int64) * ID_BYTES,
+             np.full(len(order), ID_BYTES, np.int64))
+        width = width[order]
+        natural_at = offsets(width)
+        grads = np.empty(int(width.sum()), np.uint8)
+        move(self.received, wire_at[order] + ID_BYTES, grads, natural_at, width)
         duplicates = {t: 0 for t in self.tables}
-        for segment, store in enumerate(self.stores):
-            for t in self.tables:
-                s = segment * tables + t
-                parts = [self._part(t, s, source, starts)
-                         for source in range(self.incoming.shape[0]) if self.incoming[source, s]]
-                if parts:
-                    ids, grads = summed(parts)
-                    duplicates[t] += not store.apply(t, ids, grads, self.step)
+        for s in range(self.incoming.shape[1]):
+            begin, end, t = int(starts[s]), int(starts[s + 1]), s % tables
+            if end == begin:
+                continue
+            spec, first = self.specs[t], int(natural_at[begin])
+            rows = grads[first:first + (end - begin) * int(self.row_bytes[s])].view(spec.dtype)
+            rows = rows.reshape((end - begin,) + tuple(spec.shape[1:]))
+            bounds = np.cumsum(self.incoming[:, s])[:-1]
+            parts = [(i, g) for i, g in zip(np.split(ids[begin:end], bounds), np.split(rows, bounds)) if len(i)]
+            summed_ids, summed_grads = sum_rows(parts)
+            duplicates[t] += not self.stores[s // tables].apply(t, summed_ids, summed_grads, self.step)
         return {self.specs[t].name: PushResult(int(np.count_nonzero(self.route.counts[:, t])), duplicates[t])
                 for t in self.tables}
-
-    def _part(self, t: int, s: int, source: int, starts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        """The ids and gradients ``source`` sent in segment ``s`` (table ``t``): items of an id's
-        8 bytes followed by its gradient's."""
-        spec, count, width = self.specs[t], int(self.incoming[source, s]), int(self.row_bytes[s])
-        first = int(starts[source, s])
-        items = self.received[first:first + count * (ID_BYTES + width)].reshape(count, ID_BYTES + width)
-        ids = np.ascontiguousarray(items[:, :ID_BYTES]).view(np.int64).reshape(count)
-        grads = np.ascontiguousarray(items[:, ID_BYTES:]).view(spec.dtype)
-        return ids, grads.reshape((count,) + tuple(spec.shape[1:]))
 
 
 def interrupted(handle) -> None:
@@ -125,17 +130,3 @@ def interrupted(handle) -> None:
     if handle.abandoned:
         raise PSInputError("this call was interrupted by a process failure and abandoned in recover(): "
                            "make it again")
-
-
-def summed(parts: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
-    """Sorted unique ids and their gradients summed over ``parts`` (each: sorted unique ids,
-    gradients), added part after part from zero: the order ``updates.sum_rows`` adds in, so the
-    same bits, without its unbuffered ``np.add.at`` (ids are unique within a part)."""
-    if len(parts) == 1:
-        return parts[0]
-    ids = np.sort(np.concatenate([part_ids for part_ids, _ in parts]), kind="stable")  # merges the sorted runs
-    ids = ids[np.concatenate([[True], ids[1:] != ids[:-1]])]
-    total = np.zeros((len(ids),) + parts[0][1].shape[1:], parts[0][1].dtype)
-    for part_ids, grads in parts:
-        total[np.searchsorted(ids, part_ids)] += grads
-    return ids, total

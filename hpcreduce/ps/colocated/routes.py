@@ -46,13 +46,6 @@ def route(dests: Sequence[np.ndarray], size: int) -> Route:
     return Route(segments, offsets, order, counts)
 
 
-def block_starts(counts: np.ndarray, row_bytes: np.ndarray) -> np.ndarray:
-    """Byte offset of every (rank, segment) block of a buffer laid out in (rank, segment) order,
-    segment s's items ``row_bytes[s]`` bytes each; shape (ranks, segments)."""
-    sizes = (counts * row_bytes[None, :]).reshape(-1)
-    return (np.cumsum(sizes) - sizes).reshape(counts.shape)
-
-
 def byte_spec(buffer: np.ndarray, block_bytes: np.ndarray) -> List:
     """An mpi4py ``[buffer, (counts, displacements), BYTE]`` for per-rank blocks of ``block_bytes``."""
     counts = np.asarray(block_bytes, np.int64)

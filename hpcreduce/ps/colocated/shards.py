@@ -39,7 +39,8 @@ from . import checkpoint, checks
 from .handles import ID_BYTES, PullHandle, PushHandle
 from .layout import ColocatedLayout
 from .recovery import rebuilt
-from .routes import as_bytes, block_starts, byte_spec, route
+from .flat import by_segment, move, natural_to_wire, offsets
+from .routes import as_bytes, byte_spec, route
 from .store import ShardStore
 
 INIT_SCALE = 0.01  # fixed tables' rows start N(0, INIT_SCALE**2), as PSEmbeddingBag's
@@ -226,36 +227,37 @@ class ColocatedTables:
         return got[:, HEAD:]
 
     def _gather(self, incoming: np.ndarray, asked: np.ndarray, tables: List[int]) -> np.ndarray:
-        """The owner's reply to a pull: the rows of ``asked`` in (source rank, table) order, as bytes."""
-        id_starts = block_starts(incoming, np.ones(incoming.shape[1], np.int64))
-        row_starts = block_starts(incoming, self.row_bytes)
-        reply = np.empty(int((incoming * self.row_bytes).sum()), np.uint8)
+        """The owner's reply to a pull: the rows of ``asked`` in (source rank, table) order, as
+        bytes: one compiled gather per table (every source's ids at once), one move into place."""
+        order, starts, wire_at, width = by_segment(incoming, self.row_bytes)
+        natural_width = width[order]
+        natural_at = offsets(natural_width)
+        natural = np.empty(int(width.sum()), np.uint8)
         for t in tables:
-            width = int(self.row_bytes[t])
-            pieces = [(int(id_starts[r, t]), int(incoming[r, t]), int(row_starts[r, t]))
-                      for r in range(incoming.shape[0]) if incoming[r, t]]
-            if not pieces:
-                continue
-            wanted = np.concatenate([asked[start:start + n] for start, n, _ in pieces])
-            rows = as_bytes(self.store.rows(t, wanted), width)
-            done = 0
-            for _, n, first in pieces:
-                reply[first:first + n * width] = rows[done:done + n].reshape(-1)
-                done += n
+            begin, end = int(starts[t]), int(starts[t + 1])
+            if end > begin:
+                first = int(natural_at[begin])
+                rows = self.store.rows(t, asked[order[begin:end]])
+                natural[first:first + (end - begin) * int(self.row_bytes[t])] = as_bytes(rows, int(
+                    self.row_bytes[t])).reshape(-1)
+        reply = np.empty_like(natural)
+        move(natural, natural_at, reply, wire_at[order], natural_width)
         return reply
 
     def _packed(self, tables, sent, row_bytes: np.ndarray) -> np.ndarray:
-        """The push's items (an id's 8 bytes, then its gradient's) in (destination, segment) order."""
+        """The push's items (an id's 8 bytes, then its gradient's) in (destination, segment)
+        order, moved from every segment's ids and gradients in one compiled pass."""
         count = len(self.layout.specs)
-        pieces = []
-        for dest in range(self.worker_count):
-            for s in range(sent.segments):
-                if sent.counts[dest, s]:
-                    ids, grads = tables[s % count]
-                    chosen = sent.items(dest, s)
-                    pieces.append(np.concatenate([as_bytes(ids[chosen], ID_BYTES),
-                                                  as_bytes(grads, int(row_bytes[s]))[chosen]], axis=1).reshape(-1))
-        return np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
+        chosen = [tables[s % count] for s in range(sent.segments) if s % count in tables]
+        if not chosen:
+            return np.empty(0, np.uint8)
+        ids = np.concatenate([np.asarray(i, np.int64) for i, _ in chosen])
+        grads = np.concatenate([np.ascontiguousarray(g).reshape(-1).view(np.uint8) for _, g in chosen])
+        natural_at, wire_at, width = natural_to_wire(sent.order, sent.counts.sum(0), row_bytes, ID_BYTES)
+        items = np.empty(int((width + ID_BYTES).sum()), np.uint8)
+        move(ids.view(np.uint8), sent.order * ID_BYTES, items, wire_at, np.full(len(width), ID_BYTES, np.int64))
+        move(grads, natural_at, items, wire_at + ID_BYTES, width)
+        return items
 
     def _collective(self, work: Callable[[], T]) -> T:
         """``work()``; under fault tolerance a process failure in it revokes the communicator,
