@@ -3,13 +3,14 @@
 Every message of a call is posted when the call is made (on every rank, in call order), so
 ``wait`` posts nothing and handles may be waited for in any order. A pull's handle holds
 the rows' return ``Ialltoallv``; ``wait`` scatters the rows back to the ids asked for. A
-push's handle holds one ``Ialltoallv`` of items (an id, then its gradient); ``wait`` sums each id's gradients
+push's handle holds the sends of its items (an id, then its gradient); ``wait`` receives every
+rank's (pushes complete in the order they were made), checks them, sums each id's gradients
 across senders in rank order (``updates.sum_rows``, as a server sums its workers' pushes in
 slot order: the same bits) and applies them once, to the owner's shard and to the replica.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -32,11 +33,11 @@ class PullHandle:
     """Rows coming back for the unique ids of each table; ``wait()`` -> {name: rows aligned with ids}."""
 
     def __init__(self, specs: Sequence[ParamSpec], tables: Dict[int, Tuple[np.ndarray, np.ndarray]],
-                 route: Route, row_bytes: np.ndarray, request: MPI.Request, received: np.ndarray,
+                 route: Route, row_bytes: np.ndarray, requests: List[MPI.Request], received: np.ndarray,
                  collective: Collective):
         self.specs, self.tables, self.route, self.row_bytes = specs, tables, route, row_bytes
         self.collective = collective
-        self.requests, self.received = [request], received
+        self.requests, self.received = requests, received
         self._result: Optional[Dict[str, np.ndarray]] = None
         self.abandoned = False
 
@@ -73,27 +74,41 @@ class PushHandle:
     pushed again after a recovery)."""
 
     def __init__(self, specs: Sequence[ParamSpec], tables: Sequence[int], step: int, route: Route,
-                 incoming: np.ndarray, row_bytes: np.ndarray, request: MPI.Request,
-                 received: np.ndarray, stores: Sequence[ShardStore],
-                 collective: Collective, commit: Callable[[], None]):
+                 row_bytes: np.ndarray, requests: List[MPI.Request], receive: Callable[[], Tuple[np.ndarray, np.ndarray]],
+                 stores: Sequence[ShardStore], collective: Collective, commit: Callable[[], None],
+                 settle: Callable[["PushHandle"], None]):
         self.specs, self.tables, self.step, self.route = specs, list(tables), step, route
-        self.incoming, self.row_bytes, self.requests = incoming, row_bytes, [request]
-        self.received, self.stores, self.commit = received, stores, commit
+        self.row_bytes, self.requests, self.receive = row_bytes, requests, receive
+        self.stores, self.commit, self.settle = stores, commit, settle
         self.collective = collective
+        self.incoming = self.received = None
         self._result: Optional[Dict[str, PushResult]] = None
+        self.error: Optional[PSInputError] = None
         self.abandoned = False
 
     @property
     def done(self) -> bool:
-        return self._result is not None or self.abandoned
+        return self._result is not None or self.abandoned or self.error is not None
 
     def wait(self) -> Dict[str, PushResult]:
+        """Complete this push and those made before it, in order (``settle``); its results."""
+        self.settle(self)
         interrupted(self)
-        if self._result is None:
-            self.collective(lambda: wait_all(self.requests))
-            self.commit()
-            self._result = self._apply()
+        if self.error is not None:
+            raise self.error
         return self._result
+
+    def complete(self) -> None:
+        """Receive every rank's items for this push, check, commit and apply them (called in the
+        order the pushes were made, so each receives its own messages)."""
+        try:
+            self.incoming, self.received = self.collective(self.receive)
+        except PSInputError as error:
+            self.error = error
+            raise
+        self.collective(lambda: wait_all(self.requests))
+        self.commit()
+        self._result = self._apply()
 
     def _apply(self) -> Dict[str, PushResult]:
         """Group the items by segment (one compiled pass; senders stay in rank order), sum each

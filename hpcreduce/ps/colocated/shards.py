@@ -8,14 +8,14 @@
 The client surface of ``ps.Worker`` that an embedding collection calls, with no server
 ranks: TorchRec's model-parallel (row-wise) sharding on hpcreduce's row store. Pulls and
 pushes are collective: every rank makes the same calls (same tables, same step). A call
-first exchanges one small count header with every rank (``Alltoall``: counts per table, the
-step, and any rank's input problem, so bad input raises ``PSInputError`` everywhere before
-anything moves); a pull then sends its unique ids to their owners (``Alltoallv``), the owners
-gather the rows and the rows come back through an ``Ialltoallv`` that ``wait`` completes; a
-push sends items (an id, then its gradient) to the owners, and to the replica holders when
-replicated, in one ``Ialltoallv`` that ``wait`` completes before summing and applying
-(``handles``). Every
-table shares each message; rows travel as raw bytes on the library's own duplicate of the
+sends every rank a small count header (counts per table, the step, and this rank's input
+problem) together with its items (``exchange``: one round); every rank checks all the headers
+before anything is applied, so bad input raises ``PSInputError`` everywhere and changes
+nothing. A pull sends its unique ids to their owners, the owners gather the rows and the rows
+come back through an ``Ialltoallv`` that ``wait`` completes: two rounds. A push sends items
+(an id, then its gradient) to the owners, and to the replica holders when replicated; ``wait``
+receives, sums and applies them (``handles``): one round. Every table shares each message
+(flat byte buffers moved by compiled passes, ``flat``); rows travel as raw bytes on the library's own duplicate of the
 communicator. A pull first completes the pushes in flight, so it reads every step pushed
 before it (BSP). Initial values are the servers' (``ps.init``): a function of (seed, table,
 id), so colocated and dedicated layouts start equal and, under SGD, stay equal.
@@ -35,7 +35,8 @@ from ...runtime.nodes import rank_nodes
 from ..init import PartInit, counter_normal
 from ..optimizers import make_optimizer
 from ..tables import ParamSpec
-from . import checkpoint, checks
+from . import checkpoint, checks, exchange
+from .exchange import HEAD
 from .handles import ID_BYTES, PullHandle, PushHandle
 from .layout import ColocatedLayout
 from .recovery import rebuilt
@@ -44,7 +45,7 @@ from .routes import as_bytes, byte_spec, route
 from .store import ShardStore
 
 INIT_SCALE = 0.01  # fixed tables' rows start N(0, INIT_SCALE**2), as PSEmbeddingBag's
-HEAD = 3  # header fields before the counts: problem, call signature, step
+Call = Tuple[str, Optional[str], int, str]  # what, this rank's problem, signature, description
 T = TypeVar("T")
 
 
@@ -107,21 +108,22 @@ class ColocatedTables:
         return self._collective(lambda: self._pull(ids_by_table))
 
     def _pull(self, ids_by_table: Mapping[str, np.ndarray]) -> PullHandle:
-        """The pull: header, ids to their owners, the owners' rows posted back."""
+        """The pull: header and ids to their owners in one round, the owners' rows posted back."""
         mine, tables = self._prepared(lambda: checks.pulled(ids_by_table, self.layout.table_ids, self.layout.specs))
         dests = [self.layout.owner_ranks(t, tables[t][0]) if t in tables else np.empty(0, np.int64)
                  for t in range(len(self.layout.specs))]
         sent = route(dests, self.worker_count)
-        incoming = self._headers("pull_rows_many", mine, sorted(tables), sent.counts)
         ids = np.concatenate([tables[t][0] if t in tables else np.empty(0, np.int64)
-                              for t in range(len(dests))])[sent.order]
-        asked = np.empty(int(incoming.sum()), np.int64)
-        self.comm.Alltoallv([ids, sent.counts.sum(1), MPI.INT64_T], [asked, incoming.sum(1), MPI.INT64_T])
-        reply = self._gather(incoming, asked, sorted(tables))
+                              for t in range(len(dests))]).astype(np.int64, copy=False)[sent.order]
+        call = self._call("pull_rows_many", mine, sorted(tables))
+        sends = self._post(call, sent.counts, ids.view(np.uint8), np.full(len(dests), ID_BYTES, np.int64))
+        incoming, asked = self._receive(call, len(dests))
+        reply = self._gather(incoming, asked.view(np.int64), sorted(tables))
         received = np.empty(int((sent.counts * self.row_bytes).sum()), np.uint8)
         request = self.comm.Ialltoallv(byte_spec(reply, (incoming * self.row_bytes).sum(1)),
                                        byte_spec(received, (sent.counts * self.row_bytes).sum(1)))
-        handle = PullHandle(self.layout.specs, tables, sent, self.row_bytes, request, received, self._collective)
+        handle = PullHandle(self.layout.specs, tables, sent, self.row_bytes, sends + [request], received,
+                            self._collective)
         self._pulls = [h for h in self._pulls if not h.done] + [handle]
         return handle
 
@@ -133,7 +135,8 @@ class ColocatedTables:
         return self._collective(lambda: self._push(rows_by_table))
 
     def _push(self, rows_by_table: Mapping[str, Tuple[np.ndarray, np.ndarray]]) -> PushHandle:
-        """The push: header, then ids and gradients posted to owners and replica holders."""
+        """The push: header, ids and gradients posted to owners and replica holders in one
+        round; ``wait`` receives, checks and applies."""
         mine, tables = self._prepared(lambda: checks.pushed(rows_by_table, self.layout.table_ids, self.layout.specs))
         count = len(self.layout.specs)
         stores = [self.store] + ([self.replica] if self.replica is not None else [])
@@ -143,15 +146,12 @@ class ColocatedTables:
         if self.replica is not None:
             dests += [self.layout.replica_ranks(owners[t]) if t in owners else empty for t in range(count)]
         sent = route(dests, self.worker_count)
-        incoming = self._headers("push_rows_many", mine, sorted(tables), sent.counts)
         row_bytes = np.tile(self.row_bytes, len(dests) // count)
-        items = self._packed(tables, sent, row_bytes)
-        item_bytes = ID_BYTES + row_bytes
-        received = np.empty(int((incoming * item_bytes).sum()), np.uint8)
-        request = self.comm.Ialltoallv(byte_spec(items, (sent.counts * item_bytes).sum(1)),
-                                       byte_spec(received, (incoming * item_bytes).sum(1)))
-        handle = PushHandle(self.layout.specs, sorted(tables), self.clock_value, sent, incoming, row_bytes,
-                            request, received, stores, self._collective, self._commit)
+        call = self._call("push_rows_many", mine, sorted(tables))
+        sends = self._post(call, sent.counts, self._packed(tables, sent, row_bytes), ID_BYTES + row_bytes)
+        handle = PushHandle(self.layout.specs, sorted(tables), self.clock_value, sent, row_bytes, sends,
+                            lambda: self._receive(call, len(dests)), stores, self._collective, self._commit,
+                            self._settle)
         self._pushes.append(handle)
         return handle
 
@@ -204,7 +204,7 @@ class ColocatedTables:
             raise PSInputError(f"{call} after release(): the colocated tables take no call")
 
     def _prepared(self, check) -> Tuple[Optional[str], dict]:
-        """This rank's checked input, or its problem (raised on every rank by ``_headers``):
+        """This rank's checked input, or its problem (raised on every rank by ``_receive``):
         anything ``check`` raises is reported there, so no rank is left waiting."""
         try:
             return None, check()
@@ -213,18 +213,28 @@ class ColocatedTables:
         except Exception as error:  # e.g. not a mapping: still refused everywhere
             return f"{type(error).__name__}: {error}", {}
 
-    def _headers(self, what: str, mine: Optional[str], tables: List[int], counts: np.ndarray) -> np.ndarray:
-        """Exchange the count header with every rank; every rank's counts for this one, after
-        ``checks.refuse`` raised on every rank if any rank's call was bad or differed."""
+    def _call(self, what: str, mine: Optional[str], tables: List[int]) -> Call:
+        """What every rank's header says about this call: (what, this rank's problem, signature, description)."""
         names = [self.layout.specs[t].name for t in tables]
         signature = zlib.crc32(repr((what, names)).encode()) & 0x7FFFFFFF
-        header = np.empty((self.worker_count, HEAD + counts.shape[1]), np.int64)
-        header[:, 0], header[:, 1], header[:, 2], header[:, HEAD:] = int(mine is not None), signature, \
-            self.clock_value, counts
-        got = np.empty_like(header)
-        self.comm.Alltoall(header, got)
-        checks.refuse(self.comm, what, mine, got, f"{what} of {names} at step {self.clock_value}")
-        return got[:, HEAD:]
+        return what, mine, signature, f"{what} of {names} at step {self.clock_value}"
+
+    def _post(self, call: Call, counts: np.ndarray, items: np.ndarray, item_bytes: np.ndarray) -> List[MPI.Request]:
+        """Post every rank its header row and its items (``exchange.post``): one round."""
+        _, mine, signature, _ = call
+        headers = np.zeros((self.worker_count, HEAD + 2 * len(self.layout.specs)), np.int64)
+        headers[:, :HEAD] = int(mine is not None), signature, self.clock_value, 0
+        headers[:, 3] = (counts * item_bytes).sum(1)
+        headers[:, HEAD:HEAD + counts.shape[1]] = counts
+        return exchange.post(self.comm, headers, items)
+
+    def _receive(self, call: Call, segments: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Every rank's counts for this one and its items, after ``checks.refuse`` raised on
+        every rank if any rank's call was bad or differed."""
+        what, mine, _, described = call
+        headers, received = exchange.receive(self.comm, HEAD + 2 * len(self.layout.specs))
+        checks.refuse(self.comm, what, mine, headers, described)
+        return headers[:, HEAD:HEAD + segments], received
 
     def _gather(self, incoming: np.ndarray, asked: np.ndarray, tables: List[int]) -> np.ndarray:
         """The owner's reply to a pull: the rows of ``asked`` in (source rank, table) order, as
@@ -296,8 +306,13 @@ class ColocatedTables:
             handle.abandoned = True
         self._pulls, self._pushes = [], []
 
-    def _settle(self) -> None:
-        """Complete and apply the pushes in flight, in the order they were made."""
-        while self._pushes:
-            self._pushes[0].wait()
-            self._pushes.pop(0)
+    def _settle(self, through: Optional[PushHandle] = None) -> None:
+        """Complete and apply the pushes in flight in the order they were made (all, or up to
+        ``through``): each receives its messages in that order."""
+        while self._pushes and (through is None or not through.done):
+            first = self._pushes[0]
+            try:
+                first.complete()
+            finally:  # a failure abandoned every push in flight (``_abandon``) while it was listed
+                if self._pushes and self._pushes[0] is first:
+                    self._pushes.pop(0)
