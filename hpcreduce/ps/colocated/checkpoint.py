@@ -2,7 +2,8 @@
 
 ``save(tables, directory)``: every rank writes ``shard-<key>.npz`` (each table's ids, rows and
 optimizer state, a dynamic table's use counters), then rank 0 writes ``colocated.json`` (the tables,
-the optimizer, the step, the shard files), each file atomically. ``load(tables, directory)``:
+the optimizer, the step, the shard files, and the seed of the rows made on first touch: those
+never touched are not written, the seed remakes them), each file atomically. ``load(tables, directory)``:
 every rank reads the description, checks it against its own tables and optimizer, reads every
 ``size``-th shard file and sends each row to its owner under the current layout (rendezvous
 hashing over the live keys), then re-makes the replicas: any number of ranks loads any
@@ -23,12 +24,14 @@ from .moves import Rows, deliver, replicate
 from .store import HEAT, ShardStore
 
 DESCRIPTION = "colocated.json"
+LAZY = "rows made on first touch from seed"  # the seed of the rows not written (None: every row is)
 
 
 def description(tables) -> Dict[str, object]:
     """What a checkpoint of ``tables`` says about itself (shard files aside)."""
     return {"tables": [repr(spec) for spec in tables.layout.specs],
             "optimizer": [type(o).__name__ for o in tables.optimizers.values()],
+            LAZY: tables.store.lazy,
             "step": tables.clock_value}
 
 
@@ -62,12 +65,12 @@ def load(tables, directory: str) -> None:
     if problems:
         raise PSConfigError(f"cannot load the colocated checkpoint in {directory}: {problems[0]}")
     saved, rows = found
-    store = ShardStore.empty(tables.key, tables.layout.specs, tables.optimizers)
+    store = ShardStore.empty(tables.key, tables.layout.specs, tables.optimizers, saved[LAZY])
     deliver(tables.comm, tables.layout, store, rows)
     store.last_step = {t: int(saved["step"]) - 1 for t in store.tables}
     held = tables.comm.allreduce(np.array([len(store.tables[t].ids) for t in range(len(tables.layout.specs))]))
     short = [(spec, int(got)) for spec, got in zip(tables.layout.specs, held) if spec.dynamic is None
-             and got != spec.shape[0]]
+             and store.lazy is None and got != spec.shape[0]]
     if short:
         raise PSConfigError(f"cannot load the colocated checkpoint in {directory}: table {short[0][0].name!r} has "
                             f"{short[0][1]} rows in it, not the {short[0][0].shape[0]} it declares")

@@ -42,9 +42,8 @@ from .layout import ColocatedLayout
 from .recovery import rebuilt
 from .flat import by_segment, move, natural_to_wire, offsets
 from .routes import as_bytes, byte_spec, route
-from .store import ShardStore
+from .store import INIT_SCALE, ShardStore
 
-INIT_SCALE = 0.01  # fixed tables' rows start N(0, INIT_SCALE**2), as PSEmbeddingBag's
 Call = Tuple[str, Optional[str], int, str]  # what, this rank's problem, signature, description
 T = TypeVar("T")
 
@@ -58,7 +57,8 @@ class ColocatedTables:
     """Sparse tables ``specs`` sharded over every rank of ``comm``; see the module docstring.
 
     ``optimizer``/``lr``: the update rule the owners run; ``init``: a ``ps.init.PartInit``
-    (default: ``default_init(specs, seed)``); ``replicas``: keep each shard's replica on the next
+    (default: ``default_init(specs, seed)``'s values, each row made on its first touch:
+    ``store``); ``replicas``: keep each shard's replica on the next
     rank of the ring (default: when fault tolerance is on and there are two ranks or more).
     """
 
@@ -78,10 +78,10 @@ class ColocatedTables:
         self.key = rank  # this rank's shard key, for life
         self.layout = ColocatedLayout(specs, range(size), rank_nodes(self.comm))
         self.optimizers = {t: make_optimizer(optimizer, lr) for t in range(len(specs))}
-        init = init if init is not None else default_init(specs, seed)
+        lazy = seed if init is None else None  # the default rows are made on first touch (``store``)
         self.store, self.replica = checks.made_everywhere(self.comm, lambda: (
-            ShardStore.create(self.layout.placement, rank, init, self.optimizers),
-            ShardStore.create(self.layout.placement, self.layout.predecessor[rank], init, self.optimizers)
+            ShardStore.create(self.layout.placement, rank, init, self.optimizers, lazy),
+            ShardStore.create(self.layout.placement, self.layout.predecessor[rank], init, self.optimizers, lazy)
             if replicas else None))
         self.row_bytes = np.array([int(np.prod(s.shape[1:], dtype=np.int64)) * np.dtype(s.dtype).itemsize
                                    for s in specs], dtype=np.int64)
