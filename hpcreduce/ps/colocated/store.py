@@ -10,8 +10,9 @@ interface changes, only this module does.
 With ``lazy=seed`` (the default initial values), a fixed table's rows are made on first touch:
 its store is a dynamic row store that admits every id at once, with no budget, whose initial
 rows are the default ones (``tables.initial_rows``: N(0, ``INIT_SCALE``**2) from (seed, table,
-id, column), the very values ``default_init`` gives). Reads of untouched rows compute them;
-a push materialises its rows. Making 26 tables of 1M rows then costs nothing at start (eager:
+id, column), the very values ``default_init`` gives). A row is drawn on its first read (kept
+on the owner) or push (on owner and replica: a replica may lack rows only read, which it draws
+the same when it needs them). Making 26 tables of 1M rows then costs nothing at start (eager:
 about 5 CPU s per 100M elements), and replicas, moves and checkpoints carry touched rows only.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..init import PartInit, owned_rows
 from ..optimizers import Optimizer
 from ..placement import Placement
 from ..shard_state import make_row_store
-from ..tables import Dynamic, ParamSpec
+from ..tables import Dynamic, ParamSpec, initial_rows
 
 Exported = Tuple[np.ndarray, np.ndarray, Dict[str, np.ndarray]]
 HEAT = ("last_used", "uses")  # a dynamic row's use counters, carried beside its optimizer state
@@ -80,7 +81,17 @@ class ShardStore:
         if missing is not None:
             raise RuntimeError(f"shard {self.key} asked for row {missing} of table "
                                f"{self.specs[t].name!r}, which it does not hold (placements differ)")
+        if self.lazy is not None and self.specs[t].dynamic is None:
+            self._made(t, ids)
         return table.rows(ids)
+
+    def _made(self, t: int, ids: np.ndarray) -> None:
+        """Make the rows of ``ids`` (unique) that a lazy fixed table does not hold yet at their
+        initial values: each row is drawn once, on its first read or push."""
+        table = self.tables[t]
+        new = ids[table[ids] < 0]
+        if len(new):
+            table.take(new, initial_rows(table.spec, new), {})
 
     def apply(self, t: int, ids: np.ndarray, grads: np.ndarray, step: int) -> bool:
         """One optimizer update of rows ``ids`` (sorted, unique) of table ``t`` for ``step``;
