@@ -42,13 +42,13 @@ def test_items_of_several_widths_go_to_wire_order_and_back_by_segment():
     natural = np.arange(int((lengths * widths).sum()), dtype=np.uint8)
     natural_at, wire_at, width = natural_to_wire(found.order, lengths, widths)
     wire = np.zeros_like(natural)
-    move(natural, natural_at, wire, wire_at, width)
+    move(natural, natural_at, wire, wire_at, width, 2)
     item = np.split(natural, np.cumsum(np.repeat(widths, lengths))[:-1])  # natural items: a0 a1 a2 b0 c0 c1
     assert wire.tobytes() == b"".join(item[k].tobytes() for k in [1, 3, 4, 0, 2, 5])  # rank 0: a1 b0 c0; 1: a0 a2 c1
     order, starts, at, got_width = by_segment(found.counts, widths)  # the receiver's view: by segment, rank order
     assert starts.tolist() == [0, 3, 4, 6] and got_width.tolist() == [4, 8, 2, 4, 4, 2]
     back = np.zeros_like(natural)
-    move(wire, at[order], back, offsets(got_width[order]), got_width[order])
+    move(wire, at[order], back, offsets(got_width[order]), got_width[order], 2)
     assert back.tobytes() == b"".join(item[k].tobytes() for k in [1, 0, 2, 3, 4, 5])
 
 

@@ -21,15 +21,22 @@ def _move(src, src_at, dst, dst_at, width):
             dst[d + j] = src[s + j]
 
 
-def move(src: np.ndarray, src_at: np.ndarray, dst: np.ndarray, dst_at: np.ndarray, width: np.ndarray) -> None:
+def move(src: np.ndarray, src_at: np.ndarray, dst: np.ndarray, dst_at: np.ndarray, width: np.ndarray,
+         unit: int) -> None:
     """``dst[dst_at[i]:+width[i]] = src[src_at[i]:+width[i]]`` for every item i (byte buffers and
-    offsets), copied in the widest words (8, 4, 2 bytes) that every offset and width allows."""
-    unit = 8
-    while unit > 1 and any(len(a) and np.bitwise_or.reduce(a) % unit for a in (src_at, dst_at, width)):
-        unit //= 2
-    word = np.dtype(f"u{unit}")
-    _move(src[:len(src) // unit * unit].view(word), src_at // unit, dst[:len(dst) // unit * unit].view(word),
+    offsets, all multiples of ``unit``: ``word(...)``), copied ``unit`` bytes at a time."""
+    kind = np.dtype(f"u{unit}")
+    _move(src[:len(src) // unit * unit].view(kind), src_at // unit, dst[:len(dst) // unit * unit].view(kind),
           dst_at // unit, width // unit)
+
+
+def word(row_bytes: np.ndarray) -> int:
+    """The widest word (8, 4, 2 or 1 bytes) dividing every row width and an id's 8 bytes: every
+    offset of a call's buffers is a multiple of it."""
+    unit = 8
+    while unit > 1 and np.any(np.asarray(row_bytes) % unit):
+        unit //= 2
+    return unit
 
 
 @njit(nogil=True, cache=True)

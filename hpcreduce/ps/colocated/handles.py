@@ -20,7 +20,7 @@ from ...runtime.failures import wait_all
 from ..handles import PushResult
 from ..tables import ParamSpec
 from ..updates import sum_rows
-from .flat import by_segment, move, natural_to_wire, offsets
+from .flat import by_segment, move, natural_to_wire, offsets, word
 from .routes import Route
 from .store import ShardStore
 
@@ -36,6 +36,7 @@ class PullHandle:
                  route: Route, row_bytes: np.ndarray, requests: List[MPI.Request], received: np.ndarray,
                  collective: Collective):
         self.specs, self.tables, self.route, self.row_bytes = specs, tables, route, row_bytes
+        self.unit = word(row_bytes)
         self.collective = collective
         self.requests, self.received = requests, received
         self._result: Optional[Dict[str, np.ndarray]] = None
@@ -58,7 +59,7 @@ class PullHandle:
         route, lengths = self.route, self.route.counts.sum(0)
         natural_at, wire_at, width = natural_to_wire(route.order, lengths, self.row_bytes)
         natural = np.empty(len(self.received), np.uint8)
-        move(self.received, wire_at, natural, natural_at, width)
+        move(self.received, wire_at, natural, natural_at, width, self.unit)
         starts, out = offsets(lengths * self.row_bytes), {}
         for t, (unique, inverse) in self.tables.items():
             spec, first = self.specs[t], int(starts[t])
@@ -79,6 +80,7 @@ class PushHandle:
                  settle: Callable[["PushHandle"], None]):
         self.specs, self.tables, self.step, self.route = specs, list(tables), step, route
         self.row_bytes, self.requests, self.receive = row_bytes, requests, receive
+        self.unit = word(row_bytes)
         self.stores, self.commit, self.settle = stores, commit, settle
         self.collective = collective
         self.incoming = self.received = None
@@ -118,11 +120,11 @@ class PushHandle:
         order, starts, wire_at, width = by_segment(self.incoming, self.row_bytes, ID_BYTES)
         ids = np.empty(len(order), np.int64)
         move(self.received, wire_at[order], ids.view(np.uint8), np.arange(len(order), dtype=np.int64) * ID_BYTES,
-             np.full(len(order), ID_BYTES, np.int64))
+             np.full(len(order), ID_BYTES, np.int64), self.unit)
         width = width[order]
         natural_at = offsets(width)
         grads = np.empty(int(width.sum()), np.uint8)
-        move(self.received, wire_at[order] + ID_BYTES, grads, natural_at, width)
+        move(self.received, wire_at[order] + ID_BYTES, grads, natural_at, width, self.unit)
         duplicates = {t: 0 for t in self.tables}
         for s in range(self.incoming.shape[1]):
             begin, end, t = int(starts[s]), int(starts[s + 1]), s % tables

@@ -40,7 +40,7 @@ from .exchange import HEAD
 from .handles import ID_BYTES, PullHandle, PushHandle
 from .layout import ColocatedLayout
 from .recovery import rebuilt
-from .flat import by_segment, move, natural_to_wire, offsets
+from .flat import by_segment, move, natural_to_wire, offsets, word
 from .routes import as_bytes, byte_spec, route
 from .store import INIT_SCALE, ShardStore
 
@@ -85,6 +85,7 @@ class ColocatedTables:
             if replicas else None))
         self.row_bytes = np.array([int(np.prod(s.shape[1:], dtype=np.int64)) * np.dtype(s.dtype).itemsize
                                    for s in specs], dtype=np.int64)
+        self.unit = word(self.row_bytes)  # every buffer offset is a multiple of it
         self.clock_value = 0
         self.released = False
         self._pushes: List[PushHandle] = []
@@ -251,7 +252,7 @@ class ColocatedTables:
                 natural[first:first + (end - begin) * int(self.row_bytes[t])] = as_bytes(rows, int(
                     self.row_bytes[t])).reshape(-1)
         reply = np.empty_like(natural)
-        move(natural, natural_at, reply, wire_at[order], natural_width)
+        move(natural, natural_at, reply, wire_at[order], natural_width, self.unit)
         return reply
 
     def _packed(self, tables, sent, row_bytes: np.ndarray) -> np.ndarray:
@@ -265,8 +266,9 @@ class ColocatedTables:
         grads = np.concatenate([np.ascontiguousarray(g).reshape(-1).view(np.uint8) for _, g in chosen])
         natural_at, wire_at, width = natural_to_wire(sent.order, sent.counts.sum(0), row_bytes, ID_BYTES)
         items = np.empty(int((width + ID_BYTES).sum()), np.uint8)
-        move(ids.view(np.uint8), sent.order * ID_BYTES, items, wire_at, np.full(len(width), ID_BYTES, np.int64))
-        move(grads, natural_at, items, wire_at + ID_BYTES, width)
+        move(ids.view(np.uint8), sent.order * ID_BYTES, items, wire_at, np.full(len(width), ID_BYTES, np.int64),
+             self.unit)
+        move(grads, natural_at, items, wire_at + ID_BYTES, width, self.unit)
         return items
 
     def _collective(self, work: Callable[[], T]) -> T:

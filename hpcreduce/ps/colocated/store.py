@@ -104,13 +104,17 @@ class ShardStore:
         return True
 
     def export(self, t: int) -> Exported:
-        """(ids, values, optimizer state) of every row of table ``t`` held here; a dynamic
-        table's state also holds each row's use counters (``HEAT``), for its eviction."""
+        """(ids, values, optimizer state) of every row of table ``t`` held here (of a lazy fixed
+        table: every row a push changed, as its replica holds); a dynamic table's state also
+        holds each row's use counters (``HEAT``), for its eviction."""
         table = self.tables[t]
-        state = {k: v.copy() for k, v in table.optimizer_state.items()}
+        kept = slice(None)
+        if self.lazy is not None and self.specs[t].dynamic is None:
+            kept = table.heat(slice(None))[1] > 0  # rows only read are still their initial values
+        state = {k: v[kept].copy() for k, v in table.optimizer_state.items()}
         if table.dynamic:
-            state.update(zip(HEAT, (np.array(a) for a in table.heat(slice(None)))))
-        return table.ids.copy(), table.values.copy(), state
+            state.update(zip(HEAT, (np.array(a) for a in table.heat(kept))))
+        return table.ids[kept].copy(), table.values[kept].copy(), state
 
     def take(self, t: int, ids: np.ndarray, values: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
         """Add rows ``ids`` (none held here yet) of table ``t`` with their values and state."""
