@@ -1,6 +1,6 @@
 """Step time of a colocated pull + push against raw ``Alltoallv`` of the same bytes, interleaved.
 
-    mpirun -n 2 python -m mpi4py tests/mpi/colocated_bench.py [tables] [batch] [bag] [dim] [rows] [rounds] [dedicated]
+    mpirun -n 2 python -m mpi4py tests/mpi/colocated_bench.py [tables] [batch] [bag] [dim] [rows] [rounds] [dedicated] [eager]
 
 Each round times one step of ``ColocatedTables`` (pull of every table's ids, a bag per
 example, then a push of the unique ids' gradients, clock) and then ``Alltoallv`` moving the
@@ -8,7 +8,9 @@ bytes that step moved (ids out, rows back, ids and gradients out), on the same r
 the medians and their ratio (raw / colocated: 1.0 is as fast as the bytes allow). With
 ``dedicated`` after the six numbers, rank 0 is a dedicated server (``ps.start``, BSP, the same tables and SGD) and each round
 also times the same step through ``ps.Worker`` on ranks 1-2: the two layouts for the same
-trainers (the server's loop runs all along, as it does in a dedicated job).
+trainers (the server's loop runs all along, as it does in a dedicated job). With ``eager``, the
+colocated tables are made whole at start (``init=default_init``) instead of a row on its first
+touch (the default): the same values, the start's cost against the first steps'.
 """
 import sys
 import time
@@ -21,7 +23,7 @@ from hpcreduce.ps import Consistency, ParamSpec, Server, start
 from hpcreduce.ps.colocated import ColocatedTables, default_init
 
 TABLES, BATCH, BAG, DIM, ROWS, ROUNDS = (int(a) for a in (sys.argv[1:7] + ["26", "512", "4", "16", "100000", "20"][len(sys.argv[1:7]):]))
-DEDICATED = sys.argv[7:] == ["dedicated"]
+DEDICATED, EAGER = "dedicated" in sys.argv[7:], "eager" in sys.argv[7:]
 ctx = hpcreduce.init()
 specs = [ParamSpec(f"t{t}", (ROWS, DIM), sparse=True) for t in range(TABLES)]
 comm = ctx.comm.Split(int(DEDICATED and ctx.rank == 0), ctx.rank)  # the trainers
@@ -33,7 +35,7 @@ if DEDICATED:
         sys.exit(0)
 rank, size = comm.Get_rank(), comm.Get_size()
 made = time.perf_counter()
-tables = ColocatedTables(specs, lr=0.01, comm=comm, replicas=False)
+tables = ColocatedTables(specs, lr=0.01, comm=comm, replicas=False, init=default_init(specs, 0) if EAGER else None)
 made = comm.allreduce(time.perf_counter() - made, op=MPI.MAX)
 rng = np.random.default_rng(rank)
 
@@ -92,7 +94,8 @@ if rank == 0:
     c, r = float(np.median(times["colocated"])), float(np.median(times["raw"]))
     print(f"colocated pull+push: {TABLES} tables x {BATCH}x{BAG} ids x {DIM} floats, {size} ranks: "
           f"median step {c * 1e3:.2f} ms; raw Alltoallv of the same bytes {r * 1e3:.2f} ms; "
-          f"raw/colocated {r / c:.3f}; tables made in {made:.1f} s", flush=True)
+          f"raw/colocated {r / c:.3f}; tables made in {made:.1f} s ({'eager' if EAGER else 'on first touch'})",
+          flush=True)
     if dedicated is not None:
         d = float(np.median(times["dedicated"]))
         print(f"dedicated (1 server + {size} workers, BSP): median step {d * 1e3:.2f} ms; "

@@ -28,6 +28,7 @@ from ..optimizers import Optimizer
 from ..placement import Placement
 from ..shard_state import make_row_store
 from ..tables import Dynamic, ParamSpec, initial_rows
+from ..updates import gather_rows
 
 Exported = Tuple[np.ndarray, np.ndarray, Dict[str, np.ndarray]]
 HEAT = ("last_used", "uses")  # a dynamic row's use counters, carried beside its optimizer state
@@ -82,16 +83,18 @@ class ShardStore:
             raise RuntimeError(f"shard {self.key} asked for row {missing} of table "
                                f"{self.specs[t].name!r}, which it does not hold (placements differ)")
         if self.lazy is not None and self.specs[t].dynamic is None:
-            self._made(t, ids)
+            return gather_rows(table.values, self._made(t, ids))
         return table.rows(ids)
 
-    def _made(self, t: int, ids: np.ndarray) -> None:
-        """Make the rows of ``ids`` (unique) that a lazy fixed table does not hold yet at their
-        initial values: each row is drawn once, on its first read or push."""
+    def _made(self, t: int, ids: np.ndarray) -> np.ndarray:
+        """The slots of rows ``ids`` (unique) of a lazy fixed table, those it did not hold yet
+        made at their initial values: each row is drawn once, on its first read or push."""
         table = self.tables[t]
-        new = ids[table[ids] < 0]
-        if len(new):
-            table.take(new, initial_rows(table.spec, new), {})
+        slots = table[ids]
+        new = slots < 0
+        if new.any():
+            slots[new] = table.take(ids[new], initial_rows(table.spec, ids[new]), {})
+        return slots
 
     def apply(self, t: int, ids: np.ndarray, grads: np.ndarray, step: int) -> bool:
         """One optimizer update of rows ``ids`` (sorted, unique) of table ``t`` for ``step``;
