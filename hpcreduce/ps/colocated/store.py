@@ -83,7 +83,8 @@ class ShardStore:
             raise RuntimeError(f"shard {self.key} asked for row {missing} of table "
                                f"{self.specs[t].name!r}, which it does not hold (placements differ)")
         if self.lazy is not None and self.specs[t].dynamic is None:
-            return gather_rows(table.values, self._made(t, ids))
+            slots = self._made(t, ids)  # first: making rows may reallocate the values
+            return gather_rows(table.values, slots)
         return table.rows(ids)
 
     def _made(self, t: int, ids: np.ndarray) -> np.ndarray:
