@@ -95,25 +95,28 @@ def check_a_step_pushed_twice_is_applied_once():
 
 
 def check_equals_a_dedicated_server_run():
-    """3 ranks: 1 server + 2 workers (``ps.start``, BSP) against colocated tables on the 2 workers, same pushes."""
+    """3 ranks: 1 server + 2 workers (``ps.start``, BSP) against colocated tables on the 2 workers (rows made
+    on first touch, and made at start), same pushes: the same rows bit for bit."""
     if size != 3:
         return
     every = {"a": np.arange(300), "b": np.arange(50)}
     role = start(SPECS[:2], default_init(SPECS[:2], SEED), servers=1, consistency=Consistency("bsp"), lr=LR, comm=ctx)
     workers = comm.Split(0 if rank else 1, rank)
     if isinstance(role, Worker):
-        tables = ColocatedTables(SPECS[:2], lr=LR, comm=workers, seed=SEED)
+        tables = ColocatedTables(SPECS[:2], lr=LR, comm=workers, seed=SEED)  # rows made on first touch
+        eager = ColocatedTables(SPECS[:2], lr=LR, comm=workers, init=default_init(SPECS[:2], SEED))  # made at start
         for step in range(STEPS):
             mine = {name: pair for name, pair in batch(rank - 1, step).items() if name in every}
-            for client in (role, tables):
+            for client in (role, tables, eager):
                 client.pull_rows_many_async({name: ids for name, (ids, _, _) in mine.items()}).wait()
                 client.push_rows_many_async({name: (u, g) for name, (_, u, g) in mine.items()}).wait()
                 client.clock()
         dedicated = role.pull_rows_many_async(every).wait()
         role.release()
-        colocated = tables.pull_rows_many_async(every).wait()
+        colocated, made = tables.pull_rows_many_async(every).wait(), eager.pull_rows_many_async(every).wait()
         for name in every:
             assert np.array_equal(dedicated[name], colocated[name]), name
+            assert np.array_equal(dedicated[name], made[name]), name
     else:
         role.serve()
 

@@ -54,17 +54,22 @@ class PullHandle:
         return self._result
 
     def _scatter(self) -> Dict[str, np.ndarray]:
-        """Every table's rows moved from wire order in one compiled pass, then each table's
-        unique rows spread to the ids asked for."""
-        route, lengths = self.route, self.route.counts.sum(0)
-        natural_at, wire_at, width = natural_to_wire(route.order, lengths, self.row_bytes)
-        natural = np.empty(len(self.received), np.uint8)
-        move(self.received, wire_at, natural, natural_at, width, self.unit)
-        starts, out = offsets(lengths * self.row_bytes), {}
-        for t, (unique, inverse) in self.tables.items():
-            spec, first = self.specs[t], int(starts[t])
-            rows = natural[first:first + len(unique) * int(self.row_bytes[t])].view(spec.dtype)
-            out[spec.name] = rows.reshape((len(unique),) + tuple(spec.shape[1:]))[inverse]
+        """Every row asked for (repeats included) moved from where its unique id's row arrived,
+        for all tables in one compiled pass; each table's rows are a view of the result."""
+        route, tables = self.route, sorted(self.tables)
+        where = np.empty(len(route.order), np.int64)  # natural item -> its row's offset in received
+        where[route.order] = natural_to_wire(route.order, route.counts.sum(0), self.row_bytes)[1]
+        asked = [route.offsets[t] + self.tables[t][1].reshape(-1) for t in tables]
+        counts = np.array([len(a) for a in asked], np.int64)
+        width = np.repeat(self.row_bytes[tables], counts)
+        rows = np.empty(int(width.sum()), np.uint8)
+        move(self.received, where[np.concatenate(asked)] if asked else where[:0], rows, offsets(width), width,
+             self.unit)
+        starts, out = offsets(counts * self.row_bytes[tables]), {}
+        for t, first, count in zip(tables, starts.tolist(), counts.tolist()):
+            spec = self.specs[t]
+            piece = rows[first:first + count * int(self.row_bytes[t])].view(spec.dtype)
+            out[spec.name] = piece.reshape(self.tables[t][1].shape + tuple(spec.shape[1:]))
         return out
 
 
