@@ -33,8 +33,8 @@ def test_a_checkpoint_saved_at_3_ranks_loads_at_2_and_trains_to_the_same_rows(tm
     assert "loaded at 2, same rows after training on" in result.output, result.output
 
 
-def test_items_of_several_widths_go_to_wire_order_and_back_by_segment():
-    from hpcreduce.ps.colocated.flat import by_segment, move, natural_to_wire, offsets
+def test_items_of_several_widths_go_to_wire_order_and_blocks_regroup_by_segment():
+    from hpcreduce.ps.colocated.flat import move, natural_to_wire, regroup
     from hpcreduce.ps.colocated.routes import route
     widths = np.array([4, 8, 2])
     found = route([np.array([1, 0, 1]), np.array([0]), np.array([0, 1])], 2)
@@ -45,10 +45,7 @@ def test_items_of_several_widths_go_to_wire_order_and_back_by_segment():
     move(natural, natural_at, wire, wire_at, width, 2)
     item = np.split(natural, np.cumsum(np.repeat(widths, lengths))[:-1])  # natural items: a0 a1 a2 b0 c0 c1
     assert wire.tobytes() == b"".join(item[k].tobytes() for k in [1, 3, 4, 0, 2, 5])  # rank 0: a1 b0 c0; 1: a0 a2 c1
-    order, starts, at, got_width = by_segment(found.counts, widths)  # the receiver's view: by segment, rank order
-    assert starts.tolist() == [0, 3, 4, 6] and got_width.tolist() == [4, 8, 2, 4, 4, 2]
-    back = np.zeros_like(natural)
-    move(wire, at[order], back, offsets(got_width[order]), got_width[order], 2)
+    back = regroup(wire, found.counts * widths, 2)  # a receiver's blocks by segment, ranks in order
     assert back.tobytes() == b"".join(item[k].tobytes() for k in [1, 0, 2, 3, 4, 5])
 
 

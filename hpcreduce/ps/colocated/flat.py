@@ -2,8 +2,9 @@
 
 A call's items (ids, rows, gradients) live in two orders: *natural* (segment after segment,
 each segment's items in the order given) and *wire* (grouped by rank, then segment, as
-``routes.Route`` orders them). Items of segment s are ``widths[s]`` bytes. ``move`` copies
-items between the two orders in one compiled pass, whatever the tables' widths and dtypes.
+``routes.Route`` orders them); a receiver's blocks (rank, segment) are regrouped by segment.
+Items of segment s are ``widths[s]`` bytes. ``move`` copies items or whole blocks between
+orders in one compiled pass, whatever the tables' widths and dtypes.
 """
 from __future__ import annotations
 
@@ -39,51 +40,33 @@ def word(row_bytes: np.ndarray) -> int:
     return unit
 
 
-@njit(nogil=True, cache=True)
-def group(segment, segments):
-    """A stable counting sort of items by ``segment``: (order, starts), segment s's items at
-    ``order[starts[s]:starts[s + 1]]`` in their first order."""
-    starts = np.zeros(segments + 1, np.int64)
-    for i in range(len(segment)):
-        starts[segment[i] + 1] += 1
-    for s in range(segments):
-        starts[s + 1] += starts[s]
-    fill = starts[:-1].copy()
-    order = np.empty(len(segment), np.int64)
-    for i in range(len(segment)):
-        order[fill[segment[i]]] = i
-        fill[segment[i]] += 1
-    return order, starts
-
-
 def offsets(width: np.ndarray) -> np.ndarray:
     """Where each item starts when items of ``width`` bytes follow each other."""
     ends = np.cumsum(width)
     return ends - width
 
 
-def wire_segments(counts: np.ndarray) -> np.ndarray:
-    """The segment of each item of a buffer laid out by ``counts[rank, segment]`` (rank, then segment)."""
-    ranks, segments = counts.shape
-    return np.repeat(np.tile(np.arange(segments, dtype=np.int64), ranks), counts.reshape(-1))
+def by_segment(sizes: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """For blocks of ``sizes[rank, segment]`` bytes laid out rank by rank, then segment by
+    segment: (where each block starts there, where it starts when the blocks are laid out
+    segment by segment, ranks in order inside a segment), both shaped like ``sizes``."""
+    return offsets(sizes.reshape(-1)).reshape(sizes.shape), offsets(sizes.T.reshape(-1)).reshape(sizes.T.shape).T
 
 
-def by_segment(counts: np.ndarray, widths: np.ndarray, extra: int = 0
-               ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """For a wire buffer laid out by ``counts`` (items of ``widths[s] + extra`` bytes): (order,
-    starts, wire offset of each item, width of each item), with ``order``/``starts`` grouping
-    the items by segment (rank order kept inside a segment)."""
-    segment = wire_segments(counts)
-    width = widths[segment]
-    order, starts = group(segment, counts.shape[1])
-    return order, starts, offsets(width + extra), width
+def regroup(src: np.ndarray, sizes: np.ndarray, unit: int) -> np.ndarray:
+    """``src`` (blocks of ``sizes[rank, segment]`` bytes, rank by rank) laid out segment by segment
+    (ranks in order inside a segment): one compiled move of whole blocks."""
+    rank_major, segment_major = by_segment(sizes)
+    out = np.empty_like(src)
+    move(src, rank_major.reshape(-1), out, segment_major.reshape(-1), sizes.reshape(-1), unit)
+    return out
 
 
-def natural_to_wire(order: np.ndarray, lengths: np.ndarray, widths: np.ndarray, extra: int = 0
+def natural_to_wire(order: np.ndarray, lengths: np.ndarray, widths: np.ndarray
                     ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For items of segments ``lengths`` (``widths[s]`` bytes each) sent in ``order`` (natural
-    item numbers by wire position; wire items ``extra`` bytes longer): per wire item, (its
-    natural byte offset, its wire byte offset, its width)."""
+    item numbers by wire position): per wire item, (its natural byte offset, its wire byte
+    offset, its width)."""
     width = np.repeat(widths, lengths)
     wire_width = width[order]
-    return offsets(width)[order], offsets(wire_width + extra), wire_width
+    return offsets(width)[order], offsets(wire_width), wire_width

@@ -3,7 +3,7 @@
 Every message of a call is posted when the call is made (on every rank, in call order), so
 ``wait`` posts nothing and handles may be waited for in any order. A pull's handle holds
 the rows' return ``Ialltoallv``; ``wait`` scatters the rows back to the ids asked for. A
-push's handle holds the sends of its items (an id, then its gradient); ``wait`` receives every
+push's handle holds the sends of its ids and gradients; ``wait`` receives every
 rank's (pushes complete in the order they were made), checks them, sums each id's gradients
 across senders in rank order (``updates.sum_rows``, as a server sums its workers' pushes in
 slot order: the same bits) and applies them once, to the owner's shard and to the replica.
@@ -20,12 +20,12 @@ from ...runtime.failures import wait_all
 from ..handles import PushResult
 from ..tables import ParamSpec
 from ..updates import sum_rows
-from .flat import by_segment, move, natural_to_wire, offsets, word
+from .flat import move, natural_to_wire, offsets, regroup, word
 from .routes import Route
 from .store import ShardStore
 
 
-ID_BYTES = 8  # an int64 id before each pushed gradient row
+ID_BYTES = 8  # an int64 id
 Collective = Callable[[Callable[[], Any]], Any]  # runs a step of a call, handling a process failure
 
 
@@ -118,28 +118,24 @@ class PushHandle:
         self._result = self._apply()
 
     def _apply(self) -> Dict[str, PushResult]:
-        """Group the items by segment (one compiled pass; senders stay in rank order), sum each
-        table's gradients as a server sums its workers' (``updates.sum_rows``: the same bits)
-        and apply them once to the shard, and to the replica."""
-        tables = len(self.specs)
-        order, starts, wire_at, width = by_segment(self.incoming, self.row_bytes, ID_BYTES)
-        ids = np.empty(len(order), np.int64)
-        move(self.received, wire_at[order], ids.view(np.uint8), np.arange(len(order), dtype=np.int64) * ID_BYTES,
-             np.full(len(order), ID_BYTES, np.int64), self.unit)
-        width = width[order]
-        natural_at = offsets(width)
-        grads = np.empty(int(width.sum()), np.uint8)
-        move(self.received, wire_at[order] + ID_BYTES, grads, natural_at, width, self.unit)
+        """Regroup the ids and gradients by segment (whole blocks, senders in rank order), sum
+        each table's gradients as a server sums its workers' (``updates.sum_rows``: the same
+        bits) and apply them once to the shard, and to the replica."""
+        tables, incoming = len(self.specs), self.incoming
+        ids = regroup(self.received[0], incoming * ID_BYTES, ID_BYTES).view(np.int64)
+        grads = regroup(self.received[1], incoming * self.row_bytes, self.unit)
+        first_id, first_grad = offsets(incoming.sum(0)), offsets((incoming * self.row_bytes).sum(0))
         duplicates = {t: 0 for t in self.tables}
-        for s in range(self.incoming.shape[1]):
-            begin, end, t = int(starts[s]), int(starts[s + 1]), s % tables
-            if end == begin:
+        for s in range(incoming.shape[1]):
+            count, t = int(incoming[:, s].sum()), s % tables
+            if not count:
                 continue
-            spec, first = self.specs[t], int(natural_at[begin])
-            rows = grads[first:first + (end - begin) * int(self.row_bytes[s])].view(spec.dtype)
-            rows = rows.reshape((end - begin,) + tuple(spec.shape[1:]))
-            bounds = np.cumsum(self.incoming[:, s])[:-1]
-            parts = [(i, g) for i, g in zip(np.split(ids[begin:end], bounds), np.split(rows, bounds)) if len(i)]
+            spec, first = self.specs[t], int(first_grad[s])
+            rows = grads[first:first + count * int(self.row_bytes[s])].view(spec.dtype)
+            rows = rows.reshape((count,) + tuple(spec.shape[1:]))
+            bounds = np.cumsum(incoming[:, s])[:-1]
+            parts = [(i, g) for i, g in zip(np.split(ids[first_id[s]:first_id[s] + count], bounds),
+                                            np.split(rows, bounds)) if len(i)]
             summed_ids, summed_grads = sum_rows(parts)
             duplicates[t] += not self.stores[s // tables].apply(t, summed_ids, summed_grads, self.step)
         return {self.specs[t].name: PushResult(int(np.count_nonzero(self.route.counts[:, t])), duplicates[t])

@@ -40,7 +40,7 @@ from .exchange import HEAD
 from .handles import ID_BYTES, PullHandle, PushHandle
 from .layout import ColocatedLayout
 from .recovery import rebuilt
-from .flat import by_segment, move, natural_to_wire, offsets, word
+from .flat import by_segment, move, natural_to_wire, offsets, regroup, word
 from .routes import as_bytes, byte_spec, route
 from .store import INIT_SCALE, ShardStore
 
@@ -117,9 +117,9 @@ class ColocatedTables:
         ids = np.concatenate([tables[t][0] if t in tables else np.empty(0, np.int64)
                               for t in range(len(dests))]).astype(np.int64, copy=False)[sent.order]
         call = self._call("pull_rows_many", mine, sorted(tables))
-        sends = self._post(call, sent.counts, ids.view(np.uint8), np.full(len(dests), ID_BYTES, np.int64))
-        incoming, asked = self._receive(call, len(dests))
-        reply = self._gather(incoming, asked.view(np.int64), sorted(tables))
+        sends = self._post(call, sent.counts, [(ids.view(np.uint8), np.full(len(dests), ID_BYTES, np.int64))])
+        incoming, (asked, _) = self._receive(call, len(dests))
+        reply = self._gather(incoming, asked, sorted(tables))
         received = np.empty(int((sent.counts * self.row_bytes).sum()), np.uint8)
         request = self.comm.Ialltoallv(byte_spec(reply, (incoming * self.row_bytes).sum(1)),
                                        byte_spec(received, (sent.counts * self.row_bytes).sum(1)))
@@ -149,7 +149,8 @@ class ColocatedTables:
         sent = route(dests, self.worker_count)
         row_bytes = np.tile(self.row_bytes, len(dests) // count)
         call = self._call("push_rows_many", mine, sorted(tables))
-        sends = self._post(call, sent.counts, self._packed(tables, sent, row_bytes), ID_BYTES + row_bytes)
+        ids, grads = self._packed(tables, sent, row_bytes)
+        sends = self._post(call, sent.counts, [(ids, np.full(len(dests), ID_BYTES, np.int64)), (grads, row_bytes)])
         handle = PushHandle(self.layout.specs, sorted(tables), self.clock_value, sent, row_bytes, sends,
                             lambda: self._receive(call, len(dests)), stores, self._collective, self._commit,
                             self._settle)
@@ -220,56 +221,58 @@ class ColocatedTables:
         signature = zlib.crc32(repr((what, names)).encode()) & 0x7FFFFFFF
         return what, mine, signature, f"{what} of {names} at step {self.clock_value}"
 
-    def _post(self, call: Call, counts: np.ndarray, items: np.ndarray, item_bytes: np.ndarray) -> List[MPI.Request]:
-        """Post every rank its header row and its items (``exchange.post``): one round."""
+    def _post(self, call: Call, counts: np.ndarray, parts: List[Tuple[np.ndarray, np.ndarray]]
+              ) -> List[MPI.Request]:
+        """Post every rank its header row and its blocks of ``parts`` ((bytes, bytes per item of
+        each segment)) (``exchange.post``): one round."""
         _, mine, signature, _ = call
         headers = np.zeros((self.worker_count, HEAD + 2 * len(self.layout.specs)), np.int64)
-        headers[:, :HEAD] = int(mine is not None), signature, self.clock_value, 0
-        headers[:, 3] = (counts * item_bytes).sum(1)
+        headers[:, :3] = int(mine is not None), signature, self.clock_value
+        for i, (_, item_bytes) in enumerate(parts):
+            headers[:, 3 + i] = (counts * item_bytes).sum(1)
         headers[:, HEAD:HEAD + counts.shape[1]] = counts
-        return exchange.post(self.comm, headers, items)
+        return exchange.post(self.comm, headers, [items for items, _ in parts])
 
-    def _receive(self, call: Call, segments: int) -> Tuple[np.ndarray, np.ndarray]:
-        """Every rank's counts for this one and its items, after ``checks.refuse`` raised on
-        every rank if any rank's call was bad or differed."""
+    def _receive(self, call: Call, segments: int) -> Tuple[np.ndarray, List[np.ndarray]]:
+        """Every rank's counts for this one and its parts (rank by rank), after ``checks.refuse``
+        raised on every rank if any rank's call was bad or differed."""
         what, mine, _, described = call
-        headers, received = exchange.receive(self.comm, HEAD + 2 * len(self.layout.specs))
+        headers, parts = exchange.receive(self.comm, HEAD + 2 * len(self.layout.specs))
         checks.refuse(self.comm, what, mine, headers, described)
-        return headers[:, HEAD:HEAD + segments], received
+        return headers[:, HEAD:HEAD + segments], parts
 
     def _gather(self, incoming: np.ndarray, asked: np.ndarray, tables: List[int]) -> np.ndarray:
-        """The owner's reply to a pull: the rows of ``asked`` in (source rank, table) order, as
-        bytes: one compiled gather per table (every source's ids at once), one move into place."""
-        order, starts, wire_at, width = by_segment(incoming, self.row_bytes)
-        natural_width = width[order]
-        natural_at = offsets(natural_width)
-        natural = np.empty(int(width.sum()), np.uint8)
+        """The owner's reply to a pull: the rows of ``asked`` (ids in (source rank, table) blocks)
+        in the same order, as bytes: the id blocks regrouped by table, one compiled gather per
+        table, the row blocks moved back to (source, table) order."""
+        ids = regroup(asked, incoming * ID_BYTES, ID_BYTES).view(np.int64)
+        row_sizes = incoming * self.row_bytes
+        by_table = np.empty(int(row_sizes.sum()), np.uint8)
+        first_id, first_row = offsets(incoming.sum(0)), offsets(row_sizes.sum(0))
         for t in tables:
-            begin, end = int(starts[t]), int(starts[t + 1])
-            if end > begin:
-                first = int(natural_at[begin])
-                rows = self.store.rows(t, asked[order[begin:end]])
-                natural[first:first + (end - begin) * int(self.row_bytes[t])] = as_bytes(rows, int(
-                    self.row_bytes[t])).reshape(-1)
-        reply = np.empty_like(natural)
-        move(natural, natural_at, reply, wire_at[order], natural_width, self.unit)
+            count = int(incoming[:, t].sum())
+            if count:
+                rows = self.store.rows(t, ids[first_id[t]:first_id[t] + count])
+                by_table[first_row[t]:first_row[t] + count * int(self.row_bytes[t])] = \
+                    as_bytes(rows, int(self.row_bytes[t])).reshape(-1)
+        rank_major, table_major = by_segment(row_sizes)
+        reply = np.empty_like(by_table)
+        move(by_table, table_major.reshape(-1), reply, rank_major.reshape(-1), row_sizes.reshape(-1), self.unit)
         return reply
 
-    def _packed(self, tables, sent, row_bytes: np.ndarray) -> np.ndarray:
-        """The push's items (an id's 8 bytes, then its gradient's) in (destination, segment)
-        order, moved from every segment's ids and gradients in one compiled pass."""
+    def _packed(self, tables, sent, row_bytes: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """The push's ids and gradients (bytes) in (destination, segment) order: the ids by one
+        gather, the gradients of every segment by one compiled move."""
         count = len(self.layout.specs)
         chosen = [tables[s % count] for s in range(sent.segments) if s % count in tables]
         if not chosen:
-            return np.empty(0, np.uint8)
-        ids = np.concatenate([np.asarray(i, np.int64) for i, _ in chosen])
+            return np.empty(0, np.uint8), np.empty(0, np.uint8)
+        ids = np.concatenate([np.asarray(i, np.int64) for i, _ in chosen])[sent.order]
         grads = np.concatenate([np.ascontiguousarray(g).reshape(-1).view(np.uint8) for _, g in chosen])
-        natural_at, wire_at, width = natural_to_wire(sent.order, sent.counts.sum(0), row_bytes, ID_BYTES)
-        items = np.empty(int((width + ID_BYTES).sum()), np.uint8)
-        move(ids.view(np.uint8), sent.order * ID_BYTES, items, wire_at, np.full(len(width), ID_BYTES, np.int64),
-             self.unit)
-        move(grads, natural_at, items, wire_at + ID_BYTES, width, self.unit)
-        return items
+        natural_at, wire_at, width = natural_to_wire(sent.order, sent.counts.sum(0), row_bytes)
+        wire = np.empty_like(grads)
+        move(grads, natural_at, wire, wire_at, width, self.unit)
+        return ids.view(np.uint8), wire
 
     def _collective(self, work: Callable[[], T]) -> T:
         """``work()``; under fault tolerance a process failure in it revokes the communicator,
