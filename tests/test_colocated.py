@@ -16,8 +16,7 @@ def test_routes_group_items_by_destination_then_segment():
     from hpcreduce.ps.colocated.routes import route
     found = route([np.array([1, 0, 1]), np.array([], np.int64), np.array([0, 0])], 2)
     assert found.counts.tolist() == [[1, 0, 2], [2, 0, 0]]
-    assert found.items(0, 0).tolist() == [1] and found.items(0, 2).tolist() == [0, 1]
-    assert found.items(1, 0).tolist() == [0, 2]
+    assert found.order.tolist() == [1, 3, 4, 0, 2] and found.offsets.tolist() == [0, 3, 3]
 
 
 @pytest.mark.parametrize("where", ["before-push", "in-push"])

@@ -1,4 +1,4 @@
-"""Routing a colocated request: which rank gets which ids, packed for one ``Alltoallv``.
+"""Routing a colocated request: which rank gets which ids, in the order they are sent.
 
 Ids are grouped into *segments* (one per table, and under replication a second one per
 table for the replica holder), and the items of a request are ordered by (destination rank,
@@ -26,11 +26,6 @@ class Route:
     offsets: np.ndarray
     order: np.ndarray
     counts: np.ndarray
-
-    def items(self, dest: int, segment: int) -> np.ndarray:
-        """The positions (in its segment) of the items of ``segment`` sent to ``dest``, in order."""
-        start = int(self.counts[:dest].sum() + self.counts[dest, :segment].sum())
-        return self.order[start:start + int(self.counts[dest, segment])] - self.offsets[segment]
 
 
 def route(dests: Sequence[np.ndarray], size: int) -> Route:
