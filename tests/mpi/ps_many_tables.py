@@ -7,7 +7,6 @@ with the primary's shard); a duplicate push applies nothing; bad requests are re
 """
 
 import numpy as np
-from mpi4py import MPI
 
 import hpcreduce
 from hpcreduce.ps import Consistency, PSInputError, PSRefusedError, ParamSpec, Server
