@@ -44,8 +44,9 @@ def test_items_of_several_widths_go_to_wire_order_and_blocks_regroup_by_segment(
     move(natural, natural_at, wire, wire_at, width, 2)
     item = np.split(natural, np.cumsum(np.repeat(widths, lengths))[:-1])  # natural items: a0 a1 a2 b0 c0 c1
     assert wire.tobytes() == b"".join(item[k].tobytes() for k in [1, 3, 4, 0, 2, 5])  # rank 0: a1 b0 c0; 1: a0 a2 c1
-    back = regroup(wire, found.counts * widths, 2)  # a receiver's blocks by segment, ranks in order
+    back = regroup(wire, found.counts * widths)  # a receiver's blocks by segment, ranks in order
     assert back.tobytes() == b"".join(item[k].tobytes() for k in [1, 0, 2, 3, 4, 5])
+    assert regroup(back, found.counts * widths, to_segments=False).tobytes() == wire.tobytes()
 
 
 def test_replicas_go_to_another_node_where_there_are_two():

@@ -3,8 +3,8 @@
 A call's items (ids, rows, gradients) live in two orders: *natural* (segment after segment,
 each segment's items in the order given) and *wire* (grouped by rank, then segment, as
 ``routes.Route`` orders them); a receiver's blocks (rank, segment) are regrouped by segment.
-Items of segment s are ``widths[s]`` bytes. ``move`` copies items or whole blocks between
-orders in one compiled pass, whatever the tables' widths and dtypes.
+Items of segment s are ``widths[s]`` bytes. ``move`` copies items between orders in one
+compiled pass, whatever the tables' widths and dtypes; ``regroup`` joins whole blocks.
 """
 from __future__ import annotations
 
@@ -53,13 +53,15 @@ def by_segment(sizes: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     return offsets(sizes.reshape(-1)).reshape(sizes.shape), offsets(sizes.T.reshape(-1)).reshape(sizes.T.shape).T
 
 
-def regroup(src: np.ndarray, sizes: np.ndarray, unit: int) -> np.ndarray:
+def regroup(src: np.ndarray, sizes: np.ndarray, to_segments: bool = True) -> np.ndarray:
     """``src`` (blocks of ``sizes[rank, segment]`` bytes, rank by rank) laid out segment by segment
-    (ranks in order inside a segment): one compiled move of whole blocks."""
+    (ranks in order inside a segment), or back with ``to_segments=False``: whole blocks joined
+    by one ``np.concatenate`` (a memcpy each; a few descriptors, none per item)."""
     rank_major, segment_major = by_segment(sizes)
-    out = np.empty_like(src)
-    move(src, rank_major.reshape(-1), out, segment_major.reshape(-1), sizes.reshape(-1), unit)
-    return out
+    starts, order = (rank_major.T, sizes.T) if to_segments else (segment_major, sizes)
+    blocks = [src[start:start + size] for start, size in zip(starts.reshape(-1).tolist(), order.reshape(-1).tolist())
+              if size]
+    return np.concatenate(blocks) if blocks else src[:0].copy()
 
 
 def natural_to_wire(order: np.ndarray, lengths: np.ndarray, widths: np.ndarray

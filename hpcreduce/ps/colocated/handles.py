@@ -122,8 +122,8 @@ class PushHandle:
         each table's gradients as a server sums its workers' (``updates.sum_rows``: the same
         bits) and apply them once to the shard, and to the replica."""
         tables, incoming = len(self.specs), self.incoming
-        ids = regroup(self.received[0], incoming * ID_BYTES, ID_BYTES).view(np.int64)
-        grads = regroup(self.received[1], incoming * self.row_bytes, self.unit)
+        ids = regroup(self.received[0], incoming * ID_BYTES).view(np.int64)
+        grads = regroup(self.received[1], incoming * self.row_bytes)
         first_id, first_grad = offsets(incoming.sum(0)), offsets((incoming * self.row_bytes).sum(0))
         duplicates = {t: 0 for t in self.tables}
         for s in range(incoming.shape[1]):

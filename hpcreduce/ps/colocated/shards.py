@@ -40,7 +40,7 @@ from .exchange import HEAD
 from .handles import ID_BYTES, PullHandle, PushHandle
 from .layout import ColocatedLayout
 from .recovery import rebuilt
-from .flat import by_segment, move, natural_to_wire, offsets, regroup, word
+from .flat import move, natural_to_wire, offsets, regroup, word
 from .routes import as_bytes, byte_spec, route
 from .store import INIT_SCALE, ShardStore
 
@@ -245,7 +245,7 @@ class ColocatedTables:
         """The owner's reply to a pull: the rows of ``asked`` (ids in (source rank, table) blocks)
         in the same order, as bytes: the id blocks regrouped by table, one compiled gather per
         table, the row blocks moved back to (source, table) order."""
-        ids = regroup(asked, incoming * ID_BYTES, ID_BYTES).view(np.int64)
+        ids = regroup(asked, incoming * ID_BYTES).view(np.int64)
         row_sizes = incoming * self.row_bytes
         by_table = np.empty(int(row_sizes.sum()), np.uint8)
         first_id, first_row = offsets(incoming.sum(0)), offsets(row_sizes.sum(0))
@@ -255,10 +255,7 @@ class ColocatedTables:
                 rows = self.store.rows(t, ids[first_id[t]:first_id[t] + count])
                 by_table[first_row[t]:first_row[t] + count * int(self.row_bytes[t])] = \
                     as_bytes(rows, int(self.row_bytes[t])).reshape(-1)
-        rank_major, table_major = by_segment(row_sizes)
-        reply = np.empty_like(by_table)
-        move(by_table, table_major.reshape(-1), reply, rank_major.reshape(-1), row_sizes.reshape(-1), self.unit)
-        return reply
+        return regroup(by_table, row_sizes, to_segments=False)
 
     def _packed(self, tables, sent, row_bytes: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """The push's ids and gradients (bytes) in (destination, segment) order: the ids by one
