@@ -1,8 +1,8 @@
 """A colocated pull or push in flight: ``wait()`` completes it and returns {table: result}.
 
-Every message of a call is posted when the call is made (on every rank, in call order), so
-``wait`` posts nothing and handles may be waited for in any order. A pull's handle holds
-the rows' return ``Ialltoallv``; ``wait`` scatters the rows back to the ids asked for. A
+Every send of a call is posted when the call is made (on every rank, in call order); handles
+may be waited for in any order (a push's ``wait`` first completes the pushes made before it,
+so each receives its own messages). A pull's handle holds the rows' return ``Ialltoallv``; ``wait`` scatters the rows back to the ids asked for. A
 push's handle holds the sends of its ids and gradients; ``wait`` receives every
 rank's (pushes complete in the order they were made), checks them, sums each id's gradients
 across senders in rank order (``updates.sum_rows``, as a server sums its workers' pushes in
