@@ -8,10 +8,13 @@
         optimizer.step()
 
 ``DistributedDataParallel`` (``ddp``): gradients live in persistent buckets (reverse
-registration order); each bucket's mean is started from autograd hooks as soon as its last
-gradient is ready and runs on a reduction thread (``reducer``, ``comm_thread``), at full
-precision or 16 bits on the wire with float32 sums (``wire``); every reduced bucket gets a
-one-pass NaN/Inf check (``finite``); ``no_sync()`` accumulates. Without the wrapper:
+registration order); each bucket's reduction is started from autograd hooks as soon as its last
+gradient is ready and runs on a reduction thread (``reducer``, ``comm_thread``) through its comm
+hook (``hooks``, torch's ``register_comm_hook``: the mean through ``hpcreduce.collectives`` by
+default, 16 bits on the wire with float32 sums, PowerSGD); every reduced bucket gets a
+one-pass NaN/Inf check (``finite``); ``no_sync()`` accumulates. Importing this package
+changes nothing global (the optimizer pre-hook that refuses a step inside ``no_sync`` lives
+while a wrapper does). Without the wrapper:
 ``allreduce_gradients(model)`` after ``backward()`` (one ``allreduce_many``, after one summing
 pass per gradient for ``check_finite``; ``bucket_gradients(model)`` first keeps gradients in
 persistent fusion buffers), ``broadcast_parameters(model)`` (a small signature check, then one
