@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
 import torch
 
-from ..collectives import allreduce_many
+from ..collectives import allreduce, allreduce_many
 from ..collectives.buckets import fusion_threshold, plan_buckets, register
 from ..collectives.validate import Unusable
-from ..errors import UnsupportedInputError
+from ..errors import InputMismatchError, UnsupportedInputError
 from .buckets import gradients_into
 from .views import Parameters, array_view, named
 
@@ -46,13 +47,25 @@ def bucket_gradients(parameters: Parameters, *, threshold_bytes: Optional[int] =
 
 def allreduce_gradients(parameters: Parameters, op: str = "mean", *, comm=None, check_finite: bool = True) -> None:
     """Reduce every parameter's ``.grad`` over all ranks, in place (``op`` "mean" by default,
-    or "sum"); a missing gradient is created as zeros first. Collective; on bad input (a
+    or "sum"). A parameter whose ``.grad`` is None on every rank keeps it None (as torch DDP
+    leaves a parameter no rank used); one that is None on some ranks only is reduced with zeros
+    there. Collective (one small allreduce says which gradients some rank has); on bad input (a
     dtype or layout hpcreduce does not reduce, a NaN or Inf with ``check_finite``: pass
     False under loss scaling, which expects them) every rank raises
     ``InputMismatchError``/``UnsupportedInputError`` naming the parameters and ranks,
-    before any gradient changes."""
+    before any gradient changes. float16 gradients are summed in float32 and rounded once, as
+    ``DistributedDataParallel`` reduces them."""
+    pairs = named(parameters)
+    present = np.array([param.grad is not None for _, param in pairs], dtype=np.int32)
+    try:
+        allreduce(present, "max", comm=comm, out=present)
+    except InputMismatchError as error:
+        raise InputMismatchError(f"allreduce_gradients: the ranks pass different numbers of parameters "
+                                 f"({error})") from None
     names, grads = [], []
-    for name, param in named(parameters):
+    for (name, param), somewhere in zip(pairs, present):
+        if not somewhere:
+            continue
         bucketed = getattr(param, BUCKET_ATTRIBUTE, None)
         if bucketed is not None and param.grad is not bucketed[0]:
             restore_view(param, bucketed[0])

@@ -74,12 +74,20 @@ class Reducer:
         self._source: Optional[MPI.Intracomm] = None
         self._grad_buckets = [GradBucket(b.index, b.flat, b.views, b.params, b.index == len(buckets) - 1)
                               for b in buckets]
+        me = weakref.ref(self)  # the parameters' hooks must not keep the reducer alive
+
+        def on_gradient(param: torch.Tensor) -> None:
+            reducer = me()
+            if reducer is not None:
+                reducer._on_gradient(param)
+
+        handles = []
         for bucket in buckets:
             for position, param in enumerate(bucket.params):
                 self.where[id(param)] = (bucket, position)
-                param.register_post_accumulate_grad_hook(self._on_gradient)
+                handles.append(param.register_post_accumulate_grad_hook(on_gradient))
         LIVE.add(self)
-        STEP_GUARD.hold(self)
+        STEP_GUARD.hold(self, handles)
 
     def note_problem(self, name: str, why: str) -> None:
         """A parameter this rank cannot reduce in this step: its view goes as NaN, so every rank stops."""
@@ -288,14 +296,17 @@ class StepGuard:
     def installed(self) -> bool:
         return self._handle is not None
 
-    def hold(self, reducer: Reducer) -> None:
-        """Install the pre-hook (if not yet) for as long as ``reducer`` lives."""
+    def hold(self, reducer: Reducer, handles: List[Any]) -> None:
+        """Install the pre-hook (if not yet) for as long as ``reducer`` lives; when it goes, remove
+        its parameters' hooks (``handles``) too."""
         if self._handle is None:
             self._handle = register_optimizer_step_pre_hook(before_step)
         self._holders += 1
-        weakref.finalize(reducer, self._release)
+        weakref.finalize(reducer, self._release, handles)
 
-    def _release(self) -> None:
+    def _release(self, handles: List[Any]) -> None:
+        for handle in handles:
+            handle.remove()
         self._holders -= 1
         if self._holders == 0 and self._handle is not None:
             self._handle.remove()
