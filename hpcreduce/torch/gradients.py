@@ -10,7 +10,7 @@ import torch
 
 from ..collectives import allreduce, allreduce_many
 from ..collectives.buckets import fusion_threshold, plan_buckets, register
-from ..collectives.validate import Unusable
+from ..collectives.validate import Unusable, stable_hash
 from ..errors import InputMismatchError, UnsupportedInputError
 from .buckets import gradients_into
 from .views import Parameters, array_view, named
@@ -56,14 +56,17 @@ def allreduce_gradients(parameters: Parameters, op: str = "mean", *, comm=None, 
     before any gradient changes. float16 gradients are summed in float32 and rounded once, as
     ``DistributedDataParallel`` reduces them."""
     pairs = named(parameters)
-    present = np.array([param.grad is not None for _, param in pairs], dtype=np.int32)
+    code = stable_hash([(name, tuple(param.shape), str(param.dtype)) for name, param in pairs])
+    present = np.array([param.grad is not None for _, param in pairs] + [code, -code], dtype=np.int64)
     try:
         allreduce(present, "max", comm=comm, out=present)
     except InputMismatchError as error:
         raise InputMismatchError(f"allreduce_gradients: the ranks pass different numbers of parameters "
                                  f"({error})") from None
+    if present[-2] != code or present[-1] != -code:  # other models: allreduce_many names the difference
+        present[:] = 1
     names, grads = [], []
-    for (name, param), somewhere in zip(pairs, present):
+    for (name, param), somewhere in zip(pairs, present[:-2]):
         if not somewhere:
             continue
         bucketed = getattr(param, BUCKET_ATTRIBUTE, None)
