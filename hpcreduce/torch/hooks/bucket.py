@@ -7,7 +7,8 @@ group=process_group)`` (``group`` may also be a Context or an MPI intracommunica
 ``all_reduce`` goes through ``hpcreduce.collectives``: the automatic, node-aware algorithm,
 the traffic count, the fault-tolerance path and the cross-rank check (a rank whose call
 differs, or whose hook failed, makes every rank raise); 16-bit tensors are summed in float32
-and rounded once (``collectives.narrow``). It runs at once and returns a completed Future.
+and rounded once (``collectives.narrow``; a device tensor through a host copy). It runs at
+once and returns a completed Future.
 """
 from __future__ import annotations
 
@@ -92,9 +93,12 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", group: Comm = None) -> "to
     context = group_context(group)
     if tensor.dtype in NARROW and op in ("sum", "mean"):
         problem = None if tensor.is_contiguous() else InputProblem(ProblemKind.NOT_CONTIGUOUS, "a 16-bit tensor")
-        bits = tensor.detach().view(torch.int16) if problem is None else torch.zeros(tensor.numel(), dtype=torch.int16)
-        raw = bits.numpy().view(np.uint16) if bits.device.type == "cpu" else array_view(bits)[0].view("uint16")
-        narrow_allreduce(context, raw.reshape(-1), NARROW[tensor.dtype], OPS[op], local=problem)
+        host = tensor.detach() if tensor.device.type == "cpu" else tensor.detach().cpu()  # device: staged
+        bits = host.view(torch.int16) if problem is None else torch.zeros(tensor.numel(), dtype=torch.int16)
+        narrow_allreduce(context, bits.numpy().view(np.uint16).reshape(-1), NARROW[tensor.dtype], OPS[op],
+                         local=problem)
+        if tensor.device.type != "cpu" and problem is None:
+            tensor.copy_(host)
     else:
         view, reason = array_view(tensor)
         if reason is not None:
