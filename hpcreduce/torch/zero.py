@@ -14,7 +14,8 @@ sliced (``ELEMENTWISE``); others (L-BFGS...) are refused on every rank at constr
 parameter groups that differ between ranks. ``consolidate_state_dict(to)`` gathers the full
 state to one rank, whose ``state_dict()`` then reads as the unsharded optimizer's;
 ``load_state_dict`` takes such a full state on every rank and keeps its own slices, at any
-number of ranks.
+number of ranks; ``full_state_dict()`` (collective) gives the full state on every rank, for a
+checkpoint written at N ranks and loaded at M.
 """
 from __future__ import annotations
 
@@ -148,6 +149,14 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 if isinstance(value, torch.Tensor) and key != "step" and value.numel() == self.params[index].numel():
                     values[key] = value.view_as(self.params[index])
         self._full = {"state": state, "param_groups": self._groups_with_indices()}
+
+    def full_state_dict(self) -> Dict[str, Any]:
+        """The full state on every rank (collective: ``consolidate_state_dict`` to rank 0, then one
+        broadcast): what a checkpoint stores, loadable by ``load_state_dict`` at any number of ranks."""
+        self.consolidate_state_dict(to=0)
+        full = resolve(self.process_group).comm.bcast(self._full if self.rank == 0 else None, root=0)
+        self._full = None
+        return full
 
     def _groups_with_indices(self) -> List[Dict[str, Any]]:
         position = {id(p): i for i, p in enumerate(self.params)}

@@ -2,7 +2,9 @@
 checks at any N >= 2: built-in and user hooks train like one process, fp16 equals
 allreduce_gradients bit for bit, PowerSGD sends less and still trains; a hook that raises,
 returns the wrong thing or differs on one rank raises on every rank; parameters no rank used keep
-``grad is None`` and end equal to torch DDP over gloo's; a bad argument on one rank raises on all."""
+``grad is None`` and end equal to torch DDP over gloo's; a bad argument on one rank raises on all.
+Then tests/mpi/torch_zero.py's checks of ZeroRedundancyOptimizer (one job for both: torch's import
+is most of a job's time)."""
 import gc
 import socket
 
@@ -15,6 +17,7 @@ from hpcreduce import InputMismatchError, TrainingError, UnsupportedInputError
 from hpcreduce.torch import hooks
 from mpi_checks import expect_raised, run_checks
 from torch_ddp import Net, assert_close, batch, train_both
+from torch_zero import ZERO_CHECKS
 
 ctx = hpcreduce.init()
 rank, size = ctx.rank, ctx.size
@@ -204,6 +207,6 @@ if __name__ == "__main__":
     run_checks(check_guard_lives_with_the_wrapper, check_hooks_train_like_one_process,
                check_fp16_equals_allreduce_gradients, check_powersgd_compresses_and_trains,
                check_failing_hooks_raise_on_every_rank, check_unused_and_frozen_parameters_like_torch_ddp,
-               check_bad_arguments_on_one_rank_raise_on_all)
+               check_bad_arguments_on_one_rank_raise_on_all, *ZERO_CHECKS)
     if rank == 0:
         print("torch hooks: all checks passed", flush=True)

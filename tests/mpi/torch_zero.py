@@ -1,6 +1,7 @@
 """hpcreduce.torch.ZeroRedundancyOptimizer with DistributedDataParallel at any N >= 2 (slices that
 do not divide evenly at N=3): 50 Adam steps equal the unsharded optimizer's to 1e-6, optimizer
-state per rank about 1/N, consolidate/state_dict/load_state_dict round trip, and a non-elementwise
+state per rank about 1/N, consolidate/state_dict/load_state_dict round trip, a full state written at
+N ranks loads at N-1 (re-sharded, the same values), and a non-elementwise
 optimizer or different parameter groups on one rank raise on every rank."""
 import torch
 
@@ -84,7 +85,24 @@ def check_sgd_groups_and_adagrad():
         assert error <= 1e-6, f"rank {rank}: sharded {cls.__name__} off by {error}"
 
 
-run_checks(check_sharded_adam_equals_unsharded, check_other_optimizers_and_groups_refused,
-           check_sgd_groups_and_adagrad)
-if rank == 0:
-    print("torch zero: all checks passed", flush=True)
+def check_state_written_at_n_loads_at_fewer():
+    model, zero_opt = train(lambda m: hpt.ZeroRedundancyOptimizer(m.parameters(), torch.optim.Adam, lr=0.01), 5)
+    full = zero_opt.full_state_dict()
+    fewer = ctx.comm.Split(0 if rank < size - 1 else 1, rank)
+    smaller = hpt.ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, process_group=fewer, lr=0.5)
+    smaller.load_state_dict(full)
+    again = smaller.full_state_dict()
+    for index, values in full["state"].items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(values[key], again["state"][index][key]), f"{key} of {index} changed when re-sharded"
+    assert again["param_groups"][0]["lr"] == 0.01
+    fewer.Free()
+
+
+ZERO_CHECKS = (check_sharded_adam_equals_unsharded, check_other_optimizers_and_groups_refused,
+               check_sgd_groups_and_adagrad, check_state_written_at_n_loads_at_fewer)
+
+if __name__ == "__main__":
+    run_checks(*ZERO_CHECKS)
+    if rank == 0:
+        print("torch zero: all checks passed", flush=True)
