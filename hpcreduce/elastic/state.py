@@ -145,7 +145,7 @@ class State:
                 self._values[name] = self._handlers[name].receive(ctx, self._values[name])
             except InputMismatchError as err:
                 refused = refused or f"{name!r}: {err}"
-        if any(kind == "state dict" for kind, _layout in header.values()):
+        if any(kind in ("state dict", "sharded") for kind, _layout in header.values()):
             _agree(ctx, "could not load rank 0's", refused)
         object.__setattr__(self, "_commits", commits)
 

@@ -28,7 +28,8 @@ from mpi4py import MPI
 from ..collectives.ring import chunk_bounds
 from ..collectives.validate import InputProblem, ProblemKind, agree, raise_local, stable_hash
 from ..errors import UnsupportedInputError
-from ..runtime.context import Comm, resolve
+from ..runtime.context import Comm, Context, resolve
+from . import zero_elastic
 
 ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop,
                torch.optim.Adamax)
@@ -63,13 +64,24 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             raise_local("ZeroRedundancyOptimizer", problem, context.rank)
         else:
             agree(context, "ZeroRedundancyOptimizer", fields, problem)
-        self.optimizer_class = optimizer_class
-        total = sum(p.numel() for p in self.params)
-        self.bounds = chunk_bounds(total, self.size)
-        self.slices: List[Slice] = owned(self.params, self.bounds[self.rank], self.bounds[self.rank + 1])
-        self.shards = [self.params[i].detach().reshape(-1)[a:b].clone() for i, a, b in self.slices]
-        self.optim = optimizer_class(self._local_groups(), **defaults)
+        self.optimizer_class, self.local_defaults = optimizer_class, defaults
+        self.steps = 0
+        self.restore_point: Optional[Dict[str, Any]] = None  # an elastic commit's parts, until re-sharded
+        self.member = not context.joined  # a rank spawned into an elastic job holds no part yet
         self._full: Optional[Dict[str, Any]] = None
+        self.reshard_to(self.rank, self.size)
+
+    def reshard_to(self, rank: int, size: int) -> None:
+        """This rank's slices among ``size`` ranks, their copies and a new local optimizer."""
+        self.rank, self.size = rank, size
+        self.bounds = chunk_bounds(sum(p.numel() for p in self.params), size)
+        self.slices: List[Slice] = owned(self.params, self.bounds[rank], self.bounds[rank + 1])
+        self.shards = [self.params[i].detach().reshape(-1)[a:b].clone() for i, a, b in self.slices]
+        self.optim = self.optimizer_class(self._local_groups(), **self.local_defaults)
+        for ours, theirs in zip(self.param_groups, self.optim.param_groups):  # the class's defaults, as torch's
+            for key, value in theirs.items():
+                if key != "params":
+                    ours.setdefault(key, value)
 
     def _local_groups(self) -> List[Dict[str, Any]]:
         """The local optimizer's groups: each of ours over the shards of its parameters."""
@@ -85,6 +97,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         """Step this rank's slices on their gradients' slices, then gather every rank's slices."""
+        if resolve(self.process_group).size != self.size:
+            raise UnsupportedInputError(
+                f"ZeroRedundancyOptimizer.step: the job went from {self.size} to "
+                f"{resolve(self.process_group).size} ranks without a re-shard (elastic.State re-shards after a "
+                f"failure or a growth; a leave is not re-sharded yet)")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -92,9 +109,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for ours, theirs in zip(self.param_groups, self.optim.param_groups):
             theirs.update({k: v for k, v in ours.items() if k != "params"})
         for (index, a, b), shard in zip(self.slices, self.shards):
+            shard.copy_(self.params[index].detach().reshape(-1)[a:b])  # the parameters may have been loaded
             grad = self.params[index].grad
             shard.grad = None if grad is None else grad.reshape(-1)[a:b]
         self.optim.step()
+        self.steps += 1
         for (index, a, b), shard in zip(self.slices, self.shards):
             self.params[index].view(-1)[a:b].copy_(shard)
         self._gather()
@@ -117,6 +136,16 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for shard in self.shards:
             shard.grad = None
 
+    def shard_snapshot(self) -> Dict[str, Any]:
+        """What an ``elastic.State`` commit keeps: this rank's part and its ring neighbour's
+        (collective; ``zero_elastic``)."""
+        return zero_elastic.shard_snapshot(self)
+
+    def reshard(self, context: Context) -> None:
+        """After a failure or a growth: the whole state from every rank's kept parts, re-sharded
+        over ``context``'s ranks (collective; ``zero_elastic``)."""
+        zero_elastic.reshard(self, context)
+
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds."""
         return sum(v.numel() * v.element_size() for state in self.optim.state.values()
@@ -132,23 +161,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if self.rank != to:
             self._full = None
             return
-        state: Dict[int, Dict[str, Any]] = {}
-        for part in gathered:
-            for index, (a, b, values) in part.items():
-                param = self.params[index]
-                into = state.setdefault(index, {})
-                for key, value in values.items():
-                    if isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == b - a \
-                            and key != "step":
-                        whole = into.setdefault(key, torch.zeros(param.numel(), dtype=value.dtype))
-                        whole[a:b] = value
-                    else:
-                        into[key] = value
-        for index, values in state.items():
-            for key, value in values.items():
-                if isinstance(value, torch.Tensor) and key != "step" and value.numel() == self.params[index].numel():
-                    values[key] = value.view_as(self.params[index])
-        self._full = {"state": state, "param_groups": self._groups_with_indices()}
+        pieces = [(index, a, b, values) for part in gathered for index, (a, b, values) in part.items()]
+        self._full = {"state": assemble(self.params, pieces), "param_groups": self.indexed_groups()}
 
     def full_state_dict(self) -> Dict[str, Any]:
         """The full state on every rank (collective: ``consolidate_state_dict`` to rank 0, then one
@@ -158,7 +172,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._full = None
         return full
 
-    def _groups_with_indices(self) -> List[Dict[str, Any]]:
+    def indexed_groups(self) -> List[Dict[str, Any]]:
         position = {id(p): i for i, p in enumerate(self.params)}
         return [{**{k: v for k, v in group.items() if k != "params"},
                  "params": [position[id(p)] for p in group["params"]]} for group in self.param_groups]
@@ -195,6 +209,25 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                             "params": list(range(offset, offset + count))})
             offset += count
         self.optim.load_state_dict({"state": local, "param_groups": indexed})
+
+
+def assemble(params: List[torch.Tensor], pieces: Iterable[Tuple[int, int, int, Dict[str, Any]]]) -> Dict[int, Any]:
+    """The full state by parameter index from slices' states ``(index, a, b, values)``: each
+    elementwise tensor placed at its slice, other values (``step``) taken as they are."""
+    state: Dict[int, Dict[str, Any]] = {}
+    for index, a, b, values in pieces:
+        param = params[index]
+        into = state.setdefault(index, {})
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor) and key != "step" and value.dim() == 1 and value.numel() == b - a:
+                into.setdefault(key, torch.zeros(param.numel(), dtype=value.dtype)).view(-1)[a:b] = value.cpu()
+            else:
+                into[key] = value
+    for index, values in state.items():
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor) and key != "step" and value.numel() == params[index].numel():
+                values[key] = value.view_as(params[index])
+    return state
 
 
 def owned(params: List[torch.Tensor], begin: int, end: int) -> List[Slice]:
