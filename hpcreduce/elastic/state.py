@@ -32,7 +32,7 @@ from .policy import Policy
 from .resizing import request_resize
 from .state_dicts import Layout, layout_difference
 
-OWN_NAMES = frozenset({"commit", "restore", "sync", "register_reset_callbacks", "context", "events", "members",
+OWN_NAMES = frozenset({"commit", "restore", "sync", "register_reset_callbacks", "context", "events", "members", "names",
                        "job", "commits", "state_dict", "load_state_dict"})
 
 
@@ -113,6 +113,11 @@ class State:
         committed). ``InputMismatchError`` naming the value and the tensor when one no longer
         fits its commit (another model, a tensor of another shape)."""
         self._put_back(self._saved, "State.restore", "its last commit")
+
+    @property
+    def names(self) -> List[str]:
+        """The tracked values' names, sorted (nothing exported)."""
+        return sorted(self._values)
 
     def state_dict(self) -> Dict[str, Any]:
         """Every value as a checkpoint stores it (a module's or an optimizer's ``state_dict()``,

@@ -68,6 +68,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.steps = 0
         self.restore_point: Optional[Dict[str, Any]] = None  # an elastic commit's parts, until re-sharded
         self.member = not context.joined  # a rank spawned into an elastic job holds no part yet
+        self.loaded: Optional[Dict[str, Any]] = None  # a full state loaded here since the last step
         self._full: Optional[Dict[str, Any]] = None
         self.reshard_to(self.rank, self.size)
 
@@ -102,6 +103,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 f"ZeroRedundancyOptimizer.step: the job went from {self.size} to "
                 f"{resolve(self.process_group).size} ranks without a re-shard (elastic.State re-shards after a "
                 f"failure or a growth; a leave is not re-sharded yet)")
+        self.loaded = None
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -188,6 +190,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Take a full state (``state_dict()``'s, or the unsharded optimizer's) and keep this
         rank's slices of it; the hyperparameters of its groups become ours."""
+        self.loaded = state_dict
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(len(g["params"]) != len(o["params"])
                                                         for g, o in zip(groups, self.param_groups)):

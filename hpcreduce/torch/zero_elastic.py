@@ -8,7 +8,8 @@ raw buffer), so every part lives on two ranks. After a failure every survivor pu
 last commit (``restore_point``); after a failure or a growth (``reshard``, collective, on the
 ranks there are now, newcomers included) the ranks gather those parts (one allgather, only
 then), rebuild the whole state from the survivors' own parts and, for a lost rank, from its
-neighbour's copy, and each keeps its slices among the new number of ranks. A lost part with no
+neighbour's copy, and each keeps its slices among the new number of ranks. After a full state
+was loaded on one rank (``load_checkpoint`` loads on rank 0, then syncs), that state is everyone's. A lost part with no
 copy (two neighbours lost together) or parts of different versions (a failure during a
 commit's copy) raise ``InputMismatchError`` on every rank: never a silently wrong state.
 """
@@ -92,7 +93,14 @@ def reshard(zero: Any, context: Context) -> None:
     (collective over ``context``; see the module docstring)."""
     kept = zero.restore_point if zero.restore_point is not None else (
         {"mine": local_part(zero), "left": None} if zero.member else None)
-    gathered = [found for found in context.comm.allgather(kept) if found is not None]
+    contributions = context.comm.allgather((kept, zero.loaded))
+    loaded = next((full for _, full in contributions if full is not None), None)
+    if loaded is not None:  # a checkpoint loaded on rank 0 (load_checkpoint): its whole state, everywhere
+        zero.reshard_to(context.rank, context.size)
+        zero.load_state_dict(loaded)
+        zero.restore_point, zero.member, zero.loaded = None, True, None
+        return
+    gathered = [found for found, _ in contributions if found is not None]
     parts: Dict[int, Part] = {}
     for found in gathered:
         parts[found["mine"]["rank"]] = found["mine"]
@@ -113,4 +121,4 @@ def reshard(zero: Any, context: Context) -> None:
     full = {"state": assemble(zero.params, pieces), "param_groups": parts[min(parts)]["groups"]}
     zero.reshard_to(context.rank, context.size)
     zero.load_state_dict(full)
-    zero.steps, zero.restore_point, zero.member = versions[0], None, True
+    zero.steps, zero.restore_point, zero.member, zero.loaded = versions[0], None, True, None

@@ -1,12 +1,18 @@
 """hpcreduce.torch.ZeroRedundancyOptimizer with DistributedDataParallel at any N >= 2 (slices that
 do not divide evenly at N=3): 50 Adam steps equal the unsharded optimizer's to 1e-6, optimizer
 state per rank about 1/N, consolidate/state_dict/load_state_dict round trip, a full state written at
-N ranks loads at N-1 (re-sharded, the same values), and a non-elementwise
+N ranks loads at N-1 (re-sharded, the same values), so does a checkpoint (save_checkpoint after
+consolidate_state_dict, load_checkpoint over fewer ranks), and a non-elementwise
 optimizer or different parameter groups on one rank raise on every rank."""
+import shutil
+import tempfile
+
 import torch
 
 import hpcreduce
 import hpcreduce.torch as hpt
+from hpcreduce import elastic
+from hpcreduce.runtime.context import resolve
 from hpcreduce import InputMismatchError, UnsupportedInputError
 from mpi_checks import expect_raised, run_checks
 
@@ -99,8 +105,30 @@ def check_state_written_at_n_loads_at_fewer():
     fewer.Free()
 
 
+def check_checkpoint_written_at_n_loads_at_fewer():
+    model, zero_opt = train(lambda m: hpt.ZeroRedundancyOptimizer(m.parameters(), torch.optim.Adam, lr=0.01), 3)
+    state = elastic.State(model=model, optimizer=zero_opt)
+    folder = ctx.comm.bcast(tempfile.mkdtemp() if rank == 0 else None, root=0)
+    zero_opt.consolidate_state_dict(to=0)
+    hpt.save_checkpoint(state, folder, 3)
+    want = zero_opt.full_state_dict()
+    fewer = ctx.comm.Split(0 if rank < size - 1 else 1, rank)
+    again = mlp()
+    loaded = hpt.ZeroRedundancyOptimizer(again.parameters(), torch.optim.Adam, process_group=fewer, lr=0.5)
+    assert hpt.load_checkpoint(elastic.State(context=resolve(fewer), model=again, optimizer=loaded), folder) == 3
+    got = loaded.full_state_dict()
+    assert torch.equal(flat(again), flat(model)), "the checkpoint's parameters did not load"
+    for index, values in want["state"].items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(values[key], got["state"][index][key]), f"{key} of {index} differs at {fewer.size} ranks"
+    ctx.comm.Barrier()
+    if rank == 0:
+        shutil.rmtree(folder)
+
+
 ZERO_CHECKS = (check_sharded_adam_equals_unsharded, check_other_optimizers_and_groups_refused,
-               check_sgd_groups_and_adagrad, check_state_written_at_n_loads_at_fewer)
+               check_sgd_groups_and_adagrad, check_state_written_at_n_loads_at_fewer,
+               check_checkpoint_written_at_n_loads_at_fewer)
 
 if __name__ == "__main__":
     run_checks(*ZERO_CHECKS)
