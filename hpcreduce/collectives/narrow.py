@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-from mpi4py import MPI
 
 from ..arrays import array_module
 from ..runtime.context import Context
