@@ -57,8 +57,10 @@ class DistributedDataParallel(torch.nn.Module):
         super().__init__()
         self.module = module
         context = resolve(comm)
-        named = [(name, param) for name, param in module.named_parameters() if param.requires_grad]
-        cap, problem = _problem(module, named, bucket_cap_mb, compression,
+        is_module = isinstance(module, torch.nn.Module)
+        named = [(name, param) for name, param in module.named_parameters() if param.requires_grad] \
+            if is_module else []
+        cap, problem = _problem(module if is_module else torch.nn.Module(), named, bucket_cap_mb, compression,
                                 {"check_finite": check_finite, "broadcast_buffers": broadcast_buffers},
                                 overlap)
         buckets = layout(named, cap)
@@ -163,5 +165,5 @@ def _problem(module: torch.nn.Module, named: List[Tuple[str, torch.nn.Parameter]
     if overlap is not None and not isinstance(overlap, bool):
         reasons.append(f"overlap must be None, True or False, got {overlap!r}")
     if not named:
-        reasons.append("the module has no parameter that takes a gradient")
+        reasons.append("the module has no parameter that takes a gradient (or is not a torch.nn.Module)")
     return max(cap, 1), InputProblem(ProblemKind.UNUSABLE_ARRAY, "; ".join(reasons)) if reasons else None

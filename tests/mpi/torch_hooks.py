@@ -190,6 +190,8 @@ def check_bad_arguments_on_one_rank_raise_on_all():
             Net(), **{option: "yes" if last else True}), rank)
     expect_raised(InputMismatchError, "check_finite", lambda: hpt.DistributedDataParallel(
         Net(), check_finite=not last), rank)
+    expect_raised(UnsupportedInputError, "not a torch.nn.Module", lambda: hpt.DistributedDataParallel(
+        "a model" if last else Net()), rank)
 
 
 def check_guard_lives_with_the_wrapper():
