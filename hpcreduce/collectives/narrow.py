@@ -47,8 +47,21 @@ def narrowed(values, fmt: str, out) -> None:
     out[...] = xp.where(nan, (raw >> 16) | xp.uint32(0x40), rounded).astype(xp.uint16)
 
 
+class Codec:
+    """The conversions ``narrow_allreduce`` makes: every rank's chunk summed in float32
+    (``chunk_sum``) and a float32 chunk rounded to 16 bits (``narrowed``). These are numpy's
+    (any array module); a caller with faster ones (torch's casts) passes its own."""
+
+    @staticmethod
+    def chunk_sum(received, fmt: str, size: int):
+        """The float32 sum over ``size`` equal chunks of the uint16 array ``received``."""
+        return widen(received, fmt).reshape(size, -1).sum(0, dtype=array_module(received).float32)
+
+    narrowed = staticmethod(narrowed)
+
+
 def narrow_allreduce(context: Context, bits, fmt: str, op: ReduceOp, *, check: bool = True,
-                     local: Optional[InputProblem] = None) -> None:
+                     local: Optional[InputProblem] = None, codec: Codec = Codec()) -> None:
     """Replace the flat uint16 array ``bits`` (``fmt`` patterns) by its sum or mean over the
     ranks, accumulated in float32 and rounded once (collective). With ``check``, the ranks first
     agree on the count, the format and the op (the same six fields as ``allreduce``'s check)."""
@@ -72,11 +85,11 @@ def narrow_allreduce(context: Context, bits, fmt: str, op: ReduceOp, *, check: b
     send[:count] = bits
     received = xp.empty_like(send)
     comm.Alltoall(send, received)
-    mine = widen(received, fmt).reshape(size, chunk).sum(0, dtype=xp.float32)
+    mine = codec.chunk_sum(received, fmt, size)
     if op.divide_by_size:
         mine /= xp.float32(size)
     rounded = xp.empty(chunk, xp.uint16)
-    narrowed(mine, fmt, rounded)
+    codec.narrowed(mine, fmt, rounded)
     comm.Allgather(rounded, send)
     bits[...] = send[:count]
     moved = 2 * (size - 1) * chunk * 2

@@ -20,13 +20,30 @@ import numpy as np
 import torch
 
 from ...collectives.allreduce import allreduce
-from ...collectives.narrow import narrow_allreduce
+from ...collectives.narrow import Codec, narrow_allreduce
 from ...collectives.ops import OPS
 from ...collectives.validate import InputProblem, ProblemKind
 from ...runtime.context import Comm, Context, resolve
 from ..views import array_view
 
 NARROW = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+FORMATS = {name: dtype for dtype, name in NARROW.items()}
+
+
+class TorchCodec(Codec):
+    """``narrow``'s conversions as torch's casts (one pass each, on the numpy arrays' memory)."""
+
+    @staticmethod
+    def chunk_sum(received, fmt: str, size: int):
+        values = torch.from_numpy(received.view(np.int16)).view(FORMATS[fmt])
+        return values.view(size, -1).sum(0, dtype=torch.float32).numpy()
+
+    @staticmethod
+    def narrowed(values, fmt: str, out) -> None:
+        torch.from_numpy(out.view(np.int16)).view(FORMATS[fmt]).copy_(torch.from_numpy(values))
+
+
+TORCH_CODEC = TorchCodec()
 _current = threading.local()
 
 
@@ -96,7 +113,7 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", group: Comm = None) -> "to
         host = tensor.detach() if tensor.device.type == "cpu" else tensor.detach().cpu()  # device: staged
         bits = host.view(torch.int16) if problem is None else torch.zeros(tensor.numel(), dtype=torch.int16)
         narrow_allreduce(context, bits.numpy().view(np.uint16).reshape(-1), NARROW[tensor.dtype], OPS[op],
-                         local=problem)
+                         local=problem, codec=TORCH_CODEC)
         if tensor.device.type != "cpu" and problem is None:
             tensor.copy_(host)
     else:
