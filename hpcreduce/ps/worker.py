@@ -33,7 +33,7 @@ from ..runtime.failures import abandon
 from . import protocol
 from .handles import Handle, Joined, Part, PushResult, issue_all, push_result
 from .client_checks import check_array, checked_ids, table_rows
-from .inbox import all_finite
+from ..arrays.finite import all_finite
 from .layout import Layout
 from .key_cache import SentKeys
 from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op, Req

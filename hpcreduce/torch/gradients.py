@@ -2,8 +2,7 @@
 fusion buffers (``bucket_gradients``, DDP's ``gradient_as_bucket_view``)."""
 from __future__ import annotations
 
-import math
-from typing import Dict, List, Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -13,6 +12,7 @@ from ..collectives.buckets import fusion_threshold, plan_buckets, register
 from ..collectives.validate import Unusable, stable_hash
 from ..errors import InputMismatchError, UnsupportedInputError
 from .buckets import gradients_into
+from .finite import all_finite
 from .views import Parameters, array_view, named
 
 BUCKET_ATTRIBUTE = "_hpcreduce_gradient_view"
@@ -98,17 +98,3 @@ def restore_view(param: torch.Tensor, view: torch.Tensor) -> None:
         view.copy_(grad)
     param.grad = view
 
-
-def all_finite(tensors: Sequence[torch.Tensor]) -> List[bool]:
-    """Whether each tensor is free of NaN and Inf: one summing pass per tensor (a NaN or an Inf
-    survives a sum; a sum that overflowed is looked at closely), read back once per device."""
-    finite = [True] * len(tensors)
-    by_device: Dict[torch.device, List[int]] = {}
-    for index, tensor in enumerate(tensors):
-        by_device.setdefault(tensor.device, []).append(index)
-    for indices in by_device.values():
-        sums = torch.stack([torch.sum(tensors[i], dtype=torch.float64 if tensors[i].dtype == torch.float64
-                                      else torch.float32) for i in indices]).tolist()
-        for index, total in zip(indices, sums):
-            finite[index] = math.isfinite(total) or bool(torch.isfinite(tensors[index]).all())
-    return finite

@@ -32,7 +32,7 @@ from mpi4py import MPI
 from ...collectives import allreduce_many
 from ...collectives.buckets import GradientBuckets
 from ...errors import PSTrainingError
-from ...ps.inbox import all_finite
+from ...arrays.finite import all_finite
 from ...ps.layout import Layout
 from ...ps.optimizers import make_optimizer
 from ...ps.tables import numel

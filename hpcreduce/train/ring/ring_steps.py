@@ -37,11 +37,11 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ...arrays import Device, array_module, is_device_array
+from ...arrays import Device, array_module
 from ...collectives import allreduce_many
 from ...collectives.buckets import GradientBuckets
 from ...errors import TrainingError
-from ...ps.inbox import all_finite
+from ...arrays.finite import all_finite
 from ...ps.optimizers import Optimizer, make_optimizer
 from ...runtime.context import Context
 from ..config import TrainConfig
@@ -127,7 +127,7 @@ class RingTrainer:
             raise TrainingError(f"training stopped at step {step}: model {self.model.name!r} failed on "
                                 f"{len(reasons)} rank(s): " + "; ".join(reasons))
         for spec in self.specs:
-            if not finite(total.grads[spec.name]):
+            if not all_finite(total.grads[spec.name]):
                 raise TrainingError(f"training stopped at step {step}: the summed gradient of parameter "
                                     f"{spec.name!r} contains NaN or Inf; refused on every rank, the step "
                                     f"was not applied")
@@ -155,10 +155,3 @@ class RingTrainer:
         loss_sum, correct, count = (float(v) for v in total.stats[:3])
         return StepMetrics(step, loss_sum / max(count, 1.0), correct / max(count, 1.0), int(count))
 
-
-def finite(array) -> bool:
-    """No NaN or Inf: ``all_finite`` on the host; on the device one reduction and one
-    scalar read back."""
-    if is_device_array(array):
-        return bool(array_module(array).isfinite(array).all())
-    return all_finite(array)
