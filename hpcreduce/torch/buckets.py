@@ -15,8 +15,6 @@ import torch
 
 from ..collectives.buckets import plan as plan_buckets
 
-REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-"""Gradient dtypes the wrapper reduces (16-bit ones accumulate in float32)."""
 FIRST_BUCKET_BYTES = 1 << 20
 """The first bucket (the last layers, whose gradients come first) holds at most this, as in
 DDP: its reduction starts early in backward."""

@@ -27,7 +27,8 @@ import torch
 from ..collectives.broadcast import broadcast_tensor
 from ..collectives.validate import InputProblem, ProblemKind, agree, raise_local, stable_hash
 from ..runtime.context import resolve
-from .buckets import REDUCIBLE, build, layout
+from .buckets import build, layout
+from .dtypes import REDUCIBLE
 from .parameters import broadcast_parameters
 from .hooks.default import bf16_compress_hook, fp16_compress_hook
 from .reducer import Hook, Reducer

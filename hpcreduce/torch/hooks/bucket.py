@@ -24,10 +24,8 @@ from ...collectives.narrow import Codec, narrow_allreduce
 from ...collectives.ops import OPS
 from ...collectives.validate import InputProblem, ProblemKind
 from ...runtime.context import Comm, Context, resolve
+from ..dtypes import FORMAT_DTYPES as FORMATS, NARROW
 from ..views import array_view
-
-NARROW = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-FORMATS = {name: dtype for dtype, name in NARROW.items()}
 
 
 class TorchCodec(Codec):
