@@ -37,7 +37,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ...arrays import Device, array_module
+from ...arrays import Device
 from ...collectives import allreduce_many
 from ...collectives.buckets import GradientBuckets
 from ...errors import TrainingError
@@ -51,6 +51,7 @@ from ..params import batch_view, dense_grads, zero_grads
 from ..partition import worker_batch
 from ..straggler import factor_for, slow_down
 from .ring_state import TrainState
+from .sharded import ShardedUpdate, rows_update
 
 
 @dataclass
@@ -88,9 +89,13 @@ class RingTrainer:
         # a straggler (--slow) is named by its stable id: its launch rank (ranks that join are never slowed)
         self.slow = 1.0 if ctx.joined else factor_for(config.fault, ctx.rank)
         self.buckets: Optional[GradientBuckets] = None  # persistent fusion buffers the sums are reduced in
+        self.sharded = ShardedUpdate(ctx.comm, self.specs, self.optimizer) if config.shard_optimizer else None
 
     def initial_state(self) -> TrainState:
-        return TrainState.initial(self.model, self.optimizer, self.config.seed, self.device)
+        state = TrainState.initial(self.model, self.optimizer, self.config.seed, self.device)
+        if self.sharded is not None:  # only this rank's slice of the optimizer state
+            state.optimizer_state = self.sharded.init_state(state.params)
+        return state
 
     def compute(self, state: TrainState) -> StepGrads:
         """This rank's summed gradients for step ``state.step``; changes nothing. A model
@@ -137,20 +142,16 @@ class RingTrainer:
         """Update ``state`` in place with the global batch's mean gradient."""
         step = state.step + 1
         scale = 1.0 / self.config.batch
-        for spec in self.specs:
-            param, grad = state.params[spec.name], total.grads[spec.name]
-            arrays = state.optimizer_state[spec.name]
-            grad *= scale
-            if not spec.sparse:
-                self.optimizer.update(param, grad, arrays, step)
-                continue
-            xp = array_module(param)
-            rows = xp.flatnonzero(grad.reshape(len(grad), -1).any(axis=1))
-            row_param, row_arrays = param[rows], {name: value[rows] for name, value in arrays.items()}
-            self.optimizer.update(row_param, grad[rows], row_arrays, step)
-            param[rows] = row_param
-            for name, value in row_arrays.items():
-                arrays[name][rows] = value
+        if self.sharded is not None:  # --shard-optimizer: this rank's slices, then an allgather
+            self.sharded.apply(state.params, total.grads, state.optimizer_state, scale, step)
+        else:
+            for spec in self.specs:
+                param, grad = state.params[spec.name], total.grads[spec.name]
+                grad *= scale
+                if spec.sparse:
+                    rows_update(self.optimizer, param, grad, state.optimizer_state[spec.name], step)
+                else:
+                    self.optimizer.update(param, grad, state.optimizer_state[spec.name], step)
         state.step = step
         loss_sum, correct, count = (float(v) for v in total.stats[:3])
         return StepMetrics(step, loss_sum / max(count, 1.0), correct / max(count, 1.0), int(count))
