@@ -38,8 +38,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ...arrays import Device
-from ...collectives import allreduce_many
-from ...collectives.buckets import GradientBuckets
+from ...collectives.bucket_sum import BucketSum
 from ...errors import TrainingError
 from ...arrays.finite import all_finite
 from ...ps.optimizers import Optimizer, make_optimizer
@@ -88,7 +87,7 @@ class RingTrainer:
         self.device = Device(config.device)  # selected (runtime.devices.open_device) before training
         # a straggler (--slow) is named by its stable id: its launch rank (ranks that join are never slowed)
         self.slow = 1.0 if ctx.joined else factor_for(config.fault, ctx.rank)
-        self.buckets: Optional[GradientBuckets] = None  # persistent fusion buffers the sums are reduced in
+        self.sum = BucketSum()  # the numpy trainers' one dense reducer (persistent fusion buffers)
         self.sharded = ShardedUpdate(ctx.comm, self.specs, self.optimizer) if config.shard_optimizer else None
 
     def initial_state(self) -> TrainState:
@@ -122,9 +121,7 @@ class RingTrainer:
         ``TrainingError`` on every rank when a model failed on some rank or a summed
         gradient is not finite."""
         arrays = [local.grads[spec.name] for spec in self.specs] + [local.stats]
-        if self.buckets is None or not self.buckets.matches(arrays):
-            self.buckets = GradientBuckets(arrays)
-        summed = allreduce_many(self.buckets.load(arrays), "sum", comm=self.ctx, inplace=True)
+        summed = self.sum(arrays, self.ctx)
         step = local.step
         total = StepGrads({spec.name: grad for spec, grad in zip(self.specs, summed)}, summed[-1], step)
         if total.stats[3]:  # the same count on every rank: all of them gather the reasons
