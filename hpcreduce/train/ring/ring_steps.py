@@ -88,7 +88,7 @@ class RingTrainer:
         # a straggler (--slow) is named by its stable id: its launch rank (ranks that join are never slowed)
         self.slow = 1.0 if ctx.joined else factor_for(config.fault, ctx.rank)
         self.sum = BucketSum()  # the numpy trainers' one dense reducer (persistent fusion buffers)
-        self.sharded = ShardedUpdate(ctx.comm, self.specs, self.optimizer) if config.shard_optimizer else None
+        self.sharded = ShardedUpdate(ctx, self.specs, self.optimizer) if config.shard_optimizer else None
 
     def initial_state(self) -> TrainState:
         state = TrainState.initial(self.model, self.optimizer, self.config.seed, self.device)

@@ -19,14 +19,15 @@ from mpi4py import MPI
 from ...arrays import array_module
 from ...ps import ParamSpec
 from ...ps.optimizers import Optimizer
+from ...runtime.context import Context
 
 
 class ShardedUpdate:
     """This rank's slices of the parameters and how it steps them, for ``rank`` of ``size``."""
 
-    def __init__(self, comm: MPI.Comm, specs: Sequence[ParamSpec], optimizer: Optimizer):
-        self.comm, self.specs, self.optimizer = comm, list(specs), optimizer
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+    def __init__(self, ctx: Context, specs: Sequence[ParamSpec], optimizer: Optimizer):
+        self.ctx, self.specs, self.optimizer = ctx, list(specs), optimizer
+        self.rank, self.size = ctx.rank, ctx.size
 
     def units(self, spec: ParamSpec, param: np.ndarray) -> Tuple[int, int]:
         """How many units ``param`` splits into (a table's rows, a dense parameter's elements)
@@ -64,10 +65,14 @@ class ShardedUpdate:
             self._gather(spec, param)
 
     def _gather(self, spec: ParamSpec, param: np.ndarray) -> None:
-        """Every rank's updated slice of ``param`` into every rank's copy (one Allgatherv)."""
+        """Every rank's updated slice of ``param`` into every rank's copy (one Allgatherv, counted
+        in the run's traffic as a ring allgather: the others' slices in and out)."""
         _, per_unit = self.units(spec, param)
         cuts = np.array(self.cuts(spec, param), np.int64) * per_unit
-        self.comm.Allgatherv(MPI.IN_PLACE, [param.reshape(-1), (np.diff(cuts), cuts[:-1])])
+        counts = np.diff(cuts)
+        self.ctx.comm.Allgatherv(MPI.IN_PLACE, [param.reshape(-1), (counts, cuts[:-1])])
+        others = int(param.size - counts[self.rank]) * param.itemsize
+        self.ctx.traffic.add(others, others)
 
 
 def rows_update(optimizer: Optimizer, param, grad, arrays: Dict[str, object], step: int) -> None:
