@@ -91,10 +91,8 @@ class RingTrainer:
         self.sharded = ShardedUpdate(ctx, self.specs, self.optimizer) if config.shard_optimizer else None
 
     def initial_state(self) -> TrainState:
-        state = TrainState.initial(self.model, self.optimizer, self.config.seed, self.device)
-        if self.sharded is not None:  # only this rank's slice of the optimizer state
-            state.optimizer_state = self.sharded.init_state(state.params)
-        return state
+        return TrainState.initial(self.model, self.optimizer, self.config.seed, self.device,
+                                  sharded=self.sharded.init_state if self.sharded is not None else None)
 
     def compute(self, state: TrainState) -> StepGrads:
         """This rank's summed gradients for step ``state.step``; changes nothing. A model
