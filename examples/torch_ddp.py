@@ -10,7 +10,8 @@ stable id 1 SIGKILL itself inside step S's backward (the others' reductions fail
 to their last commit and go on);
 ``--grow-at C`` spawns one more rank at commit C (it receives the model, the momentum buffers,
 the schedule and the sampler's place in the epoch; the rest of the epoch is dealt out again).
-``--compression bf16`` sends the gradients as bfloat16. Rank 0 prints the held-out accuracy
+``--compression bf16`` sends the gradients as bfloat16; ``--powersgd 4`` compresses them with
+PowerSGD at rank 4 (``hpcreduce.torch.hooks``). Rank 0 prints the held-out accuracy
 and every change of ranks. Needs ``pip install 'hpcreduce[torch,digits]'``.
 """
 import argparse
@@ -22,6 +23,7 @@ import torch
 
 import hpcreduce
 import hpcreduce.torch as hpt
+from hpcreduce.torch import hooks
 from hpcreduce import elastic
 from hpcreduce.ft.resize import GrowthRule
 from hpcreduce.train.models.mlp import digits_arrays
@@ -57,6 +59,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--compression", choices=("bf16", "fp16"), help="gradients travel as 16 bits")
+    parser.add_argument("--powersgd", type=int, metavar="R", help="PowerSGD at rank R (hpcreduce.torch.hooks)")
     parser.add_argument("--kill-at", type=int, help="the rank of stable id 1 SIGKILLs itself in this step's backward")
     parser.add_argument("--grow-at", type=int, help="one rank joins at this commit")
     args = parser.parse_args()
@@ -66,6 +69,9 @@ def main() -> None:
     torch.manual_seed(ctx.rank)  # deliberately different: the wrapper starts every rank from rank 0's
     train_set, (x_test, y_test) = digits()
     model = hpt.DistributedDataParallel(DigitsCNN(), compression=args.compression)
+    if args.powersgd:
+        model.register_comm_hook(hooks.PowerSGDState(None, matrix_approximation_rank=args.powersgd,
+                                                     start_powerSGD_iter=10), hooks.powerSGD_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=max(1, args.epochs * 2 // 3), gamma=0.1)
     sampler = hpt.ElasticSampler(train_set, shuffle=True, seed=0)

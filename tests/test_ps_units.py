@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hpcreduce.ps import Consistency, ParamSpec, PSConfigError
-from hpcreduce.ps.inbox import SMALL_CHECK, all_finite
+from hpcreduce.arrays.finite import SMALL_CHECK, all_finite
 from hpcreduce.ps.layout import Layout
 from hpcreduce.ps.optimizers import SGD
 from hpcreduce.ps.placement import SPLIT_BYTES, place

@@ -21,11 +21,15 @@ def test_state_sync_refusals_sampler_and_checkpoints(tmp_path):
         assert f"ok check_{check}" in result.output, result
 
 
-def test_a_torch_loop_survives_a_kill_and_a_growth_and_equals_a_one_process_run(tmp_path):
+@pytest.mark.parametrize("optimizer", ["sgd", "zero"])
+def test_a_torch_loop_survives_a_kill_and_a_growth_and_equals_a_one_process_run(tmp_path, optimizer):
+    """zero: the optimizer is a ZeroRedundancyOptimizer, its killed slice rebuilt from the ring
+    neighbour's copy and re-sharded over 2 ranks, then 3."""
     discovery = tmp_path / "ranks.txt"
     discovery.write_text("3\n")
     result = hpcreduce_cli("launch", "-n", "3", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "torch_elastic.py"),
-                           str(discovery), str(tmp_path / "kill.log"), timeout=TIMEOUT, cwd=str(tmp_path))
+                           str(discovery), str(tmp_path / "kill.log"), *(["zero"] if optimizer == "zero" else []),
+                           timeout=TIMEOUT, cwd=str(tmp_path))
     assert result.returncode == 0, result
     assert result.output.count("ok newcomer_momentum") == 1, result
     for check, ranks in (("same_parameters_and_momentum", 3), ("live_parameters", 3), ("every_sample_once", 3),

@@ -36,7 +36,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..ps import Consistency, ParamSpec, Server, start
-from ..ps.inbox import all_finite
+from ..arrays.finite import all_finite
 from ..ps.optimizers import make_optimizer
 from ..runtime.context import Context
 from .timing import format_size, launch_facts

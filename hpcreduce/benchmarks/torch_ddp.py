@@ -9,7 +9,8 @@ and to the plain loop's, and the share of the plain loop's communication (its st
 same parameters: the largest parameter difference (target: 1e-6). Each step's CPU time (all of a
 rank's threads, rank 0) beside its wall time shows whether a core was idle that overlap could
 use. The NaN/Inf check's cost is the step with it against the same wrapper without it, and its pass alone. Bytes
-each rank sends per step are the wrapper's own count (float32 and bf16 wires).
+each rank sends per step are the collectives' own count (float32, bf16 and PowerSGD rank 4); the
+sharded optimizer's state bytes per rank against the unsharded Adam's.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def run(context: Context, args) -> Dict[str, object]:
     for model in args.models.split(","):
         torch.manual_seed(0)
         initial = MODELS[model][0]().state_dict()
-        steps, modules, wire = candidates(model, comm, BATCH[model], initial, args.bucket_cap_mb)
+        steps, modules, kept = candidates(model, comm, BATCH[model], initial, args.bucket_cap_mb)
         cpu: Dict[str, List[float]] = {name: [] for name in steps}
         medians = interleaved_medians(comm, {name: with_cpu_time(step, cpu[name]) for name, step in steps.items()},
                                       warmup=args.warmup, iterations=args.iterations, rotate=True)
@@ -47,7 +48,11 @@ def run(context: Context, args) -> Dict[str, object]:
                                   "cpu_s": {name: statistics.median(times[args.warmup:])
                                             for name, times in cpu.items()},
                                   "gradient_bytes": sum(p.numel() * 4 for p in wrapper.parameters()),
-                                  "bytes_sent_per_step": wire,
+                                  "bytes_sent_per_step": {name: kept[name].wire_bytes()
+                                                          for name in steps if name.startswith("hpcreduce_ddp")
+                                                          and name in kept},
+                                  "optimizer_state_bytes": {name: state_bytes(kept[f"{name}.optimizer"])
+                                                            for name in ("hpcreduce_ddp_adam", "hpcreduce_zero_adam")},
                                   "max_difference_vs_torch_ddp": agreement(model, comm, initial, args.bucket_cap_mb)}
         row["check_pass_s"] = check_pass(row["gradient_bytes"] // 4)
         rows.append({**row, **derived(medians)})
@@ -65,6 +70,13 @@ def check_pass(count: int, repeats: int = 50) -> float:
         math.isfinite(torch.sum(values, dtype=torch.float32).item())
         times.append(time.perf_counter() - started)
     return statistics.median(times)
+
+
+def state_bytes(optimizer) -> int:
+    """Bytes of optimizer state this rank holds (a sharded optimizer's: its slices')."""
+    inner = getattr(optimizer, "optim", optimizer)
+    return sum(v.numel() * v.element_size() for state in inner.state.values() for v in state.values()
+               if getattr(v, "dim", lambda: 0)() > 0)
 
 
 def with_cpu_time(step: Callable[[], None], times: List[float]) -> Callable[[], None]:
@@ -120,7 +132,15 @@ def render(result: Dict[str, object]) -> str:
             lines.append(f"  {name:28s} {seconds * 1e3:8.2f} (cpu {row['cpu_s'][name] * 1e3:6.2f}){ratios}")
         sent = row["bytes_sent_per_step"]
         lines.append(f"  bytes each rank sends per step: {sent['hpcreduce_ddp'] / 2 ** 20:.2f} MiB (float32 wire), "
-                     f"{sent['hpcreduce_ddp_bf16'] / 2 ** 20:.2f} MiB (bf16 wire)")
+                     f"{sent['hpcreduce_ddp_bf16'] / 2 ** 20:.2f} MiB (bf16 wire), "
+                     f"{sent['hpcreduce_ddp_powersgd'] / 2 ** 20:.3f} MiB (PowerSGD rank 4, "
+                     f"{sent['hpcreduce_ddp'] / max(sent['hpcreduce_ddp_powersgd'], 1):.1f}x less)")
+        state = row["optimizer_state_bytes"]
+        lines.append(f"  Adam state bytes on rank 0: {state['hpcreduce_ddp_adam'] / 2 ** 20:.2f} MiB unsharded, "
+                     f"{state['hpcreduce_zero_adam'] / 2 ** 20:.2f} MiB sharded "
+                     f"({state['hpcreduce_zero_adam'] / max(state['hpcreduce_ddp_adam'], 1):.3f} of it); "
+                     f"ZeRO step {row['hpcreduce_zero_adam_vs_loop'] / row['hpcreduce_ddp_adam_vs_loop']:.2f}x "
+                     f"the unsharded wrapper's")
         lines.append(f"  the NaN/Inf check's share of the step: {row['check_share_of_step']:.3f} (wrapper), "
                      f"{row['allreduce_gradients_check_share']:.3f} (allreduce_gradients); its pass alone "
                      f"{row['check_pass_s'] * 1e3:.3f} ms "

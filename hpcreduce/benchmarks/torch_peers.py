@@ -6,7 +6,9 @@ DistributedDataParallel over gloo, the peer), ``hpcreduce_ddp`` (the wrapper as 
 reductions on a thread where the rank has a spare core, else at the end of backward),
 ``hpcreduce_ddp_thread`` (always on the reduction thread, overlapping backward),
 ``hpcreduce_ddp_no_check`` (no NaN/Inf check), ``hpcreduce_ddp_bf16`` (16-bit wire),
-``allreduce_gradients`` (after backward; ``_no_check`` without its NaN/Inf check) and
+``hpcreduce_ddp_powersgd`` (``powerSGD_hook`` at rank 4, compressing from the second step),
+``hpcreduce_ddp_adam`` and ``hpcreduce_zero_adam`` (Adam, unsharded and as a
+``ZeroRedundancyOptimizer``), ``allreduce_gradients`` (after backward; ``_no_check`` without its NaN/Inf check) and
 ``mpi4py_loop`` (one ``MPI_Allreduce`` per gradient after backward, the plain loop).
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from mpi4py import MPI
 
 from .. import torch as hpt
+from ..torch import hooks
 from ..runtime.nodes import rank_nodes
 
 Step = Callable[[], None]
@@ -67,22 +70,25 @@ def start_gloo(comm: MPI.Intracomm) -> None:
 
 
 def candidates(model: str, comm: MPI.Intracomm, batch: int, initial: Dict[str, torch.Tensor],
-               cap_mb: float) -> Tuple[Dict[str, Step], Dict[str, torch.nn.Module], Dict[str, int]]:
-    """Every candidate's step, the module each trains (all start from ``initial``) and the bytes
-    each wrapper sends per step."""
+               cap_mb: float) -> Tuple[Dict[str, Step], Dict[str, torch.nn.Module], Dict[str, object]]:
+    """Every candidate's step, the module each trains (all start from ``initial``) and each
+    wrapper and sharded optimizer by candidate (``wire_bytes()``, ``state_bytes()`` after steps)."""
     x, y = batch_of(model, batch, comm.Get_rank())
     size = comm.Get_size()
     steps: Dict[str, Step] = {}
     modules: Dict[str, torch.nn.Module] = {}
-    wire: Dict[str, int] = {}
+    kept: Dict[str, object] = {}
 
     def fresh() -> torch.nn.Module:
         module = MODELS[model][0]()
         module.load_state_dict(initial)
         return module
 
-    def add(name: str, wrapped: torch.nn.Module, params: torch.nn.Module, after: Callable[[], None] = lambda: None):
-        optimizer = torch.optim.SGD(params.parameters(), lr=0.01)
+    def add(name: str, wrapped: torch.nn.Module, params: torch.nn.Module, after: Callable[[], None] = lambda: None,
+            make: Callable[[torch.nn.Module], torch.optim.Optimizer] = lambda m: torch.optim.SGD(m.parameters(),
+                                                                                                 lr=0.01)):
+        optimizer = make(params)
+        kept[f"{name}.optimizer"] = optimizer
 
         def step() -> None:
             optimizer.zero_grad()
@@ -96,11 +102,19 @@ def candidates(model: str, comm: MPI.Intracomm, batch: int, initial: Dict[str, t
     add("torch_ddp", torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=cap_mb), module)
     for name, options in (("hpcreduce_ddp", {}), ("hpcreduce_ddp_thread", {"overlap": True}),
                           ("hpcreduce_ddp_no_check", {"check_finite": False}),
-                          ("hpcreduce_ddp_bf16", {"compression": "bf16"})):
+                          ("hpcreduce_ddp_bf16", {"compression": "bf16"}), ("hpcreduce_ddp_powersgd", {})):
         module = fresh()
         wrapped = hpt.DistributedDataParallel(module, bucket_cap_mb=cap_mb, **options)
+        if name == "hpcreduce_ddp_powersgd":
+            wrapped.register_comm_hook(hooks.PowerSGDState(None, matrix_approximation_rank=4, start_powerSGD_iter=1),
+                                       hooks.powerSGD_hook)
         add(name, wrapped, module)
-        wire[name] = wrapped.wire_bytes()
+        kept[name] = wrapped
+    for name, make in (("hpcreduce_ddp_adam", lambda m: torch.optim.Adam(m.parameters(), lr=1e-4)),
+                       ("hpcreduce_zero_adam", lambda m: hpt.ZeroRedundancyOptimizer(m.parameters(), torch.optim.Adam,
+                                                                                     lr=1e-4))):
+        module = fresh()
+        add(name, hpt.DistributedDataParallel(module, bucket_cap_mb=cap_mb), module, make=make)
     module = fresh()
     add("allreduce_gradients", module, module, lambda m=module: hpt.allreduce_gradients(m))
     module = fresh()
@@ -113,4 +127,4 @@ def candidates(model: str, comm: MPI.Intracomm, batch: int, initial: Dict[str, t
             comm.Allreduce(MPI.IN_PLACE, param.grad.numpy(), op=MPI.SUM)
             param.grad.div_(size)
     add("mpi4py_loop", module, module, loop)
-    return steps, modules, wire
+    return steps, modules, kept

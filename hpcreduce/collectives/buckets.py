@@ -13,7 +13,7 @@ fusion bucket whose arrays tile a registered buffer end to end, in order, with n
 from __future__ import annotations
 
 import weakref
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ..arrays import array_module, is_device_array
 from ..errors import ConfigurationError
@@ -30,22 +30,40 @@ _KEPT: Dict[int, object] = {}
 """Registered buffers of array types that take no weak references."""
 
 
-def plan_buckets(arrays: Sequence, threshold_bytes: int) -> List[List[int]]:
-    """Indices of ``arrays`` grouped into fused buckets: same kind and dtype, in order,
-    each at most ``threshold_bytes`` (an oversized array alone)."""
-    open_buckets: Dict[Tuple[bool, str], List[int]] = {}
-    filled: Dict[Tuple[bool, str], int] = {}
+def plan(sizes: Sequence[int], keys: Sequence[Hashable], cap_bytes: int, *, forward: bool = False,
+         first_cap: Optional[int] = None, mixed: bool = False) -> List[List[int]]:
+    """The one bucket planner: indices grouped into buckets of one key (dtype, device) each,
+    taken in reverse order (the order backward produces gradients, as torch DDP) unless
+    ``forward``; a bucket is closed when the next item would take it past ``cap_bytes`` (the
+    first bucket: ``first_cap`` when given), an oversized item alone. A change of key closes the
+    open bucket unless ``mixed`` (then one bucket per key stays open: fusion of interleaved
+    dtypes). Buckets come in the order they were taken (by first index)."""
+    order = range(len(sizes)) if forward else reversed(range(len(sizes)))
+    open_buckets: Dict[Hashable, List[int]] = {}
+    filled: Dict[Hashable, int] = {}
     buckets: List[List[int]] = []
-    for index, x in enumerate(arrays):
-        key = (is_device_array(x), x.dtype.str)
-        if key in open_buckets and filled[key] + x.nbytes > threshold_bytes:
+    started = 0
+    for index in order:
+        key, nbytes = keys[index], sizes[index]
+        if not mixed and key not in open_buckets:
+            buckets.extend(open_buckets.values())
+            open_buckets.clear()
+        cap = first_cap if first_cap is not None and started == 1 else cap_bytes
+        if key in open_buckets and filled[key] > 0 and filled[key] + nbytes > cap:
             buckets.append(open_buckets.pop(key))
         if key not in open_buckets:
             open_buckets[key], filled[key] = [], 0
+            started += 1
         open_buckets[key].append(index)
-        filled[key] += x.nbytes
+        filled[key] += nbytes
     buckets.extend(open_buckets.values())
-    return sorted(buckets, key=lambda bucket: bucket[0])
+    return sorted(buckets, key=lambda bucket: bucket[0], reverse=not forward)
+
+
+def plan_buckets(arrays: Sequence, threshold_bytes: int) -> List[List[int]]:
+    """``plan`` for fusing ``arrays`` (numpy or cupy): forward, by kind and dtype, mixed."""
+    return plan([x.nbytes for x in arrays], [(is_device_array(x), x.dtype.str) for x in arrays],
+                threshold_bytes, forward=True, mixed=True)
 
 
 def fusion_threshold(given: Optional[int] = None) -> int:

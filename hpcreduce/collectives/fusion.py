@@ -8,6 +8,8 @@ Cost: one allreduce per fused buffer plus a copy in and a copy out of every byte
 ``inplace=True``, arrays that are views of persistent fusion buffers (``buckets``,
 ``GradientBuckets``) are reduced where they lie, with no copy.
 Every local check (arrays, settings, memory) runs before the first byte moves.
+A float16 sum or mean is accumulated in float32 and rounded once (``narrow``), as
+``hpcreduce.torch``'s DDP reduces 16-bit buckets, so both give the same numbers.
 A call that repeats the context's last one (the same array objects, unchanged, with the same
 op, algorithm, threshold and settings: a training loop's gradients) skips the per-array work
 (``ManyPlan``): it costs one comparison per array, the check allreduce and the reductions.
@@ -24,6 +26,7 @@ from .allreduce import CHECK, Comm, reduce_flat
 from .buckets import FUSION_BYTES, bucket_region, plan_buckets
 from ..arrays import array_module, is_device_array
 from .memory import first_overlap
+from .narrow import is_narrow_sum, narrow_allreduce
 from .workspace import workspace
 from .ops import OP_NAMES, OPS
 from .selection import TABLE, table_text
@@ -132,18 +135,18 @@ def _reduce_buckets(context, arrays: list, plan: List[List[int]], regions: list,
         for bucket, region in zip(plan, regions):
             first = arrays[bucket[0]]
             if region is not None:
-                reduce_flat(context, region, region, reduce_op, algorithm)
+                _reduce(context, region, region, reduce_op, algorithm)
                 done.extend(bucket)
                 continue
             if len(bucket) == 1 and first.flags.c_contiguous:
-                reduce_flat(context, first.reshape(-1), results[bucket[0]].reshape(-1), reduce_op, algorithm)
+                _reduce(context, first.reshape(-1), results[bucket[0]].reshape(-1), reduce_op, algorithm)
                 done.append(bucket[0])
                 continue
             total = sum(arrays[i].size for i in bucket)
             kind = "device" if is_device_array(first) else "host"
             fused = workspace(context.cache, kind).get("fusion", first.dtype, total)
             array_module(first).concatenate([arrays[i].reshape(-1) for i in bucket], out=fused)
-            reduce_flat(context, fused, fused, reduce_op, algorithm)
+            _reduce(context, fused, fused, reduce_op, algorithm)
             offset = 0
             for i in bucket:
                 results[i][...] = fused[offset:offset + arrays[i].size].reshape(arrays[i].shape)
@@ -156,6 +159,16 @@ def _reduce_buckets(context, arrays: list, plan: List[List[int]], regions: list,
             err.__notes__ = [*getattr(err, "__notes__", []), f"allreduce_many(inplace=True) stopped midway: "
                              f"on this rank {applied}; the others still hold this rank's input"]
         raise
+
+
+def _reduce(context, x, out, reduce_op, algorithm: str) -> None:
+    """One flat buffer's reduction (checked already): float16 sums through ``narrow``."""
+    if not is_narrow_sum(x.dtype, reduce_op.name):
+        reduce_flat(context, x, out, reduce_op, algorithm)
+        return
+    if out is not x:
+        out[...] = x
+    narrow_allreduce(context, out.view(array_module(out).uint16), "float16", reduce_op, check=False)
 
 
 def _prepare(context, arrays: list, plan: List[List[int]], regions: list,

@@ -1,8 +1,10 @@
 """Reduction operators and element types that the collectives support.
 
-float16 travels as float16 (half the bytes of float32); each pairwise combine is
-computed in float32 and rounded back to float16 (numpy's and cupy's half arithmetic),
-so a sum over N ranks is rounded N-1 times, as native MPI's float16 sum is.
+float16 travels as float16 (half the bytes of float32); in ``allreduce`` each pairwise
+combine is computed in float32 and rounded back to float16 (numpy's and cupy's half
+arithmetic), so a sum over N ranks is rounded N-1 times, as native MPI's float16 sum is;
+``allreduce_many`` sums float16 in float32 and rounds once (``narrow``), as the torch DDP
+wrapper does.
 "mean" is a sum divided by the number of ranks; for integer types it is floored
 (sum // N) so that the result keeps the input's dtype.
 """

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Type
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import ConfigurationError, InputMismatchError, UnsupportedInputError
+from ..errors import ConfigurationError, InputMismatchError, TrainingError, UnsupportedInputError
 from ..arrays import is_device_array
 from ..runtime.context import Context
 from ..runtime.settings import Setting
@@ -53,6 +53,7 @@ class ProblemKind(Enum):
     ROOT_OUT_OF_RANGE = (10, InputMismatchError, "asked for a root outside the communicator")
     OUT_OF_MEMORY = (11, MemoryError, "could not allocate the result")
     UNUSABLE_SETTING = (12, ConfigurationError, "has an unusable setting")
+    HOOK_FAILED = (13, TrainingError, "had its gradient reduction (comm hook) fail")
 
     def __new__(cls, code: int, error: Type[Exception], summary: str) -> "ProblemKind":
         kind = object.__new__(cls)

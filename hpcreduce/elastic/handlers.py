@@ -12,6 +12,8 @@ State has one per torch type).
   sends rank 0's (``state_dicts.send_tree``) and loads it. An optimizer's lazily created state
   is covered: an empty committed state restores to empty, and a newcomer's empty optimizer
   receives rank 0's momentum buffers.
+- ``sharded``: an object whose state is sharded over the ranks (``Sharded``: a
+  ``ZeroRedundancyOptimizer``), each part kept on its rank and its ring neighbour.
 - ``scalar``: anything else (ints, floats, strings, small objects): deep-copied, pickled.
 
 Each handler gives ``exported`` (what a checkpoint stores, and what a commit copies),
@@ -122,7 +124,34 @@ class StateDict(Handler):
         return value
 
 
-SCALAR, STATE_DICT = Handler(), StateDict()
+class Sharded(Handler):
+    """An object whose state is sharded over the ranks (``hpcreduce.torch.ZeroRedundancyOptimizer``):
+    a commit keeps its ``shard_snapshot()`` (this rank's part and a copy of its ring neighbour's,
+    collective); restore hands that back (``restore_point``); sync (after a failure or a growth)
+    has every rank ``reshard`` from the parts kept. A checkpoint stores its full ``state_dict()``
+    (consolidated first) and loads it at any number of ranks."""
+
+    kind = "sharded"
+
+    def exported(self, value: Any) -> Any:
+        return value.state_dict()
+
+    def snapshot(self, value: Any) -> Any:
+        return value.shard_snapshot()
+
+    def put_back(self, value: Any, saved: Any) -> Any:
+        if saved is None or isinstance(saved, dict) and "mine" in saved:
+            value.restore_point = saved
+        else:
+            _load(value, clone_tree(saved))
+        return value
+
+    def receive(self, context: Context, value: Any) -> Any:
+        value.reshard(context)
+        return value
+
+
+SCALAR, STATE_DICT, SHARDED = Handler(), StateDict(), Sharded()
 ARRAYS, MODULE = InPlace("arrays"), InPlace("module", lambda module: module.state_dict())
 
 
@@ -133,6 +162,8 @@ def handler_for(value: Any) -> Handler:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.nn.Module):
         return MODULE
+    if callable(getattr(value, "shard_snapshot", None)) and callable(getattr(value, "reshard", None)):
+        return SHARDED
     if callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
         return STATE_DICT
     return SCALAR

@@ -32,7 +32,7 @@ from .policy import Policy
 from .resizing import request_resize
 from .state_dicts import Layout, layout_difference
 
-OWN_NAMES = frozenset({"commit", "restore", "sync", "register_reset_callbacks", "context", "events", "members",
+OWN_NAMES = frozenset({"commit", "restore", "sync", "register_reset_callbacks", "context", "events", "members", "names",
                        "job", "commits", "state_dict", "load_state_dict"})
 
 
@@ -114,6 +114,11 @@ class State:
         fits its commit (another model, a tensor of another shape)."""
         self._put_back(self._saved, "State.restore", "its last commit")
 
+    @property
+    def names(self) -> List[str]:
+        """The tracked values' names, sorted (nothing exported)."""
+        return sorted(self._values)
+
     def state_dict(self) -> Dict[str, Any]:
         """Every value as a checkpoint stores it (a module's or an optimizer's ``state_dict()``,
         tensors and arrays themselves, scalars), by name; nothing is copied."""
@@ -145,7 +150,7 @@ class State:
                 self._values[name] = self._handlers[name].receive(ctx, self._values[name])
             except InputMismatchError as err:
                 refused = refused or f"{name!r}: {err}"
-        if any(kind == "state dict" for kind, _layout in header.values()):
+        if any(kind in ("state dict", "sharded") for kind, _layout in header.values()):
             _agree(ctx, "could not load rank 0's", refused)
         object.__setattr__(self, "_commits", commits)
 

@@ -14,6 +14,7 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from ..arrays.finite import all_finite
 from .key_cache import KnownKeys
 from .layout import Layout
 from .tables import row_width
@@ -277,19 +278,3 @@ def _foreign_id(layout: Layout, table: int, shard: int, ids: np.ndarray) -> Opti
         return None
     foreign = layout.placement.row_owners(table, ids) != shard  # one shard: no hashing
     return int(ids[np.argmax(foreign)]) if foreign.any() else None
-
-
-SMALL_CHECK = 1 << 16  # elements: below, one elementwise pass beats entering np.errstate
-
-
-def all_finite(values: np.ndarray) -> bool:
-    """No NaN or Inf. Small arrays: one elementwise pass. Larger: one BLAS pass (the dot
-    product with itself is finite exactly when every element is, short of overflow); the
-    elementwise check only when it is not."""
-    flat = values.reshape(-1)
-    if flat.size <= SMALL_CHECK:
-        return bool(np.isfinite(flat).all())
-    with np.errstate(over="ignore", invalid="ignore"):
-        if flat.dtype != np.float16 and np.isfinite(np.dot(flat, flat)):
-            return True
-    return bool(np.isfinite(flat).all())

@@ -29,11 +29,11 @@ from ..arrays import is_device_array, to_host
 from ..errors import PSInputError
 from ..runtime.context import Traffic
 from ..runtime.failures import abandon
+from ..arrays.finite import all_finite
 from . import multi_table, protocol
 from .kernels import kernel
 from .handles import Handle, Part, PushResult, push_result
 from .client_checks import check_array, checked_ids, sorted_push_rows, table_rows
-from .inbox import all_finite
 from .layout import Layout
 from .key_cache import SentKeys
 from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op, Req

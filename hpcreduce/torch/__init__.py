@@ -8,10 +8,14 @@
         optimizer.step()
 
 ``DistributedDataParallel`` (``ddp``): gradients live in persistent buckets (reverse
-registration order); each bucket's mean is started from autograd hooks as soon as its last
-gradient is ready and runs on a reduction thread (``reducer``, ``comm_thread``), at full
-precision or 16 bits on the wire with float32 sums (``wire``); every reduced bucket gets a
-one-pass NaN/Inf check (``finite``); ``no_sync()`` accumulates. Without the wrapper:
+registration order); each bucket's reduction is started from autograd hooks as soon as its last
+gradient is ready and runs on a reduction thread (``reducer``, ``comm_thread``) through its comm
+hook (``hooks``, torch's ``register_comm_hook``: the mean through ``hpcreduce.collectives`` by
+default, 16 bits on the wire with float32 sums, PowerSGD); every reduced bucket gets a
+one-pass NaN/Inf check (``finite``); ``no_sync()`` accumulates. Importing this package
+changes nothing global (the optimizer pre-hook that refuses a step inside ``no_sync`` lives
+while a wrapper does). ``ZeroRedundancyOptimizer`` (``zero``): torch's sharded optimizer, each
+rank stepping its slice of the parameters with its slice of the optimizer state. Without the wrapper:
 ``allreduce_gradients(model)`` after ``backward()`` (one ``allreduce_many``, after one summing
 pass per gradient for ``check_finite``; ``bucket_gradients(model)`` first keeps gradients in
 persistent fusion buffers), ``broadcast_parameters(model)`` (a small signature check, then one
@@ -40,7 +44,8 @@ from .model_adapter import TorchModel
 from .parameters import broadcast_parameters
 from .ps_worker import TorchPSWorker, start_parameter_server
 from .sampler import ElasticSampler
+from .zero import ZeroRedundancyOptimizer
 
 __all__ = ["DistributedDataParallel", "ElasticSampler", "HybridWorker", "PSEmbeddingBag", "allreduce_gradients",
            "bucket_gradients", "broadcast_parameters", "load_checkpoint", "save_checkpoint", "start_hybrid",
-           "start_parameter_server", "TorchModel", "TorchPSWorker"]
+           "start_parameter_server", "TorchModel", "TorchPSWorker", "ZeroRedundancyOptimizer"]

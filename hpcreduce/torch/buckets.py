@@ -13,8 +13,8 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-"""Gradient dtypes the wrapper reduces (16-bit ones accumulate in float32)."""
+from ..collectives.buckets import plan as plan_buckets
+
 FIRST_BUCKET_BYTES = 1 << 20
 """The first bucket (the last layers, whose gradients come first) holds at most this, as in
 DDP: its reduction starts early in backward."""
@@ -37,21 +37,12 @@ class Bucket:
 
 
 def plan(named: Sequence[Tuple[str, torch.nn.Parameter]], cap_bytes: int) -> List[List[int]]:
-    """Indices into ``named`` grouped into buckets: reverse order, one dtype and device per bucket,
-    the first of at most ``FIRST_BUCKET_BYTES``."""
-    groups: List[List[int]] = []
-    size, key = 0, None
-    for index in reversed(range(len(named))):
-        param = named[index][1]
-        nbytes = param.numel() * param.element_size()
-        this = (param.dtype, param.device)
-        cap = min(cap_bytes, FIRST_BUCKET_BYTES) if len(groups) == 1 else cap_bytes
-        if not groups or this != key or (size + nbytes > cap and size > 0):
-            groups.append([])
-            size, key = 0, this
-        groups[-1].append(index)
-        size += nbytes
-    return groups
+    """Indices into ``named`` grouped into buckets by the one planner (``collectives.buckets.plan``):
+    reverse order, one dtype and device per bucket, the first of at most ``FIRST_BUCKET_BYTES``."""
+    params = [param for _, param in named]
+    return plan_buckets([param.numel() * param.element_size() for param in params],
+                        [(param.dtype, param.device) for param in params], cap_bytes,
+                        first_cap=min(cap_bytes, FIRST_BUCKET_BYTES))
 
 
 def gradients_into(params: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, List[torch.Tensor]]:

@@ -118,7 +118,7 @@ def _load_newest(state: State, folder: str, identity: Optional[Mapping[str, Any]
 
 def _identity(state: State, identity: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     """The run identity a checkpoint carries: the caller's, and the tracked values' names."""
-    return {**(identity or {}), "tracked": sorted(state.state_dict())}
+    return {**(identity or {}), "tracked": state.names}
 
 
 def _storable(value: Any) -> Any:

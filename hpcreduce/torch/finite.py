@@ -1,26 +1,42 @@
-"""A NaN/Inf check that costs one summing pass over a reduced bucket (about 0.1 ms for 6 MB).
+"""The torch side of the one NaN/Inf rule (``hpcreduce.arrays.finite`` is the numpy/cupy side):
+one summing pass (a NaN or an Inf survives a sum), and an elementwise look only when the sum
+is not finite (a sum that overflowed although every value is finite is no error).
 
-A reduced bucket is the same on every rank, and a NaN or Inf in any rank's gradient reaches
-it (a sum keeps them), so every rank reaches the same verdict with no message of its own.
-A non-finite sum is then looked at closely (``nonfinite``): it names the parameters, and a
-sum that overflowed although every value is finite is no error.
+A reduced bucket is the same on every rank, so every rank reaches the same verdict with no
+message of its own (about 0.1 ms for 6 MB).
 """
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import Dict, List, Sequence
 
 import torch
 
 from .buckets import Bucket
 
-ACCUMULATOR = {torch.float64: torch.float64}
+
+def _sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of ``tensor``, accumulated in float64 for float64, else float32."""
+    return torch.sum(tensor, dtype=torch.float64 if tensor.dtype == torch.float64 else torch.float32)
+
+
+def all_finite(tensors: Sequence[torch.Tensor]) -> List[bool]:
+    """Whether each tensor is free of NaN and Inf: one summing pass per tensor, read back once
+    per device, the elementwise check only where a sum is not finite."""
+    finite = [True] * len(tensors)
+    by_device: Dict[torch.device, List[int]] = {}
+    for index, tensor in enumerate(tensors):
+        by_device.setdefault(tensor.device, []).append(index)
+    for indices in by_device.values():
+        sums = torch.stack([_sum(tensors[i]) for i in indices]).tolist()
+        for index, total in zip(indices, sums):
+            finite[index] = math.isfinite(total) or bool(torch.isfinite(tensors[index]).all())
+    return finite
 
 
 def bucket_finite(bucket: Bucket) -> bool:
     """Whether the bucket may hold only finite values (False: look at it with ``nonfinite``)."""
-    total = torch.sum(bucket.flat, dtype=ACCUMULATOR.get(bucket.flat.dtype, torch.float32))
-    return math.isfinite(total.item())
+    return math.isfinite(_sum(bucket.flat).item())
 
 
 def nonfinite(bucket: Bucket) -> List[str]:

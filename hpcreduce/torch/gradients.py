@@ -2,16 +2,17 @@
 fusion buffers (``bucket_gradients``, DDP's ``gradient_as_bucket_view``)."""
 from __future__ import annotations
 
-import math
-from typing import Dict, List, Optional, Sequence
+from typing import Optional
 
+import numpy as np
 import torch
 
-from ..collectives import allreduce_many
+from ..collectives import allreduce, allreduce_many
 from ..collectives.buckets import fusion_threshold, plan_buckets, register
-from ..collectives.validate import Unusable
-from ..errors import UnsupportedInputError
+from ..collectives.validate import Unusable, stable_hash
+from ..errors import InputMismatchError, UnsupportedInputError
 from .buckets import gradients_into
+from .finite import all_finite
 from .views import Parameters, array_view, named
 
 BUCKET_ATTRIBUTE = "_hpcreduce_gradient_view"
@@ -46,13 +47,28 @@ def bucket_gradients(parameters: Parameters, *, threshold_bytes: Optional[int] =
 
 def allreduce_gradients(parameters: Parameters, op: str = "mean", *, comm=None, check_finite: bool = True) -> None:
     """Reduce every parameter's ``.grad`` over all ranks, in place (``op`` "mean" by default,
-    or "sum"); a missing gradient is created as zeros first. Collective; on bad input (a
+    or "sum"). A parameter whose ``.grad`` is None on every rank keeps it None (as torch DDP
+    leaves a parameter no rank used); one that is None on some ranks only is reduced with zeros
+    there. Collective (one small allreduce says which gradients some rank has); on bad input (a
     dtype or layout hpcreduce does not reduce, a NaN or Inf with ``check_finite``: pass
     False under loss scaling, which expects them) every rank raises
     ``InputMismatchError``/``UnsupportedInputError`` naming the parameters and ranks,
-    before any gradient changes."""
+    before any gradient changes. float16 gradients are summed in float32 and rounded once, as
+    ``DistributedDataParallel`` reduces them."""
+    pairs = named(parameters)
+    code = stable_hash([(name, tuple(param.shape), str(param.dtype)) for name, param in pairs])
+    present = np.array([param.grad is not None for _, param in pairs] + [code, -code], dtype=np.int64)
+    try:
+        allreduce(present, "max", comm=comm, out=present)
+    except InputMismatchError as error:
+        raise InputMismatchError(f"allreduce_gradients: the ranks pass different numbers of parameters "
+                                 f"({error})") from None
+    if present[-2] != code or present[-1] != -code:  # other models: allreduce_many names the difference
+        present[:] = 1
     names, grads = [], []
-    for name, param in named(parameters):
+    for (name, param), somewhere in zip(pairs, present[:-2]):
+        if not somewhere:
+            continue
         bucketed = getattr(param, BUCKET_ATTRIBUTE, None)
         if bucketed is not None and param.grad is not bucketed[0]:
             restore_view(param, bucketed[0])
@@ -82,17 +98,3 @@ def restore_view(param: torch.Tensor, view: torch.Tensor) -> None:
         view.copy_(grad)
     param.grad = view
 
-
-def all_finite(tensors: Sequence[torch.Tensor]) -> List[bool]:
-    """Whether each tensor is free of NaN and Inf: one summing pass per tensor (a NaN or an Inf
-    survives a sum; a sum that overflowed is looked at closely), read back once per device."""
-    finite = [True] * len(tensors)
-    by_device: Dict[torch.device, List[int]] = {}
-    for index, tensor in enumerate(tensors):
-        by_device.setdefault(tensor.device, []).append(index)
-    for indices in by_device.values():
-        sums = torch.stack([torch.sum(tensors[i], dtype=torch.float64 if tensors[i].dtype == torch.float64
-                                      else torch.float32) for i in indices]).tolist()
-        for index, total in zip(indices, sums):
-            finite[index] = math.isfinite(total) or bool(torch.isfinite(tensors[index]).all())
-    return finite

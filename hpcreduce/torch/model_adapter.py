@@ -30,11 +30,12 @@ from ..ps import ParamSpec
 from ..ps.init import counter_normal
 from ..ps.tables import numel
 from ..train.model import Model, Params, SparseRows, StepOutput
+from .dtypes import NUMPY
 from .embedding_bag import PSEmbeddingBag
 
 LossFn = Callable[[torch.nn.Module, Any], Tuple[torch.Tensor, int, int]]
 IdsOf = Callable[[Any], Mapping[str, Any]]
-DENSE_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+DENSE_DTYPES = {dtype: name for dtype, name in NUMPY.items() if dtype in (torch.float32, torch.float64)}
 
 
 class TorchModel(Model):

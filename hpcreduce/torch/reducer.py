@@ -1,75 +1,93 @@
 """Bucket reductions started from autograd hooks, waited for at the end of backward.
 
-Each parameter's post-accumulate-grad hook puts its gradient, divided by the number of
-ranks, into its bucket view (a gradient autograd made anew, after ``zero_grad(set_to_none=True)``,
-is copied in and divided in the same pass, as DDP does; one accumulated in place is divided
-there) and counts it; once a bucket's last gradient is ready, it and any later buckets already complete are
-handed to the reduction thread, in bucket order, which is the same on every rank. At the
-end of backward (an autograd callback) buckets still incomplete are handed over with the
-missing gradients as zeros (a parameter unused in this step), the thread is waited for,
-and every rank raises the same ``TrainingError`` if a reduced bucket holds a NaN or an Inf
-(``finite``): a rank whose gradient could not go into its bucket (a changed shape, a sparse
-or foreign-dtype gradient) fills the view with NaN, so every rank stops at that parameter.
+The reducer decides *when* a bucket goes; its comm hook (torch's ``hook(state, bucket)``,
+``hooks``; ``allreduce_hook`` by default) decides *how*. Each parameter's
+post-accumulate-grad hook puts its gradient into its bucket view (a gradient autograd made
+anew, after ``zero_grad(set_to_none=True)``, is copied in, as DDP does) and counts it; once a
+bucket's last gradient is ready, it and any later buckets already complete are handed to the
+reduction thread, in bucket order, which is the same on every rank, where the hook runs with
+the library's communicator current. At the end of backward (an autograd callback) buckets
+still incomplete are handed over with the missing gradients as zeros, the thread is waited
+for, and the ranks learn which parameters any rank used (one small allreduce): one used on
+no rank keeps its ``.grad`` as it was (``None`` after ``zero_grad()``, as torch DDP leaves it;
+a layer frozen after wrapping is left alone), one used on some ranks only gets the mean with
+zeros for the others. Every rank raises the same ``TrainingError`` if a reduced bucket holds a
+NaN or an Inf (``finite``): a rank whose gradient could not go into its bucket (a changed
+shape, a sparse or foreign-dtype gradient) fills the view with NaN, so every rank stops at
+that parameter. A hook that raises or returns the wrong thing on one rank reports it through
+the collectives' cross-rank check (``agree``), which its peers meet in their hook's next
+collective or in the end-of-step allreduce: every rank raises it, none waits.
 Inside ``no_sync`` gradients accumulate in their views and nothing is reduced; an optimizer
-step over gradients accumulated so and never reduced is refused (``guard_optimizer_steps``).
+step over gradients accumulated so and never reduced is refused (``StepGuard``, installed
+while a reducer lives, removed with the last one).
 The library's communicator is its own duplicate of the context's (made again after a
 recovery replaced the context's), used by the reduction thread alone.
 """
 from __future__ import annotations
 
 import weakref
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 from mpi4py import MPI
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ..collectives.validate import InputProblem, ProblemKind, agree
 from ..errors import TrainingError, UnsupportedInputError
 from ..ft.watchdog import watchdog
-from ..runtime.context import resolve
+from ..runtime.context import Context, resolve
 from .buckets import Bucket
 from .comm_thread import CommThread, has_spare_core
 from .finite import bucket_finite, nonfinite
-from .wire import BucketWire
+from .hooks.bucket import GradBucket, all_reduce, running_on
+from .hooks.default import allreduce_hook
 
 LIVE: "weakref.WeakSet[Reducer]" = weakref.WeakSet()
+Hook = Callable[[Any, GradBucket], "torch.futures.Future[torch.Tensor]"]
+HOOK_FIELDS = [("comm hook", 0, "")] * 6
+"""A failed hook's report: as many fields as ``allreduce``'s check, so it meets one."""
 
 
 class Reducer:
     """The hooks, the order of hand-over and the waiting of one wrapped module's buckets."""
 
-    def __init__(self, buckets: List[Bucket], *, comm, compression: Optional[str], check_finite: bool,
-                 overlap: Optional[bool]):
+    def __init__(self, buckets: List[Bucket], *, comm, check_finite: bool, overlap: Optional[bool]):
         self.buckets = buckets
         self.comm_arg = comm
-        context = resolve(comm)
-        self.wires = [BucketWire(bucket, compression, context.cuda_aware) for bucket in buckets]
+        self.hook: Hook = allreduce_hook
+        self.state: Any = None
         self.check_finite = check_finite
         self.syncing = True
         self.steps = 0
+        self.sent_last_step = 0
         if overlap is None:  # a GPU computes backward; on CPUs the thread needs a core of its own
             overlap = any(b.flat.device.type == "cuda" for b in buckets) or has_spare_core(torch.get_num_threads())
         self.thread = CommThread(overlap and MPI.Query_thread() == MPI.THREAD_MULTIPLE)
         self.where: Dict[int, Tuple[Bucket, int]] = {}
         self.fresh: Set[int] = set()  # parameters with a gradient since the last reduction (ids)
         self.problems: Dict[Tuple[int, int], str] = {}  # (bucket, position) -> why its view is NaN
-        self._running = False
+        self.running = False
         self._next = 0
-        self._scale = 1.0
         self._fired: Set[int] = set()  # parameters whose gradient came in this synchronised backward
         self._finite: List[bool] = [True] * len(buckets)
-        self._comm: Optional[MPI.Intracomm] = None
+        self._context: Optional[Context] = None
         self._source: Optional[MPI.Intracomm] = None
+        self._grad_buckets = [GradBucket(b.index, b.flat, b.views, b.params, b.index == len(buckets) - 1)
+                              for b in buckets]
+        me = weakref.ref(self)  # the parameters' hooks must not keep the reducer alive
+
+        def on_gradient(param: torch.Tensor) -> None:
+            reducer = me()
+            if reducer is not None:
+                reducer._on_gradient(param)
+
+        handles = []
         for bucket in buckets:
             for position, param in enumerate(bucket.params):
                 self.where[id(param)] = (bucket, position)
-                param.register_post_accumulate_grad_hook(self._on_gradient)
+                handles.append(param.register_post_accumulate_grad_hook(on_gradient))
         LIVE.add(self)
-
-    def wire_bytes(self) -> int:
-        """Bytes this rank sends per synchronised step."""
-        size = resolve(self.comm_arg).size
-        return sum(wire.bytes_sent(size) for wire in self.wires)
+        STEP_GUARD.hold(self, handles)
 
     def note_problem(self, name: str, why: str) -> None:
         """A parameter this rank cannot reduce in this step: its view goes as NaN, so every rank stops."""
@@ -79,15 +97,12 @@ class Reducer:
 
     def _on_gradient(self, param: torch.Tensor) -> None:
         try:
-            if not self._running:
+            if not self.running:
                 self._begin()
             bucket, position = self.where[id(param)]
-            scale = self._scale if self.syncing else 1.0
             view = param.grad
             if view is None or view.data_ptr() != bucket.views[position].data_ptr():
-                self._take(bucket, position, param, scale)
-            elif scale != 1.0:
-                view.mul_(scale)  # accumulated in place (also over no_sync backwards)
+                self._take(bucket, position, param)
             self.fresh.add(id(param))
             if self.syncing:
                 self._fired.add(id(param))
@@ -100,7 +115,7 @@ class Reducer:
 
     def _abandon(self) -> None:
         """A backward that raised: forget its gradients, let what was handed over end."""
-        self._running = False
+        self.running = False
         self.fresh.clear()
         self.problems = {}
         try:
@@ -108,8 +123,8 @@ class Reducer:
         except Exception:  # the error that matters is the one being raised
             pass
 
-    def _take(self, bucket: Bucket, position: int, param: torch.Tensor, scale: float) -> None:
-        """Put a gradient autograd made anew into its view, times ``scale`` (or note why it cannot go there)."""
+    def _take(self, bucket: Bucket, position: int, param: torch.Tensor) -> None:
+        """Put a gradient autograd made anew into its view (or note why it cannot go there)."""
         grad, view = param.grad, bucket.views[position]
         if grad is None:
             return
@@ -124,17 +139,13 @@ class Reducer:
         if why:
             self.problems[(bucket.index, position)] = why
             return
-        if scale != 1.0:
-            torch.mul(grad, scale, out=view)
-        else:
-            view.copy_(grad)
+        view.copy_(grad)
         param.grad = view
 
     def _begin(self) -> None:
         """The first gradient of a backward: count every bucket's gradients, wait at the end."""
-        self._running = True
+        self.running = True
         self._next = 0
-        self._scale = 1.0 / resolve(self.comm_arg).size
         self._fired.clear()
         for bucket in self.buckets:
             bucket.waiting = len(bucket.params)
@@ -150,7 +161,7 @@ class Reducer:
         for (index, position) in self.problems:
             if index == bucket.index:
                 bucket.views[position].fill_(float("nan"))
-        comm, wire, check = self._communicator(), self.wires[bucket.index], self.check_finite or bool(self.problems)
+        context, check = self.context(), self.check_finite or bool(self.problems)
         ready = None
         if bucket.flat.device.type == "cuda":
             ready = torch.cuda.Event()
@@ -160,52 +171,94 @@ class Reducer:
             if ready is not None:
                 ready.synchronize()
             try:
-                wire.reduce(comm)
+                self._run_hook(context, bucket)
                 if ready is not None:
                     torch.cuda.current_stream(bucket.flat.device).synchronize()
             except MPI.Exception:
                 if resolve(self.comm_arg).ft:
-                    comm.Revoke()  # peers still waiting in this bucket's reduction learn of it
+                    context.comm.Revoke()  # peers still waiting in this bucket's reduction learn of it
                 raise
             self._finite[bucket.index] = not check or bucket_finite(bucket)
 
         self.thread.submit(job)
 
-    def _communicator(self) -> MPI.Intracomm:
-        """The library's duplicate of the context's communicator (made again after a recovery)."""
-        context = resolve(self.comm_arg)
-        if self._source is not context.comm:
-            self._comm = context.comm.Dup()
-            self._comm.Set_errhandler(MPI.ERRORS_RETURN)
-            self._source = context.comm
-        return self._comm
+    def _run_hook(self, context: Context, bucket: Bucket) -> None:
+        """The hook's reduction of ``bucket`` into its buffer; a local failure is agreed on."""
+        try:
+            with running_on(context):
+                future = self.hook(self.state, self._grad_buckets[bucket.index])
+            result = hook_result(future, bucket.flat)
+        except MPI.Exception:
+            raise
+        except Exception as error:
+            if isinstance(error, TrainingError) and ProblemKind.HOOK_FAILED.summary in str(error):
+                raise  # a peer's failure, reported to every rank already
+            name = getattr(self.hook, "__qualname__", repr(self.hook))
+            agree(context, "DistributedDataParallel", HOOK_FIELDS, InputProblem(
+                ProblemKind.HOOK_FAILED, f"comm hook {name} on bucket {bucket.index}: "
+                                         f"{type(error).__name__}: {error}"))
+            raise
+        if result is not bucket.flat:
+            bucket.flat.copy_(result)
+
+    def context(self) -> Context:
+        """The library's context over its duplicate of the context's communicator (made again
+        after a recovery), with a traffic count of its own."""
+        outer = resolve(self.comm_arg)
+        if self._source is not outer.comm:
+            comm = outer.comm.Dup()
+            comm.Set_errhandler(MPI.ERRORS_RETURN)
+            self._context = Context(comm, ft=outer.ft, cuda_aware=outer.cuda_aware, launcher=outer.launcher)
+            self._source = outer.comm
+        assert self._context is not None
+        return self._context
 
     def _finish(self) -> None:
-        """End of backward: hand over the rest (missing gradients as zeros), wait, check."""
-        self._running = False
+        """End of backward: hand over the rest (missing gradients as zeros), wait, learn which
+        parameters any rank used, check."""
+        self.running = False
         if not self.syncing:
             return
+        unused = []
         for bucket in self.buckets[self._next:]:
             for position, (param, view) in enumerate(zip(bucket.params, bucket.views)):
                 if id(param) in self._fired or (bucket.index, position) in self.problems:
                     continue
-                if id(param) in self.fresh:  # accumulated inside no_sync, not in this backward
-                    view.mul_(self._scale)
-                else:
+                if id(param) not in self.fresh:  # not accumulated inside no_sync either
                     view.zero_()
-                    param.grad = view
+                    unused.append(param)
             bucket.waiting = 0
+        context = self.context()
+        sent = context.traffic.sent
         try:
             self._hand_over_ready()
             with watchdog.guard(f"the gradient reduction of step {self.steps}"):
                 self.thread.wait()
+                used = self._used_anywhere(context, unused)
         finally:
             problems, self.problems = self.problems, {}
             self.fresh.clear()
             self.steps += 1
+        self.sent_last_step = context.traffic.sent - sent
+        resolve(self.comm_arg).traffic.add(self.sent_last_step, self.sent_last_step)
+        for param in unused:
+            if id(param) in used:
+                bucket, position = self.where[id(param)]
+                param.grad = bucket.views[position]
         bad = [name for bucket, ok in zip(self.buckets, self._finite) if not ok for name in nonfinite(bucket)]
         if bad or problems:
             raise TrainingError(self._verdict(bad, problems))
+
+    def _used_anywhere(self, context: Context, unused: List[torch.nn.Parameter]) -> Set[int]:
+        """The ids of ``unused`` (this rank's parameters without a gradient) that some rank used:
+        one allreduce (MAX) of a flag per parameter, also where a failed hook is reported."""
+        flags = torch.ones(len(self.where), dtype=torch.int32)
+        order = {key: i for i, key in enumerate(self.where)}
+        for param in unused:
+            flags[order[id(param)]] = 0
+        with running_on(context):
+            all_reduce(flags, "max")
+        return {id(param) for param in unused if flags[order[id(param)]]}
 
     def _verdict(self, bad: List[str], problems: Dict[Tuple[int, int], str]) -> str:
         mine = "; ".join(f"{self.buckets[index].names[position]}: {why}" for (index, position), why in problems.items())
@@ -216,18 +269,63 @@ class Reducer:
                 f"Under loss scaling, which expects this, pass check_finite=False")
 
 
-def guard_optimizer_steps() -> None:
-    """Refuse an optimizer step over gradients accumulated inside ``no_sync`` and never reduced."""
-    def before_step(optimizer: torch.optim.Optimizer, _args, _kwargs) -> None:
-        for reducer in list(LIVE):
-            if reducer.fresh and not reducer._running:
-                stepping = {id(p) for group in optimizer.param_groups for p in group["params"]}
-                unsynced = stepping & reducer.fresh
-                if unsynced:
-                    bucket, position = reducer.where[next(iter(unsynced))]
-                    name = bucket.names[position]
-                    raise UnsupportedInputError(
-                        f"optimizer.step() over gradients accumulated inside no_sync() and not reduced "
-                        f"(parameter {name!r} among {len(unsynced)}): every rank would step on its own gradient. "
-                        f"Run the last backward of the accumulation outside no_sync()")
-    register_optimizer_step_pre_hook(before_step)
+def hook_result(future: object, flat: torch.Tensor) -> torch.Tensor:
+    """The reduced tensor a hook's Future holds, or a ValueError saying how it does not fit."""
+    if not isinstance(future, torch.futures.Future):
+        raise ValueError(f"returned a {type(future).__name__}, not a torch.futures.Future")
+    value = future.wait()
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"returned a Future of a {type(value).__name__}, not of a tensor")
+    if value.numel() != flat.numel() or value.dtype != flat.dtype or value.device != flat.device:
+        raise ValueError(f"returned a Future of a {value.dtype} tensor of {value.numel()} values on {value.device}; "
+                         f"the bucket is {flat.dtype}, {flat.numel()} values on {flat.device}")
+    return value.reshape(-1)
+
+
+class StepGuard:
+    """Refuses an optimizer step over gradients accumulated inside ``no_sync`` and never
+    reduced: torch's global optimizer pre-hook, registered while a reducer lives."""
+
+    def __init__(self) -> None:
+        self._handle: Optional[Any] = None
+        self._holders = 0
+
+    @property
+    def installed(self) -> bool:
+        return self._handle is not None
+
+    def hold(self, reducer: Reducer, handles: List[Any]) -> None:
+        """Install the pre-hook (if not yet) for as long as ``reducer`` lives; when it goes, remove
+        its parameters' hooks (``handles``) too."""
+        if self._handle is None:
+            self._handle = register_optimizer_step_pre_hook(before_step)
+        self._holders += 1
+        weakref.finalize(reducer, self._release, handles)
+
+    def _release(self, handles: List[Any]) -> None:
+        for handle in handles:
+            handle.remove()
+        self._holders -= 1
+        if self._holders == 0 and self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+
+def before_step(optimizer: torch.optim.Optimizer, _args, _kwargs) -> None:
+    """The pre-hook: raise when ``optimizer`` would step on a parameter's unreduced gradient."""
+    for reducer in list(LIVE):
+        if reducer.fresh and not reducer.running:
+            stepping = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            unsynced = stepping & reducer.fresh
+            if unsynced:
+                bucket, position = reducer.where[next(iter(unsynced))]
+                name = bucket.names[position]
+                raise UnsupportedInputError(
+                    f"optimizer.step() over gradients accumulated inside no_sync() and not reduced "
+                    f"(parameter {name!r} among {len(unsynced)}): every rank would step on its own gradient. "
+                    f"Run the last backward of the accumulation outside no_sync()")
+
+
+STEP_GUARD = StepGuard()

@@ -6,8 +6,7 @@ from typing import Any, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-DTYPES = {torch.float16: "float16", torch.float32: "float32", torch.float64: "float64",
-          torch.int32: "int32", torch.int64: "int64"}
+from .dtypes import NUMPY as DTYPES
 
 Parameters = Union[torch.nn.Module, Iterable[Tuple[str, torch.Tensor]]]
 

@@ -23,7 +23,7 @@ from ..runtime.places import Place, place_problems
 from ..ps.tables import EVICTIONS, Dynamic
 from ..runtime.options import (Option, at_least, field_problems, non_negative_finite, option, parse_size,
                                positive_finite, probability)
-from .topology_checks import hybrid_problems, ps_problems, ring_problems, sandblaster_problems
+from .topology_checks import hybrid_problems, ps_problems, ring_problems, sandblaster_problems, shard_optimizer_problems
 
 PROGRESS = ("auto", "bar", "lines", "none")
 OUTPUTS = ("json_path", "metrics_path", "timeline_path")
@@ -159,6 +159,9 @@ class TrainConfig:
                             "sandblaster: lbfgs (default) or gd", metavar="NAME")
     device: str = option("cpu", "--device", "cpu (numpy) or gpu (cupy; each rank takes GPU local rank %% GPUs; "
                          "ring and ps modes)", metavar="cpu|gpu", choices=DEVICE_KINDS)
+    shard_optimizer: bool = option(False, "--shard-optimizer", "ring: ZeRO-1, each rank keeps and steps 1/N of the "
+                                   "optimizer state, then the parameters are allgathered (the same result)",
+                                   switch=True)
     seed: int = option(0, "--seed", "seed of data, initial parameters and batch order", metavar="SEED",
                        bound=at_least(0))
     json_path: Optional[str] = option(None, "--json", "write per-step metrics and the final result here (rank 0)",
@@ -186,7 +189,7 @@ class TrainConfig:
         """What is wrong with these settings for a job of ``size`` ranks (``ft``: with ULFM),
         by field name; empty when fine. The same on every rank (output files: ``output_problems``)."""
         found = field_problems(self) + field_problems(self.topology) + self._table_rows_problems()
-        found += self._dynamic_problems()
+        found += self._dynamic_problems() + shard_optimizer_problems(self, ft)
         found += self.topology.problems(self, size, ft) + self._slow_role_problems()
         return found + self.fault.problems(self.steps, size, ft, self.has_servers)
 

@@ -123,6 +123,23 @@ def _server_growth_problems(config: "TrainConfig") -> List[SettingProblem]:
     return []
 
 
+def shard_optimizer_problems(config: "TrainConfig", ft: bool) -> List[SettingProblem]:
+    """``--shard-optimizer`` (ring only): its sharded optimizer state is not carried through
+    recovery, growth or checkpoints yet, nor computed on a GPU."""
+    if not config.shard_optimizer:
+        return []
+    if config.mode != "ring":
+        return [setting_problem("{shard_optimizer} applies to {mode} ring; {mode} %s keeps its optimizer state "
+                                "on the servers or in its own replicas" % config.mode)]
+    fault = config.fault
+    found = [setting_problem("{shard_optimizer} needs {device} cpu")] if config.device != "cpu" else []
+    if ft or fault.needs_ulfm() or fault.checkpoint_dir or fault.kills or fault.kill_random or fault.node_kills:
+        found.append(setting_problem("{shard_optimizer} runs without in-job fault tolerance (--ft), kills, growth "
+                                     "and {checkpoint_dir} for now: its optimizer state is sharded over the ranks "
+                                     "and not yet carried through recovery or checkpoints"))
+    return found
+
+
 def _optimizer_problems(config: "TrainConfig") -> List[SettingProblem]:
     """Ring and PS: an SGD-family optimizer (a batch method belongs to sandblaster)."""
     if config.optimizer in METHODS:

@@ -48,10 +48,12 @@ def reference_step(model, opt, step: int, use_extra=lambda who: True, micro=1):
     opt.step()
 
 
-def train_both(steps=4, use_extra=lambda who: True, micro=1, **options):
+def train_both(steps=4, use_extra=lambda who: True, micro=1, hook=None, **options):
     torch.manual_seed(rank)  # different on every rank: construction broadcasts rank 0's
     model = Net()
     ddp = hpt.DistributedDataParallel(model, bucket_cap_mb=0.001, **options)
+    if hook is not None:
+        ddp.register_comm_hook(*hook)
     reference = Net()
     reference.load_state_dict(model.state_dict())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -149,8 +151,9 @@ def check_bfloat16_model():
     assert all((g == gathered[0]).all() for g in gathered), "bf16 gradients differ across ranks"
 
 
-run_checks(check_equals_one_process, check_no_sync_accumulates, check_unused_parameter_counts_as_zeros,
-           check_compressed_wires, check_different_modules_refused, check_nan_on_one_rank_stops_every_rank,
-           check_changed_shape_on_one_rank, check_step_inside_no_sync_refused, check_bfloat16_model)
-if rank == 0:
-    print("torch ddp: all checks passed", flush=True)
+if __name__ == "__main__":
+    run_checks(check_equals_one_process, check_no_sync_accumulates, check_unused_parameter_counts_as_zeros,
+               check_compressed_wires, check_different_modules_refused, check_nan_on_one_rank_stops_every_rank,
+               check_changed_shape_on_one_rank, check_step_inside_no_sync_refused, check_bfloat16_model)
+    if rank == 0:
+        print("torch ddp: all checks passed", flush=True)

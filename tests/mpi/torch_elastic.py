@@ -9,7 +9,10 @@ rank holds the same parameters and momentum, the optimizer steps the model's liv
 every sample of both epochs was trained exactly once (counted through the reductions), the
 failure's event was detected after the kill and carries the time to the next commit, and
 the parameters equal a one-process run without the kill (to summation order).
-Arguments: DISCOVERY_FILE KILL_LOG."""
+With a third argument ``zero`` the optimizer is a ``ZeroRedundancyOptimizer`` over SGD + momentum
+(its state sharded; the killed rank's slice comes back from its ring neighbour's copy, and the
+state is re-sharded over 2 ranks, then 3).
+Arguments: DISCOVERY_FILE KILL_LOG [zero]."""
 import os
 import signal
 import sys
@@ -25,6 +28,7 @@ from hpcreduce import elastic
 
 SAMPLES, FEATURES, CLASSES, BATCH, EPOCHS, SEED = 96, 10, 3, 12, 2, 5
 discovery, kill_log = sys.argv[1], sys.argv[2]
+SHARDED = sys.argv[3:] == ["zero"]
 
 ctx = hpcreduce.init()
 generator = torch.Generator().manual_seed(0)
@@ -33,10 +37,11 @@ Y = (X[:, :CLASSES] * torch.tensor([1.0, -2.0, 0.5])).argmax(dim=1)
 dataset = torch.utils.data.TensorDataset(X, Y, torch.arange(SAMPLES))
 
 
-def make_model(seed: int):
+def make_model(seed: int, sharded: bool = SHARDED):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.Tanh(), torch.nn.Linear(32, CLASSES))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = hpt.ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9) \
+        if sharded else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     return model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=6, gamma=0.5)
 
 
@@ -56,9 +61,18 @@ state = elastic.State(model=model, optimizer=optimizer, scheduler=scheduler, sam
                       discover=discovery)
 
 
+def momentum_buffers():
+    """Each parameter's momentum buffer (the whole one, gathered, when sharded; collective then)."""
+    if SHARDED:
+        full = optimizer.full_state_dict()["state"]
+        return [full[index]["momentum_buffer"] for index in sorted(full)] if len(full) == 4 else []
+    return [s["momentum_buffer"] for s in optimizer.state.values() if "momentum_buffer" in s]
+
+
 def newcomer_has_momentum() -> None:
     if ctx.joined and len(state.events) == 1:
-        assert len(optimizer.state) == 4 and all("momentum_buffer" in s for s in optimizer.state.values())
+        sharded = optimizer.optim.state.values() if SHARDED else optimizer.state.values()
+        assert len(sharded) > 0 and all("momentum_buffer" in s for s in sharded)
         print(f"ok newcomer_momentum (rank {ctx.rank})", flush=True)
 
 
@@ -101,8 +115,9 @@ def check(name: str, ok: bool, detail="") -> None:
 
 
 params = list(model.parameters())
+buffers = momentum_buffers()
 check("same_parameters_and_momentum", ctx.size == 3 and all(everywhere(p) for p in params)
-      and all(everywhere(optimizer.state[p]["momentum_buffer"]) for p in params))
+      and len(buffers) == 4 and all(everywhere(b) for b in buffers))
 check("live_parameters", all(a is b for a, b in zip(optimizer.param_groups[0]["params"], params)))
 check("every_sample_once", bool((state.seen == 1).all()), state.seen)
 kinds = [(event["kind"], event.get("lost") or event.get("joined")) for event in state.events]
@@ -114,7 +129,7 @@ if not ctx.joined:
           and abs(failure["recovered_s"] - (failure["next_step_at"] - failure["detected_at"])) < 1e-3
           and failure["recovered_s"] < 30, state.events)
 if ctx.rank == 0:
-    reference, ref_optimizer, ref_scheduler = make_model(100)
+    reference, ref_optimizer, ref_scheduler = make_model(100, sharded=False)
     for epoch in range(EPOCHS):
         order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(SEED + epoch))
         for start in range(0, SAMPLES, BATCH):
@@ -122,5 +137,9 @@ if ctx.rank == 0:
             step(reference, ref_optimizer, ref_scheduler, X[batch], Y[batch], lambda: None)
     with torch.no_grad():
         gaps = [float((p - r).abs().max() / r.abs().max()) for p, r in zip(params, reference.parameters())]
+    with torch.no_grad():
+        gaps += [float((b - ref_optimizer.state[r]["momentum_buffer"]).abs().max()
+                       / ref_optimizer.state[r]["momentum_buffer"].abs().max())
+                 for b, r in zip(buffers, reference.parameters())]
     check("equals_one_process_run", max(gaps) < 1e-5 and scheduler.last_epoch == ref_scheduler.last_epoch, gaps)
     print(f"largest relative gap {max(gaps):.2e}; events {state.events}", flush=True)

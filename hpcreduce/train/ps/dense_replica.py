@@ -29,10 +29,9 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from ...collectives import allreduce_many
-from ...collectives.buckets import GradientBuckets
+from ...collectives.bucket_sum import BucketSum
 from ...errors import PSTrainingError
-from ...ps.inbox import all_finite
+from ...arrays.finite import all_finite
 from ...ps.layout import Layout
 from ...ps.optimizers import make_optimizer
 from ...ps.tables import numel
@@ -61,7 +60,7 @@ class DenseReplica:
         self.stopped = False  # a worker failed: no more reductions
         self.peers: Optional[Context] = None
         self.joined_with: Optional[Worker] = None
-        self.buckets: Optional[GradientBuckets] = None
+        self.sum = BucketSum()  # the same reducer and buckets as the ring trainer's
 
     def join(self, worker: Worker) -> None:
         """The workers of ``worker.layout`` (all of them, together): a new communicator of
@@ -131,9 +130,7 @@ class DenseReplica:
 
     def _allreduce(self, grads: List[np.ndarray], failed: int) -> List[np.ndarray]:
         arrays = [*grads, np.array([failed], np.float64)]
-        if self.buckets is None or not self.buckets.matches(arrays):
-            self.buckets = GradientBuckets(arrays)
-        return allreduce_many(self.buckets.load(arrays), "sum", comm=self.peers, inplace=True)
+        return self.sum(arrays, self.peers)
 
     def _arrays(self) -> List[np.ndarray]:
         """Every array of the replica, in an order all workers share."""

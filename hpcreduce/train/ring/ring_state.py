@@ -9,7 +9,7 @@ count on the host.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ...arrays import Device, array_module
 from ...ps.optimizers import Optimizer
@@ -28,13 +28,17 @@ class TrainState:
     step: int = 0
 
     @classmethod
-    def initial(cls, model: Model, optimizer: Optimizer, seed: int, device: Device = CPU) -> "TrainState":
-        """The model's initial parameters, on ``device``, and zeroed optimizer state there."""
+    def initial(cls, model: Model, optimizer: Optimizer, seed: int, device: Device = CPU,
+                sharded: Optional[Callable[[Dict[str, object]], Dict[str, Dict[str, object]]]] = None) -> "TrainState":
+        """The model's initial parameters, on ``device``, and zeroed optimizer state there (only this
+        rank's slices, ``sharded(params)``, under ``--shard-optimizer``)."""
         params = model.init_params(seed)
         missing = [spec.name for spec in model.param_specs() if spec.name not in params]
         if missing:
             raise ValueError(f"{model.name}.init_params gave no value for {', '.join(missing)}")
         params = device.put_all(params)
+        if sharded is not None:
+            return cls(params, sharded(params))
         return cls(params, {name: optimizer.init_state(value) for name, value in params.items()})
 
     def arrays(self) -> List[Tuple[str, object]]:

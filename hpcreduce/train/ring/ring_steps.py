@@ -37,11 +37,10 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ...arrays import Device, array_module, is_device_array
-from ...collectives import allreduce_many
-from ...collectives.buckets import GradientBuckets
+from ...arrays import Device
+from ...collectives.bucket_sum import BucketSum
 from ...errors import TrainingError
-from ...ps.inbox import all_finite
+from ...arrays.finite import all_finite
 from ...ps.optimizers import Optimizer, make_optimizer
 from ...runtime.context import Context
 from ..config import TrainConfig
@@ -51,6 +50,7 @@ from ..params import batch_view, dense_grads, zero_grads
 from ..partition import worker_batch
 from ..straggler import factor_for, slow_down
 from .ring_state import TrainState
+from .sharded import ShardedUpdate, rows_update
 
 
 @dataclass
@@ -87,10 +87,12 @@ class RingTrainer:
         self.device = Device(config.device)  # selected (runtime.devices.open_device) before training
         # a straggler (--slow) is named by its stable id: its launch rank (ranks that join are never slowed)
         self.slow = 1.0 if ctx.joined else factor_for(config.fault, ctx.rank)
-        self.buckets: Optional[GradientBuckets] = None  # persistent fusion buffers the sums are reduced in
+        self.sum = BucketSum()  # the numpy trainers' one dense reducer (persistent fusion buffers)
+        self.sharded = ShardedUpdate(ctx, self.specs, self.optimizer) if config.shard_optimizer else None
 
     def initial_state(self) -> TrainState:
-        return TrainState.initial(self.model, self.optimizer, self.config.seed, self.device)
+        return TrainState.initial(self.model, self.optimizer, self.config.seed, self.device,
+                                  sharded=self.sharded.init_state if self.sharded is not None else None)
 
     def compute(self, state: TrainState) -> StepGrads:
         """This rank's summed gradients for step ``state.step``; changes nothing. A model
@@ -117,9 +119,7 @@ class RingTrainer:
         ``TrainingError`` on every rank when a model failed on some rank or a summed
         gradient is not finite."""
         arrays = [local.grads[spec.name] for spec in self.specs] + [local.stats]
-        if self.buckets is None or not self.buckets.matches(arrays):
-            self.buckets = GradientBuckets(arrays)
-        summed = allreduce_many(self.buckets.load(arrays), "sum", comm=self.ctx, inplace=True)
+        summed = self.sum(arrays, self.ctx)
         step = local.step
         total = StepGrads({spec.name: grad for spec, grad in zip(self.specs, summed)}, summed[-1], step)
         if total.stats[3]:  # the same count on every rank: all of them gather the reasons
@@ -127,7 +127,7 @@ class RingTrainer:
             raise TrainingError(f"training stopped at step {step}: model {self.model.name!r} failed on "
                                 f"{len(reasons)} rank(s): " + "; ".join(reasons))
         for spec in self.specs:
-            if not finite(total.grads[spec.name]):
+            if not all_finite(total.grads[spec.name]):
                 raise TrainingError(f"training stopped at step {step}: the summed gradient of parameter "
                                     f"{spec.name!r} contains NaN or Inf; refused on every rank, the step "
                                     f"was not applied")
@@ -137,28 +137,17 @@ class RingTrainer:
         """Update ``state`` in place with the global batch's mean gradient."""
         step = state.step + 1
         scale = 1.0 / self.config.batch
-        for spec in self.specs:
-            param, grad = state.params[spec.name], total.grads[spec.name]
-            arrays = state.optimizer_state[spec.name]
-            grad *= scale
-            if not spec.sparse:
-                self.optimizer.update(param, grad, arrays, step)
-                continue
-            xp = array_module(param)
-            rows = xp.flatnonzero(grad.reshape(len(grad), -1).any(axis=1))
-            row_param, row_arrays = param[rows], {name: value[rows] for name, value in arrays.items()}
-            self.optimizer.update(row_param, grad[rows], row_arrays, step)
-            param[rows] = row_param
-            for name, value in row_arrays.items():
-                arrays[name][rows] = value
+        if self.sharded is not None:  # --shard-optimizer: this rank's slices, then an allgather
+            self.sharded.apply(state.params, total.grads, state.optimizer_state, scale, step)
+        else:
+            for spec in self.specs:
+                param, grad = state.params[spec.name], total.grads[spec.name]
+                grad *= scale
+                if spec.sparse:
+                    rows_update(self.optimizer, param, grad, state.optimizer_state[spec.name], step)
+                else:
+                    self.optimizer.update(param, grad, state.optimizer_state[spec.name], step)
         state.step = step
         loss_sum, correct, count = (float(v) for v in total.stats[:3])
         return StepMetrics(step, loss_sum / max(count, 1.0), correct / max(count, 1.0), int(count))
 
-
-def finite(array) -> bool:
-    """No NaN or Inf: ``all_finite`` on the host; on the device one reduction and one
-    scalar read back."""
-    if is_device_array(array):
-        return bool(array_module(array).isfinite(array).all())
-    return all_finite(array)

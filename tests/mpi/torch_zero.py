@@ -1,0 +1,136 @@
+"""hpcreduce.torch.ZeroRedundancyOptimizer with DistributedDataParallel at any N >= 2 (slices that
+do not divide evenly at N=3): 50 Adam steps equal the unsharded optimizer's to 1e-6, optimizer
+state per rank about 1/N, consolidate/state_dict/load_state_dict round trip, a full state written at
+N ranks loads at N-1 (re-sharded, the same values), so does a checkpoint (save_checkpoint after
+consolidate_state_dict, load_checkpoint over fewer ranks), and a non-elementwise
+optimizer or different parameter groups on one rank raise on every rank."""
+import shutil
+import tempfile
+
+import torch
+
+import hpcreduce
+import hpcreduce.torch as hpt
+from hpcreduce import elastic
+from hpcreduce.runtime.context import resolve
+from hpcreduce import InputMismatchError, UnsupportedInputError
+from mpi_checks import expect_raised, run_checks
+
+ctx = hpcreduce.init()
+rank, size = ctx.rank, ctx.size
+torch.set_num_threads(1)
+
+
+def mlp():
+    torch.manual_seed(5)
+    return torch.nn.Sequential(torch.nn.Linear(7, 13), torch.nn.Tanh(), torch.nn.Linear(13, 3))
+
+
+def train(make_optimizer, steps, model=None):
+    model = model or mlp()
+    ddp = hpt.DistributedDataParallel(model, bucket_cap_mb=0.0005)
+    opt = make_optimizer(model)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(10 * step + rank)
+        x, y = torch.randn(16, 7, generator=g), torch.randn(16, 3, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return model, opt
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def check_sharded_adam_equals_unsharded():
+    plain, plain_opt = train(lambda m: torch.optim.Adam(m.parameters(), lr=0.01), 50)
+    zero, zero_opt = train(lambda m: hpt.ZeroRedundancyOptimizer(m.parameters(), torch.optim.Adam, lr=0.01), 50)
+    error = float((flat(plain) - flat(zero)).abs().max())
+    assert error <= 1e-6, f"rank {rank}: sharded Adam off by {error}"
+    full = sum(v.numel() * v.element_size() for s in plain_opt.state.values() for v in s.values()
+               if v.dim() > 0)
+    mine = zero_opt.state_bytes()
+    assert mine <= full / size * 1.05 + 64 * len(zero_opt.slices), f"rank {rank}: {mine} state bytes of {full}"
+    assert sum(ctx.comm.allgather(mine)) <= full + 8 * 4 * size, "the slices' states overlap"
+    zero_opt.consolidate_state_dict(to=0)
+    if rank == 0:
+        state = zero_opt.state_dict()
+        for index, values in plain_opt.state_dict()["state"].items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                difference = float((values[key] - state["state"][index][key]).abs().max())
+                assert difference <= 1e-6, f"consolidated {key} of parameter {index} off by {difference}"
+    else:
+        expect_raised(RuntimeError, "consolidate_state_dict", zero_opt.state_dict, rank)
+    state = ctx.comm.bcast(zero_opt.state_dict() if rank == 0 else None, root=0)
+    again = hpt.ZeroRedundancyOptimizer(zero.parameters(), torch.optim.Adam, lr=0.5)
+    again.load_state_dict(state)
+    assert again.param_groups[0]["lr"] == 0.01
+    for (index, a, b), shard in zip(again.slices, again.shards):
+        theirs = zero_opt.optim.state[zero_opt.shards[again.slices.index((index, a, b))]]
+        assert torch.equal(again.optim.state[shard]["exp_avg"], theirs["exp_avg"])
+
+
+def check_other_optimizers_and_groups_refused():
+    model = mlp()
+    lbfgs = torch.optim.LBFGS if rank == size - 1 else torch.optim.Adam
+    expect_raised(UnsupportedInputError, "'LBFGS' does not step element by element",
+                  lambda: hpt.ZeroRedundancyOptimizer(model.parameters(), lbfgs, lr=0.1), rank)
+    groups = [{"params": list(model[0].parameters())}, {"params": list(model[2].parameters()), "lr": 0.1 * (rank + 1)}]
+    expect_raised(InputMismatchError, "hyperparameters",
+                  lambda: hpt.ZeroRedundancyOptimizer(groups, torch.optim.SGD, lr=0.1), rank)
+
+
+def check_sgd_groups_and_adagrad():
+    for make in (lambda: torch.optim.SGD, lambda: torch.optim.Adagrad):
+        cls = make()
+        groups = lambda m: [{"params": list(m[0].parameters())}, {"params": list(m[2].parameters()), "lr": 0.05}]
+        plain, _ = train(lambda m: cls(groups(m), lr=0.1, weight_decay=0.01), 10)
+        zero, _ = train(lambda m: hpt.ZeroRedundancyOptimizer(groups(m), cls, lr=0.1, weight_decay=0.01), 10)
+        error = float((flat(plain) - flat(zero)).abs().max())
+        assert error <= 1e-6, f"rank {rank}: sharded {cls.__name__} off by {error}"
+
+
+def check_state_written_at_n_loads_at_fewer():
+    model, zero_opt = train(lambda m: hpt.ZeroRedundancyOptimizer(m.parameters(), torch.optim.Adam, lr=0.01), 5)
+    full = zero_opt.full_state_dict()
+    fewer = ctx.comm.Split(0 if rank < size - 1 else 1, rank)
+    smaller = hpt.ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, process_group=fewer, lr=0.5)
+    smaller.load_state_dict(full)
+    again = smaller.full_state_dict()
+    for index, values in full["state"].items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(values[key], again["state"][index][key]), f"{key} of {index} changed when re-sharded"
+    assert again["param_groups"][0]["lr"] == 0.01
+    fewer.Free()
+
+
+def check_checkpoint_written_at_n_loads_at_fewer():
+    model, zero_opt = train(lambda m: hpt.ZeroRedundancyOptimizer(m.parameters(), torch.optim.Adam, lr=0.01), 3)
+    state = elastic.State(model=model, optimizer=zero_opt)
+    folder = ctx.comm.bcast(tempfile.mkdtemp() if rank == 0 else None, root=0)
+    zero_opt.consolidate_state_dict(to=0)
+    hpt.save_checkpoint(state, folder, 3)
+    want = zero_opt.full_state_dict()
+    fewer = ctx.comm.Split(0 if rank < size - 1 else 1, rank)
+    again = mlp()
+    loaded = hpt.ZeroRedundancyOptimizer(again.parameters(), torch.optim.Adam, process_group=fewer, lr=0.5)
+    assert hpt.load_checkpoint(elastic.State(context=resolve(fewer), model=again, optimizer=loaded), folder) == 3
+    got = loaded.full_state_dict()
+    assert torch.equal(flat(again), flat(model)), "the checkpoint's parameters did not load"
+    for index, values in want["state"].items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(values[key], got["state"][index][key]), f"{key} of {index} differs at {fewer.size} ranks"
+    ctx.comm.Barrier()
+    if rank == 0:
+        shutil.rmtree(folder)
+
+
+ZERO_CHECKS = (check_sharded_adam_equals_unsharded, check_other_optimizers_and_groups_refused,
+               check_sgd_groups_and_adagrad, check_state_written_at_n_loads_at_fewer,
+               check_checkpoint_written_at_n_loads_at_fewer)
+
+if __name__ == "__main__":
+    run_checks(*ZERO_CHECKS)
+    if rank == 0:
+        print("torch zero: all checks passed", flush=True)
