@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import traceback
 from typing import TYPE_CHECKING, Dict, List, Tuple
@@ -55,8 +56,10 @@ def register(subcommands) -> None:
 def run(args: argparse.Namespace, argv: List[str]) -> int:
     if outside_mpi():  # the launcher: refuse bad flags, settings and paths before any rank starts
         problems = launcher_problems(args)
-        return refuse("train", problems, 0, args.flags) if problems else relaunch(args, argv)
+        return refuse("train", problems, 0, args.flags) if problems else relaunch(args, stop_signals(args, argv))
     config, problems = build_config(args)
+    from ..runtime.stop import STOP_SIGNALS, StoppedEarly, requests
+    requests.install(STOP_SIGNALS.value() if config.fault.stop_signals is None else config.fault.stop_signals)
     from mpi4py import MPI
     from ..errors import FaultToleranceUnavailableError, HpcreduceError
     from ..runtime.context import init
@@ -83,6 +86,11 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
                   f"{config.mode} over {ctx.size} ranks, {config.steps} steps of {config.batch}, "
                   f"{config.optimizer}" + ("" if config.mode == "sandblaster" else f" lr {config.lr}"), flush=True)
         result = run_checked(ctx, model, dataset, config)
+    except StoppedEarly as stopped:  # every rank, after the same step: checkpointed (exit 75) or not
+        if ctx.rank == 0:
+            print(f"hpcreduce train: {stopped}", file=sys.stderr, flush=True)
+            mark_done(stopped.code)
+        return stopped.code
     except HpcreduceError:  # raised on every rank alike: main reports it, every rank exits 1
         raise
     except Exception:  # may be this rank's alone, and would leave the others waiting: end the job
@@ -93,6 +101,17 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     if ctx.rank == 0:
         mark_done(code)  # the result is written: the launcher returns this code and does not rerun
     return code
+
+
+def stop_signals(args: argparse.Namespace, argv: List[str]) -> List[str]:
+    """``argv``; the launcher catches the stop signals ``--stop-signals`` gives (``runtime.stop``)."""
+    from ..runtime.settings import reload
+    from ..runtime.stop import STOP_SIGNALS
+    config, _ = build_config(args)
+    if config.fault.stop_signals is not None:
+        os.environ[STOP_SIGNALS.name] = ",".join(s.name[3:] for s in config.fault.stop_signals) or "none"
+        reload()
+    return argv
 
 
 def launcher_problems(args: argparse.Namespace) -> List[Problem]:
