@@ -59,7 +59,9 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
         return refuse("train", problems, 0, args.flags) if problems else relaunch(args, stop_signals(args, argv))
     config, problems = build_config(args)
     from ..runtime.stop import STOP_SIGNALS, StoppedEarly, requests
-    requests.install(STOP_SIGNALS.value() if config.fault.stop_signals is None else config.fault.stop_signals)
+    from ..train.api import STOPS_AT_STEP
+    if config.mode in STOPS_AT_STEP:  # other modes end at once on the signal, resumed from their last checkpoint
+        requests.install(STOP_SIGNALS.value() if config.fault.stop_signals is None else config.fault.stop_signals)
     from mpi4py import MPI
     from ..errors import FaultToleranceUnavailableError, HpcreduceError
     from ..runtime.context import init

@@ -27,6 +27,8 @@ from .run_checks import run_problems
 from .sandblaster.sandblaster_training import run_sandblaster_training
 
 DYNAMIC_MODES = ("ps", "hybrid")
+STOPS_AT_STEP = ("ring",)
+"""The modes that take a stop signal at a step boundary, checkpoint and exit 75 (``runtime.stop``)."""
 RUNNERS = {"ring": run_ring_training, "ps": run_ps_training, "hybrid": run_ps_training,
            "sandblaster": run_sandblaster_training}
 

@@ -12,7 +12,9 @@ the next server (``hpcreduce.ps.replication``) and, with ``checkpoint_dir``, che
 growth and leaves. ``kill_random`` never draws id 0 (the first server) nor id K (the first
 worker), so a server and a worker always remain.
 Cost while nothing fails: the replication of every push, a checkpoint of each shard every
-``checkpoint_every`` steps when asked, and one ``Agree`` at the end.
+``checkpoint_every`` steps when asked, and one ``Agree`` at the end. A folder that already holds a
+complete checkpoint of this run is refused at the start (``refuse_resume``): this driver does not
+resume from one, and a job started again must not begin at step 1 over it.
 """
 from __future__ import annotations
 
@@ -21,11 +23,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from mpi4py import MPI
 
+from ...errors import CheckpointMismatchError, setting_problem
 from ...ft.events import EventLog
 from ...ft.rounds import attempt
 from ...ft.watchdog import watchdog
 from ...ps.roles import serve_shard
 from ...runtime.context import Context
+from . import shard_checkpoints
 from .epoch import Epoch
 from .first_epoch import founding_epoch, newcomer_epoch
 from .loop import WorkerLoop
@@ -61,6 +65,7 @@ class PSDriver:
             self.progress = self._progress(drawn, welcome.clock if welcome.server_keys else 0)
             self.install(epoch)
         else:
+            refuse_resume(ctx, setup)
             self.progress = self._progress(0, 0)
             epoch, server, self.placement = founding_epoch(ctx, setup, self._new_loop, self._server_progress,
                                                            observer.echo)
@@ -145,3 +150,23 @@ class PSDriver:
                                               self.events.events)
         self.requests.pending = Resize()
         self.install(epoch)
+
+
+def refuse_resume(ctx: Context, setup: PSSetup) -> None:
+    """``CheckpointMismatchError`` on every rank when ``--checkpoint-dir`` holds another run's
+    checkpoint, or a complete one of this run (which ``--ft`` does not resume from: without
+    ``--ft`` the run resumes from it, ``fallback``). Collective: one small broadcast."""
+    directory = setup.fault.checkpoint_dir
+    problem = None
+    if ctx.rank == 0 and directory:
+        problem = shard_checkpoints.foreign_problem(directory, setup.identity)
+        step = None if problem else shard_checkpoints.latest_complete(directory)
+        if step:
+            problem = setting_problem(
+                "{checkpoint_dir} {path} holds this run's checkpoint of step {step}: --mode {mode} with --ft does "
+                "not resume from a checkpoint (it would start at step 1 and overwrite it); run it again without "
+                "--ft to resume from it, or give an empty folder", path=directory, step=step,
+                mode=setup.config.mode)
+    problem = ctx.comm.bcast(problem, root=0)
+    if problem is not None:
+        raise CheckpointMismatchError(problem)

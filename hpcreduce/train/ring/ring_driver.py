@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from ... import elastic
+from ...errors import OutputFileError
 from ...ft.faults import FaultConfig
 from ...ft.resize import known_hosts
 from ...ft.watchdog import watchdog
@@ -109,7 +110,11 @@ def _train_steps(state: elastic.State, trainer: RingTrainer, steps: int, on_step
         state.commit(check_resize=False)
         stopping = bool(total.stats[4])  # a stop signal reached some rank: the same on every rank
         if saving.due(state.step) or (stopping and saving.folder):
-            elastic.save_checkpoint(state, saving.folder, state.step, dict(now.arrays()),
-                                    {"identity": saving.identity}, saving.keep)
+            try:
+                elastic.save_checkpoint(state, saving.folder, state.step, dict(now.arrays()),
+                                        {"identity": saving.identity}, saving.keep)
+            except OutputFileError as err:
+                raise OutputFileError(*err.parts, f" (a stop signal came: the run stopped after step {state.step} "
+                                      "and cannot resume from it)" if stopping else "") from err
         if stopping:
             raise StoppedEarly(state.step, saving.folder, requests.seen)
