@@ -1,0 +1,132 @@
+"""Stop signals outside Slurm (issue 37): a SIGUSR1 to ``hpcreduce train``'s launcher stops the
+ring at a step boundary on every rank, checkpoints and exits 75; started again over the folder
+the run goes on and ends with the same checksum as one never stopped. Bad input: no checkpoint
+folder, a folder that cannot take the checkpoint, a --ft ps run over its own checkpoint.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hpcreduce.runtime.jobs import stop_job
+from hpcreduce.runtime.stop import RESUMABLE_EXIT, StopRequests, StoppedEarly, parse_signals, relayed
+from mpi_run import hpcreduce_cli
+
+RING = ("train", "-n", "2", "--steps", "30", "--batch", "512", "--table-rows", "4096", "--quiet")
+TIMEOUT = 120
+
+
+def test_signal_names_parse_and_a_second_signal_changes_nothing():
+    assert parse_signals("usr1, SIGTERM") == (signal.SIGUSR1, signal.SIGTERM)
+    assert parse_signals("none") == ()
+    with pytest.raises(ValueError, match="USR1, USR2, TERM, INT or none"):
+        parse_signals("KILL")
+    assert relayed(signal.SIGTERM, (signal.SIGTERM, signal.SIGUSR2)) == signal.SIGUSR2
+    assert relayed(signal.SIGUSR1, ()) == signal.SIGUSR1
+    requests = StopRequests()
+    requests.install((signal.SIGUSR2,))
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.01)
+        assert requests.seen == signal.SIGUSR2
+    finally:
+        requests.uninstall()
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+    assert StoppedEarly(3, "ckpt", signal.SIGUSR1).code == RESUMABLE_EXIT
+    assert StoppedEarly(3, None, signal.SIGUSR1).code == 128 + signal.SIGUSR1
+
+
+def stopped_run(args, metrics, signals=(signal.SIGUSR1,), after_steps=3, before=lambda: None):
+    """Run ``hpcreduce train`` and send it ``signals`` once ``metrics`` has ``after_steps`` lines
+    (``before()`` first); (exit code, output)."""
+    child = subprocess.Popen([sys.executable, "-m", "hpcreduce", *args, "--metrics", str(metrics)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                             env={**os.environ, "OMPI_MCA_mpi_yield_when_idle": "1"})
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline and child.poll() is None:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= after_steps:
+                before()
+                for sig in signals:
+                    child.send_signal(sig)
+                    time.sleep(0.05)
+                break
+            time.sleep(0.05)
+        output, _ = child.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        stop_job(child, 0)
+        raise AssertionError(f"hpcreduce train did not end within {TIMEOUT} s (a hang is a bug)")
+    return child.returncode, output
+
+
+def stopped_at(code, output) -> int:
+    """The step a run stopped by SIGUSR1 stopped after (and checkpointed)."""
+    assert code == RESUMABLE_EXIT and "stopped by SIGUSR1 after step" in output, output
+    return int(output.split("stopped by SIGUSR1 after step ")[1].split(";")[0])
+
+
+def test_a_ring_run_stopped_twice_and_resumed_ends_like_one_never_stopped(tmp_path):
+    whole = tmp_path / "whole.json"
+    done = hpcreduce_cli(*RING, "--json", str(whole), timeout=TIMEOUT)
+    assert done.returncode == 0, done.output
+    folder, out = tmp_path / "ckpt", tmp_path / "resumed.json"
+    slowed = [*RING, "--checkpoint-dir", str(folder), "--slow", "0:20", "--json", str(out)]
+    # the signal lands mid-run; sent twice: the second changes nothing
+    first = stopped_at(*stopped_run(slowed, tmp_path / "m1.jsonl", (signal.SIGUSR1, signal.SIGUSR1)))
+    assert 3 <= first < 30 and os.listdir(folder) == [f"ckpt-{first:09d}.npz"], os.listdir(folder)
+    assert not out.exists()  # no result for a run that did not finish
+    code, output = stopped_run(slowed, tmp_path / "m2.jsonl")
+    second = stopped_at(code, output)
+    assert f"resumed from the checkpoint of step {first} (written by 2 ranks, now 2)" in output
+    assert second >= first + 3, output
+    again = hpcreduce_cli(*RING, "--checkpoint-dir", str(folder), "--json", str(out), timeout=TIMEOUT)
+    assert again.returncode == 0, again.output
+    reference, resumed = json.loads(whole.read_text()), json.loads(out.read_text())
+    assert resumed["recovery"][0]["kind"] == "resume" and resumed["recovery"][0]["step"] == second + 1
+    assert resumed["final"] == reference["final"]  # bit for bit: the same steps, the same sums
+    # started again with another number of ranks: the ring resumes with the new size
+    other = hpcreduce_cli(RING[0], "-n", "3", *RING[3:], "--checkpoint-dir", str(folder), "--json", str(out),
+                          timeout=TIMEOUT)
+    assert other.returncode == 0 and f"(written by 2 ranks, now 3)" in other.output, other.output
+    resized = json.loads(out.read_text())["final"]["checksum"]
+    assert resized == pytest.approx(reference["final"]["checksum"], rel=1e-6)  # other summation order
+
+
+def test_without_a_checkpoint_folder_the_run_stops_saying_nothing_was_saved(tmp_path):
+    # a SIGTERM to the launcher reaches the ranks as SIGUSR1 (mpirun would end them on a SIGTERM)
+    code, output = stopped_run([*RING, "--slow", "0:20"], tmp_path / "m.jsonl", (signal.SIGTERM,))
+    assert code == 128 + signal.SIGUSR1 and "stopped by SIGUSR1 after step" in output, output
+    assert "no checkpoint folder, nothing saved: the run cannot resume" in output, output
+
+
+def test_a_checkpoint_that_cannot_be_written_at_the_signal_is_an_error_on_every_rank(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+
+    def lose_the_folder():  # a file where the folder was: any write into it fails
+        for name in os.listdir(folder):
+            os.remove(folder / name)
+        folder.rmdir()
+        folder.write_text("not a folder")
+    code, output = stopped_run([*RING, "--checkpoint-dir", str(folder), "--slow", "0:20"], tmp_path / "m.jsonl",
+                               before=lose_the_folder)
+    assert code == 1, output
+    assert output.count("cannot resume from it") == 2, output  # both ranks, the same error
+
+
+def test_a_ft_ps_run_over_its_own_checkpoint_is_refused_by_name(tmp_path):
+    folder = tmp_path / "ckpt"
+    ps = ("train", "-n", "3", "--mode", "ps", "--servers", "1", "--steps", "6", "--batch", "256",
+          "--table-rows", "4096", "--quiet", "--checkpoint-dir", str(folder))
+    first = hpcreduce_cli(*ps, "--checkpoint-every", "3", timeout=TIMEOUT)
+    assert first.returncode == 0, first.output
+    again = hpcreduce_cli(*ps, "--ft", timeout=TIMEOUT)
+    assert again.returncode == 1, again.output
+    assert "holds this run's checkpoint of step 6: --mode ps with --ft does not resume" in again.output
+    resumed = hpcreduce_cli(*ps, timeout=TIMEOUT)  # without --ft it resumes (the fallback)
+    assert resumed.returncode == 0 and "resumed from the checkpoint of step 6" in resumed.output, resumed.output
