@@ -14,7 +14,7 @@ import pytest
 
 from hpcreduce.runtime.jobs import stop_job
 from hpcreduce.runtime.stop import RESUMABLE_EXIT, StopRequests, StoppedEarly, parse_signals, relayed
-from mpi_run import hpcreduce_cli
+from mpi_run import MPI_SCRIPTS, hpcreduce_cli
 
 RING = ("train", "-n", "2", "--steps", "30", "--batch", "512", "--table-rows", "4096", "--quiet")
 TIMEOUT = 120
@@ -129,3 +129,18 @@ def test_a_ft_ps_run_over_its_own_checkpoint_is_refused_by_name(tmp_path):
     assert again.returncode == 1, again.output
     assert "holds this run's checkpoint of step 6: --mode ps with --ft does not resume" in again.output
     assert again.output.count("error on rank") == 3, again.output  # every rank, before any step
+
+
+def test_an_elastic_torch_loop_stopped_by_one_rank_resumes_like_one_process(tmp_path):
+    folder = tmp_path / "ckpt"
+    script = ("launch", "-n", "2", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "stop_elastic_torch.py"), str(folder))
+    stopped = hpcreduce_cli(*script, "3", timeout=TIMEOUT)  # rank 1 alone gets SIGUSR1 at step 3
+    assert stopped.returncode == RESUMABLE_EXIT, stopped.output
+    assert "stopped by a stop signal after commit" in stopped.output, stopped.output
+    saved = sorted(os.listdir(folder))
+    assert len(saved) == 1 and saved[0] in ("ckpt-000000002.pt", "ckpt-000000003.pt"), saved
+    resumed = hpcreduce_cli(*script, "-1", timeout=TIMEOUT)
+    assert resumed.returncode == 0, resumed.output
+    step = int(saved[0][5:14])
+    assert f"started at step {step} (checkpoint {step})" in resumed.output, resumed.output
+    assert "ok every_sample_once" in resumed.output and "ok equals_one_process_run" in resumed.output

@@ -79,15 +79,19 @@ requests = StopRequests()
 """This process's stop requests: the only place they are kept."""
 
 
-class StoppedEarly(Exception):
-    """Every rank stopped at the same step boundary on a stop signal. ``step``: steps done;
-    ``saved``: where the checkpoint of ``step`` is (None: nothing was saved, not resumable);
-    ``code``: the exit code (``RESUMABLE_EXIT`` when saved, else 128 + the signal)."""
+class StoppedEarly(SystemExit):
+    """Every rank stopped at the same step boundary on a stop signal. ``step``: steps (or
+    commits) done; ``saved``: where the checkpoint of it is (None: nothing was saved, not
+    resumable); ``code``: the exit code (``RESUMABLE_EXIT`` when saved, else 128 + the signal).
+    A ``SystemExit``: a script that does not catch it exits with ``code``."""
 
-    def __init__(self, step: int, saved: Optional[str], signum: Optional[int]):
-        self.step, self.saved = step, saved
-        self.code = RESUMABLE_EXIT if saved else 128 + (signum or signal.SIGTERM)
-        what = f"stopped by {requests.name() if signum else 'a stop signal'} after step {step}"
+    def __init__(self, step: int, saved: Optional[str], signum: Optional[int], unit: str = "step"):
+        what = f"stopped by {requests.name() if signum else 'a stop signal'} after {unit} {step}"
         super().__init__(f"{what}; checkpoint in {saved}: start the job again over it to go on (exit "
                          f"{RESUMABLE_EXIT})" if saved else
                          f"{what}; no checkpoint folder, nothing saved: the run cannot resume")
+        self.step, self.saved = step, saved
+        self.code = RESUMABLE_EXIT if saved else 128 + (signum or signal.SIGUSR1)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
