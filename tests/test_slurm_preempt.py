@@ -58,4 +58,5 @@ def test_a_signalled_job_requeues_resumes_and_ends_like_one_never_stopped(slurm_
     assert f"resumed from the checkpoint of step {step} (written by 4 ranks, now 4)" in output, output
     result, reference = json.loads(Path(stopped["OUT"]).read_text()), json.loads(Path(whole["OUT"]).read_text())
     assert result["recovery"][0]["kind"] == "resume" and result["recovery"][0]["step"] == step + 1
+    assert result["recovery"][0]["requeued"] == 1, result["recovery"]
     assert result["final"] == reference["final"], output

@@ -88,6 +88,7 @@ def test_a_ring_run_stopped_twice_and_resumed_ends_like_one_never_stopped(tmp_pa
     assert again.returncode == 0, again.output
     reference, resumed = json.loads(whole.read_text()), json.loads(out.read_text())
     assert resumed["recovery"][0]["kind"] == "resume" and resumed["recovery"][0]["step"] == second + 1
+    assert resumed["recovery"][0]["requeued"] == 0  # not under Slurm
     assert resumed["final"] == reference["final"]  # bit for bit: the same steps, the same sums
     # started again with another number of ranks: the ring resumes with the new size
     other = hpcreduce_cli(RING[0], "-n", "3", *RING[3:], "--checkpoint-dir", str(folder), "--json", str(out),
