@@ -266,8 +266,12 @@ class _Stop:
 
     def forward(self, signum: int, _frame) -> None:
         if signum in self.stop_signals:  # the ranks stop at a step boundary, checkpoint, exit 75
-            self.stopping = signum if self.stopping is None else self.stopping
-            signum = relayed(signum, self.stop_signals)
+            first, relay = self.stopping is None, relayed(signum, self.stop_signals)
+            self.stopping = signum if first else self.stopping
+            if first:
+                _say(f"stopped by {signal.Signals(signum).name}: passed on to the ranks as "
+                     f"{signal.Signals(relay).name} (they stop at the next step boundary)")
+            signum = relay
         else:
             self.signum = signum if self.signum is None else self.signum
         if self.child is not None and self.child.poll() is None:
