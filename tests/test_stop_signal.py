@@ -130,11 +130,14 @@ def test_a_ft_ps_run_over_its_own_checkpoint_is_refused_by_name(tmp_path):
     assert again.returncode == 1, again.output
     assert "holds this run's checkpoint of step 6: --mode ps with --ft does not resume" in again.output
     assert again.output.count("error on rank") == 3, again.output  # every rank, before any step
+    refused = hpcreduce_cli(*ps, "--stop-signals", "USR1", timeout=TIMEOUT)  # a flag that would do nothing
+    assert refused.returncode == 2 and "--stop-signals only applies to --mode ring" in refused.output, refused.output
 
 
 def test_an_elastic_torch_loop_stopped_by_one_rank_resumes_like_one_process(tmp_path):
     folder = tmp_path / "ckpt"
-    script = ("launch", "-n", "2", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "stop_elastic_torch.py"), str(folder))
+    script = ("launch", "-n", "2", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "stop_elastic_torch.py"),
+              str(folder))
     stopped = hpcreduce_cli(*script, "3", timeout=TIMEOUT)  # rank 1 alone gets SIGUSR1 at step 3
     assert stopped.returncode == RESUMABLE_EXIT, stopped.output
     assert "stopped by a stop signal after commit" in stopped.output, stopped.output

@@ -7,7 +7,9 @@ and accuracy; --json writes the whole result, --metrics one JSON line per step,
 --timeline a Chrome trace of every rank's phases.
 Flag errors are printed by rank 0 and every rank exits with status 2; a run that ends with a
 model worse than the one it started from (diverged: see the final line's warning) exits 5
-(3 is the deadline watchdog's abort).
+(3 is the deadline watchdog's abort). --mode ring stops at the next step boundary on SIGUSR1 or
+SIGTERM (--stop-signals), writes its checkpoint into --checkpoint-dir and exits 75: started again
+over the folder it goes on (docs/slurm.md).
 Each model brings the --steps, --batch, --lr and --optimizer it trains well with;
 flags override them. --mode sandblaster minimises the batch objective with --optimizer
 lbfgs (default) or gd over K servers, one coordinator and the other ranks as workers,
@@ -154,6 +156,10 @@ def build_config(args: argparse.Namespace) -> Tuple["TrainConfig", List[Problem]
               **{name: value for name, value in batch_method.items() if name not in own}, **shared}
     part = {**{name: value for name, value in batch_method.items() if name in own}, **part}
     config = TrainConfig(**chosen, topology=topology(**part), fault=FaultConfig(**fault, hostfile=args.hostfile))
+    from ..train.api import STOPS_AT_STEP
+    if config.fault.stop_signals is not None and mode not in STOPS_AT_STEP:  # the other modes end at once
+        problems.append(f"--stop-signals only applies to --mode {_listed(list(STOPS_AT_STEP))} (--mode {mode} "
+                        "ends at once on a signal and resumes from its last --checkpoint-every checkpoint)")
     return config, problems
 
 
