@@ -148,3 +148,17 @@ def test_an_elastic_torch_loop_stopped_by_one_rank_resumes_like_one_process(tmp_
     step = int(saved[0][5:14])
     assert f"started at step {step} (checkpoint {step})" in resumed.output, resumed.output
     assert "ok every_sample_once" in resumed.output and "ok equals_one_process_run" in resumed.output
+
+
+def test_a_signalled_ps_bsp_run_resumes_from_its_last_checkpoint_to_the_same_checksum(tmp_path):
+    ps = ("train", "-n", "3", "--mode", "ps", "--servers", "1", "--steps", "12", "--batch", "256",
+          "--table-rows", "4096", "--quiet")
+    whole = hpcreduce_cli(*ps, "--json", str(tmp_path / "whole.json"), timeout=TIMEOUT)
+    assert whole.returncode == 0, whole.output
+    folder, out = tmp_path / "ckpt", tmp_path / "resumed.json"
+    saving = (*ps, "--checkpoint-dir", str(folder), "--checkpoint-every", "3", "--json", str(out))
+    code, output = stopped_run([*saving, "--slow", "1:20"], tmp_path / "m.jsonl", after_steps=7)
+    assert code == 128 + signal.SIGUSR1 and not out.exists(), output  # ps ends at once on the signal
+    again = hpcreduce_cli(*saving, timeout=TIMEOUT)
+    assert again.returncode == 0 and "resumed from the checkpoint of step" in again.output, again.output
+    assert json.loads(out.read_text())["final"] == json.loads((tmp_path / "whole.json").read_text())["final"]
