@@ -7,7 +7,7 @@ and accuracy; --json writes the whole result, --metrics one JSON line per step,
 --timeline a Chrome trace of every rank's phases.
 Flag errors are printed by rank 0 and every rank exits with status 2; a run that ends with a
 model worse than the one it started from (diverged: see the final line's warning) exits 5
-(3 is the deadline watchdog's abort). --mode ring stops at the next step boundary on SIGUSR1 or
+(3 is the deadline watchdog's abort). --mode ring (and ps, hybrid without --ft) stops at the next step boundary on SIGUSR1 or
 SIGTERM (--stop-signals), writes its checkpoint into --checkpoint-dir and exits 75: started again
 over the folder it goes on (docs/slurm.md).
 Each model brings the --steps, --batch, --lr and --optimizer it trains well with;
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
         return refuse("train", problems, 0, args.flags) if problems else relaunch(args, stop_signals(args, argv))
     config, problems = build_config(args)
     from ..runtime.stop import STOP_SIGNALS, StoppedEarly, requests
-    from ..train.api import STOPS_AT_STEP
-    if config.mode in STOPS_AT_STEP:  # other modes end at once on the signal, resumed from their last checkpoint
+    from ..train.api import stops_at_step
+    if stops_at_step(config.mode, bool(args.ft)):  # other modes end at once on the signal, resumed from their last checkpoint
         requests.install(STOP_SIGNALS.value() if config.fault.stop_signals is None else config.fault.stop_signals)
     from mpi4py import MPI
     from ..errors import FaultToleranceUnavailableError, HpcreduceError
