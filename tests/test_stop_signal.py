@@ -150,10 +150,9 @@ def test_a_ps_bsp_run_stopped_at_a_step_resumes_to_the_same_checksum(tmp_path):
     assert again.returncode == 0 and f"resumed from the checkpoint of step {first} " in again.output, again.output
     assert "0 acknowledged updates lost" in again.output, again.output
     assert json.loads(out.read_text())["final"] == json.loads((tmp_path / "whole.json").read_text())["final"]
-    # issue 36 item 5: with --ft the same run over its own checkpoint is refused by name on every rank
+    # issue 36 item 5: with --ft the same run over its own folder resumes too (from step 10, the last one)
     ft = hpcreduce_cli(*saving, "--ft", timeout=TIMEOUT)
-    assert ft.returncode == 1, ft.output
-    assert "holds this run's checkpoint of step 10: --mode ps with --ft does not resume" in ft.output, ft.output
-    assert ft.output.count("error on rank") == 3, ft.output  # every rank, before any step
+    assert ft.returncode == 0 and "resumed from the checkpoint of step 10 " in ft.output, ft.output
+    assert json.loads(out.read_text())["final"] == json.loads((tmp_path / "whole.json").read_text())["final"]
     refused = hpcreduce_cli(*ps, "--mode", "sandblaster", "--stop-signals", "USR1", timeout=TIMEOUT)
     assert refused.returncode == 2 and "--stop-signals only applies to --mode ring" in refused.output, refused.output

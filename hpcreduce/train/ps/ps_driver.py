@@ -12,9 +12,10 @@ the next server (``hpcreduce.ps.replication``) and, with ``checkpoint_dir``, che
 growth and leaves. ``kill_random`` never draws id 0 (the first server) nor id K (the first
 worker), so a server and a worker always remain.
 Cost while nothing fails: the replication of every push, a checkpoint of each shard every
-``checkpoint_every`` steps when asked, and one ``Agree`` at the end. A folder that already holds a
-complete checkpoint of this run is refused at the start (``refuse_resume``): this driver does not
-resume from one, and a job started again must not begin at step 1 over it.
+``checkpoint_every`` steps when asked, and one ``Agree`` at the end. A job started again over a
+folder holding a complete checkpoint of this run resumes from it as one without ULFM does
+(``resume_point``: shards and replicas from it, every worker at its step); ``--mode hybrid``
+refuses it (``refuse_resume``: the dense replicas are not checkpointed).
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ from .ps_setup import PSSetup
 from .ps_recovery import recover
 from .resize_requests import Resize, ResizeRequests
 from .ps_resizing import carry_out
+from .fallback import resumed_event
+from .resume_point import Resume
 
 if TYPE_CHECKING:
     from ...ps.server import Server
@@ -66,9 +69,15 @@ class PSDriver:
             self.install(epoch)
         else:
             refuse_resume(ctx, setup)
-            self.progress = self._progress(0, 0)
+            resume, started = Resume.find(ctx, setup), time.time()
+            self.progress = self._progress(resume.first_step, resume.first_step)
             epoch, server, self.placement = founding_epoch(ctx, setup, self._new_loop, self._server_progress,
-                                                           observer.echo)
+                                                           observer.echo, resume)
+            if resume.point is not None:
+                layout = epoch.layout
+                self.events.add(resumed_event(ctx, setup, resume, layout.worker_ranks, sorted(layout.shard_ranks),
+                                              time.time() - started, started, observer.echo))
+                epoch = epoch.but(resume_mark=resume.first_step)
             self.install(epoch, server)
 
     def run(self) -> None:
@@ -154,19 +163,18 @@ class PSDriver:
 
 def refuse_resume(ctx: Context, setup: PSSetup) -> None:
     """``CheckpointMismatchError`` on every rank when ``--checkpoint-dir`` holds another run's
-    checkpoint, or a complete one of this run (which ``--ft`` does not resume from: without
-    ``--ft`` the run resumes from it, ``fallback``). Collective: one small broadcast."""
+    checkpoint, or (``--mode hybrid``) a complete one of this run: the workers' dense replicas
+    are not checkpointed, so a hybrid run cannot resume from it. Collective: small broadcasts."""
     directory = setup.fault.checkpoint_dir
+    shard_checkpoints.refuse_foreign(ctx.comm, directory, setup.identity)
     problem = None
-    if ctx.rank == 0 and directory:
-        problem = shard_checkpoints.foreign_problem(directory, setup.identity)
-        step = None if problem else shard_checkpoints.latest_complete(directory)
+    if ctx.rank == 0 and directory and setup.config.mode == "hybrid":
+        step = shard_checkpoints.latest_complete(directory)
         if step:
             problem = setting_problem(
-                "{checkpoint_dir} {path} holds this run's checkpoint of step {step}: --mode {mode} with --ft does "
-                "not resume from a checkpoint (it would start at step 1 and overwrite it); run it again without "
-                "--ft to resume from it, or give an empty folder", path=directory, step=step,
-                mode=setup.config.mode)
+                "{checkpoint_dir} {path} holds this run's checkpoint of step {step}: --mode hybrid does not resume "
+                "from a checkpoint (the workers' dense parameters are not in it; it would start at step 1 and "
+                "overwrite it): give an empty folder, or use --mode ps", path=directory, step=step)
     problem = ctx.comm.bcast(problem, root=0)
     if problem is not None:
         raise CheckpointMismatchError(problem)
