@@ -155,4 +155,5 @@ def test_a_ps_bsp_run_stopped_at_a_step_resumes_to_the_same_checksum(tmp_path):
     assert ft.returncode == 0 and "resumed from the checkpoint of step 10 " in ft.output, ft.output
     assert json.loads(out.read_text())["final"] == json.loads((tmp_path / "whole.json").read_text())["final"]
     refused = hpcreduce_cli(*ps, "--mode", "sandblaster", "--stop-signals", "USR1", timeout=TIMEOUT)
-    assert refused.returncode == 2 and "--stop-signals only applies to --mode ring" in refused.output, refused.output
+    assert refused.returncode == 2 and "--stop-signals only applies to --mode ring, and to ps and hybrid without --ft (--mode sandblaster ends at once" \
+        in refused.output, refused.output

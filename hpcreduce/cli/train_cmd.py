@@ -156,10 +156,12 @@ def build_config(args: argparse.Namespace) -> Tuple["TrainConfig", List[Problem]
               **{name: value for name, value in batch_method.items() if name not in own}, **shared}
     part = {**{name: value for name, value in batch_method.items() if name in own}, **part}
     config = TrainConfig(**chosen, topology=topology(**part), fault=FaultConfig(**fault, hostfile=args.hostfile))
-    from ..train.api import STOPS_AT_STEP
-    if config.fault.stop_signals is not None and mode not in STOPS_AT_STEP:  # the other modes end at once
-        problems.append(f"--stop-signals only applies to --mode {_listed(list(STOPS_AT_STEP))} (--mode {mode} "
-                        "ends at once on a signal and resumes from its last --checkpoint-every checkpoint)")
+    from ..train.api import stops_at_step
+    if config.fault.stop_signals is not None and not stops_at_step(mode, bool(getattr(args, "ft", False))):
+        why = "ends at once on a signal and does not resume across launches" if mode == "sandblaster" else \
+            "with --ft ends at once on a signal; started again over its checkpoint folder it resumes"
+        problems.append(f"--stop-signals only applies to --mode ring, and to ps and hybrid without --ft "
+                        f"(--mode {mode} {why})")
     return config, problems
 
 
