@@ -157,3 +157,21 @@ def test_a_ps_bsp_run_stopped_at_a_step_resumes_to_the_same_checksum(tmp_path):
     refused = hpcreduce_cli(*ps, "--mode", "sandblaster", "--stop-signals", "USR1", timeout=TIMEOUT)
     assert refused.returncode == 2 and "--stop-signals only applies to --mode ring, and to ps and hybrid without --ft (--mode sandblaster ends at once" \
         in refused.output, refused.output
+
+
+def test_a_hybrid_bsp_run_stopped_at_a_step_resumes_to_the_same_checksum(tmp_path):
+    hybrid = ("train", "-n", "3", "--mode", "hybrid", "--servers", "1", "--steps", "10", "--batch", "256",
+              "--table-rows", "4096", "--quiet")
+    whole = hpcreduce_cli(*hybrid, "--json", str(tmp_path / "whole.json"), timeout=TIMEOUT)
+    assert whole.returncode == 0, whole.output
+    folder, out = tmp_path / "ckpt", tmp_path / "resumed.json"
+    saving = (*hybrid, "--checkpoint-dir", str(folder), "--checkpoint-every", "4", "--json", str(out))
+    first = stopped_at(*stopped_run([*saving, "--slow", "1:20"], tmp_path / "m.jsonl", after_steps=3))
+    assert 3 <= first < 10 and not out.exists()
+    assert f"ckpt-{first:09d}.npz" in os.listdir(folder / "dense-replica")  # the workers' dense parameters
+    again = hpcreduce_cli(*saving, timeout=TIMEOUT)
+    assert again.returncode == 0 and f"resumed from the checkpoint of step {first} " in again.output, again.output
+    assert json.loads(out.read_text())["final"] == json.loads((tmp_path / "whole.json").read_text())["final"]
+    # with --ft over its own folder: refused by name on every rank (the --ft driver does not restore replicas)
+    ft = hpcreduce_cli(*saving, "--ft", timeout=TIMEOUT)
+    assert ft.returncode == 1 and ft.output.count("--mode hybrid does not resume") == 3, ft.output

@@ -29,6 +29,8 @@ a ``recovery`` event of kind ``resume``: ``checkpoint_step`` C, ``updates_lost``
 ``ranks_before`` (of the run that wrote C), ``restore_s`` (until every server rebuilt its shard),
 ``next_step_at`` (wall clock: when every worker had completed a step after resuming) and
 ``data_shards``.
+In ``--mode hybrid`` the first worker also writes the dense replica at those steps and every
+worker loads it on a resume (``dense_checkpoints``).
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from ...runtime.context import Context
 from ..observe import Observer
 from ..partition import assignment
 from . import shard_checkpoints
+from .dense_checkpoints import load_dense, save_dense
 from .final import initial_shards
 from .ledger import LedgeredLoop, PushLedger
 from .progress import PSKills, ShardCheckpoints, StepProgress
@@ -93,8 +96,18 @@ class Fallback:
         loop.ledger = PushLedger(setup.fault.checkpoint_dir, worker.slot, self.first_step, self.output_failed)
         loop.step = self.first_step
         loop.duplicates_until = resume.point.pushed_until if resume.keep_pushes else 0
-        loop.before_step = lambda step: self.progress.worker_step(step, self.members)
+        loop.before_step = lambda step: self._before_step(loop, step)
+        if loop.replica is not None and resume.point is not None:
+            load_dense(setup.fault.checkpoint_dir, resume.point.step, loop.replica)
         return loop
+
+    def _before_step(self, loop: LedgeredLoop, step: int) -> None:
+        """Kills; in hybrid the first worker writes the dense replica at the servers' checkpoint steps."""
+        self.progress.worker_step(step, self.members)
+        fault, done = self.setup.fault, step - 1
+        if loop.replica is not None and loop.worker.index == 0 and fault.checkpoint_every and \
+                done > self.first_step and done % fault.checkpoint_every == 0:
+            save_dense(fault.checkpoint_dir, done, loop.replica, self.setup.identity, fault.checkpoint_keep)
 
     def recovery(self) -> List[Dict[str, Any]]:
         """The events as rank 0 (a server: it closed them) has them (collective)."""

@@ -93,8 +93,9 @@ def _stop_here(ctx: Context, setup: PSSetup, stop: StopPoint, role: Union[Server
     done = None if loop is None else loop.step
     step = stop.agree(done, failed=loop is not None and loop.result.failure is not None)
     if step is not None:
+        first = loop is not None and loop.worker.index == 0
         save_stop(ctx.comm, setup.config, role if isinstance(role, Server) else None, step, setup.identity,
-                  setup.tables.consistency.aggregates)
+                  setup.tables.consistency.aggregates, loop.replica if first else None)
 
 
 def _run_fallback(ctx: Context, setup: PSSetup, observer: Observer, started: float) -> TrainResult:

@@ -25,6 +25,8 @@ from ...errors import OutputFileError
 from ...ps.server import Server
 from ...runtime.stop import StoppedEarly, requests
 from ..config import TrainConfig
+from .dense_checkpoints import save_dense
+from .dense_replica import DenseReplica
 from .shard_checkpoints import save_shard
 
 TAG_WANTED = 7321  # any rank -> the first worker: a stop signal came here
@@ -85,8 +87,9 @@ class StopPoint:
 
 
 def save_stop(comm: MPI.Comm, config: TrainConfig, server: Optional[Server], step: int,
-              identity: Mapping[str, object], bsp: bool) -> None:
-    """Every rank (collective): the servers write their shard as checkpoint ``step``, then
+              identity: Mapping[str, object], bsp: bool, replica: Optional[DenseReplica] = None) -> None:
+    """Every rank (collective): the servers write their shard as checkpoint ``step`` (``replica``:
+    the dense replica, given on hybrid's first worker), then
     ``StoppedEarly`` (resumable; not resumable without a checkpoint folder); a shard that could
     not be written is an ``OutputFileError`` on every rank, saying the run cannot resume."""
     fault = config.fault
@@ -95,6 +98,11 @@ def save_stop(comm: MPI.Comm, config: TrainConfig, server: Optional[Server], ste
         try:
             save_shard(fault.checkpoint_dir, step, server.state, sorted(server.layout.shard_ranks), bsp,
                        identity=identity, keep=fault.checkpoint_keep)
+        except OutputFileError as err:
+            problem = str(err)
+    if replica is not None and fault.checkpoint_dir:  # hybrid: the first worker's dense replica
+        try:
+            save_dense(fault.checkpoint_dir, step, replica, identity, fault.checkpoint_keep)
         except OutputFileError as err:
             problem = str(err)
     problem = next(filter(None, comm.allgather(problem)), None)
