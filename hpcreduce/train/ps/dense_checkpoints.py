@@ -42,3 +42,18 @@ def load_dense(directory: str, step: int, replica: DenseReplica) -> None:
         for key, value in state.items():
             np.copyto(value, arrays[f"state.{name}.{key}"])
     replica.applied = step
+
+
+def save_when_due(directory: str, step: int, replica: DenseReplica, worker_index: int,
+                  every: int, after: int, identity: Mapping[str, object], keep: int) -> None:
+    """The first worker (``worker_index`` 0), at the start of step ``step`` (from 1): the replica
+    written as checkpoint ``step - 1`` when the servers checkpoint that step (every ``every``
+    steps, past ``after``: the step resumed from)."""
+    done = step - 1
+    if worker_index == 0 and every and directory and done > after and done % every == 0:
+        save_dense(directory, done, replica, identity, keep)
+
+
+def saved(directory: str, step: int) -> bool:
+    """Whether dense checkpoint ``step`` exists."""
+    return os.path.exists(checkpoint_files.path_for(folder(directory), step))

@@ -47,7 +47,7 @@ from ...runtime.context import Context
 from ..observe import Observer
 from ..partition import assignment
 from . import shard_checkpoints
-from .dense_checkpoints import load_dense, save_dense
+from .dense_checkpoints import load_dense, save_when_due
 from .final import initial_shards
 from .ledger import LedgeredLoop, PushLedger
 from .progress import PSKills, ShardCheckpoints, StepProgress
@@ -104,10 +104,10 @@ class Fallback:
     def _before_step(self, loop: LedgeredLoop, step: int) -> None:
         """Kills; in hybrid the first worker writes the dense replica at the servers' checkpoint steps."""
         self.progress.worker_step(step, self.members)
-        fault, done = self.setup.fault, step - 1
-        if loop.replica is not None and loop.worker.index == 0 and fault.checkpoint_every and \
-                done > self.first_step and done % fault.checkpoint_every == 0:
-            save_dense(fault.checkpoint_dir, done, loop.replica, self.setup.identity, fault.checkpoint_keep)
+        fault = self.setup.fault
+        if loop.replica is not None:
+            save_when_due(fault.checkpoint_dir, step, loop.replica, loop.worker.index, fault.checkpoint_every,
+                          self.first_step, self.setup.identity, fault.checkpoint_keep)
 
     def recovery(self) -> List[Dict[str, Any]]:
         """The events as rank 0 (a server: it closed them) has them (collective)."""

@@ -14,8 +14,8 @@ worker), so a server and a worker always remain.
 Cost while nothing fails: the replication of every push, a checkpoint of each shard every
 ``checkpoint_every`` steps when asked, and one ``Agree`` at the end. A job started again over a
 folder holding a complete checkpoint of this run resumes from it as one without ULFM does
-(``resume_point``: shards and replicas from it, every worker at its step); ``--mode hybrid``
-refuses it (``refuse_resume``: the dense replicas are not checkpointed).
+(``resume_point``: shards and replicas from it, every worker at its step; hybrid: the workers'
+dense replica too, which the first worker checkpoints with the servers, ``dense_checkpoints``).
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from .ps_setup import PSSetup
 from .ps_recovery import recover
 from .resize_requests import Resize, ResizeRequests
 from .ps_resizing import carry_out
+from .dense_checkpoints import load_dense, save_when_due, saved as dense_saved
 from .fallback import resumed_event
 from .resume_point import Resume
 
@@ -74,6 +75,8 @@ class PSDriver:
             epoch, server, self.placement = founding_epoch(ctx, setup, self._new_loop, self._server_progress,
                                                            observer.echo, resume)
             if resume.point is not None:
+                if epoch.worker.loop is not None and epoch.worker.loop.replica is not None:
+                    load_dense(setup.fault.checkpoint_dir, resume.point.step, epoch.worker.loop.replica)
                 layout = epoch.layout
                 self.events.add(resumed_event(ctx, setup, resume, layout.worker_ranks, sorted(layout.shard_ranks),
                                               time.time() - started, started, observer.echo))
@@ -116,9 +119,17 @@ class PSDriver:
     def _new_loop(self, worker: "Worker") -> WorkerLoop:
         setup = self.setup
         loop = WorkerLoop(worker, setup.config, setup.model, setup.dataset, self.ctx)
-        loop.before_step = lambda step: self.progress.worker_step(step, self.epoch.members)
+        loop.before_step = lambda step: self._worker_step(loop, step)
         loop.step = worker.clock_value
         return loop
+
+    def _worker_step(self, loop: WorkerLoop, step: int) -> None:
+        """Kills; in hybrid the first worker checkpoints the dense replica (``dense_checkpoints``)."""
+        self.progress.worker_step(step, self.epoch.members)
+        fault = self.setup.fault
+        if loop.replica is not None:
+            save_when_due(fault.checkpoint_dir, step, loop.replica, loop.worker.index, fault.checkpoint_every,
+                          self.progress.checkpoints.done, self.setup.identity, fault.checkpoint_keep)
 
     def _work(self) -> None:
         loop = self.epoch.worker.loop
@@ -163,18 +174,18 @@ class PSDriver:
 
 def refuse_resume(ctx: Context, setup: PSSetup) -> None:
     """``CheckpointMismatchError`` on every rank when ``--checkpoint-dir`` holds another run's
-    checkpoint, or (``--mode hybrid``) a complete one of this run: the workers' dense replicas
-    are not checkpointed, so a hybrid run cannot resume from it. Collective: small broadcasts."""
+    checkpoint, or (``--mode hybrid``) this run's latest without the dense replica (written
+    before the replicas were checkpointed). Collective: small broadcasts."""
     directory = setup.fault.checkpoint_dir
     shard_checkpoints.refuse_foreign(ctx.comm, directory, setup.identity)
     problem = None
     if ctx.rank == 0 and directory and setup.config.mode == "hybrid":
         step = shard_checkpoints.latest_complete(directory)
-        if step:
+        if step and not dense_saved(directory, step):
             problem = setting_problem(
-                "{checkpoint_dir} {path} holds this run's checkpoint of step {step}: --mode hybrid does not resume "
-                "from a checkpoint (the workers' dense parameters are not in it; it would start at step 1 and "
-                "overwrite it): give an empty folder, or use --mode ps", path=directory, step=step)
+                "{checkpoint_dir} {path} holds this run's checkpoint of step {step} without the workers' dense "
+                "parameters: --mode hybrid does not resume from it (it would start at step 1 and overwrite it); "
+                "give an empty folder", path=directory, step=step)
     problem = ctx.comm.bcast(problem, root=0)
     if problem is not None:
         raise CheckpointMismatchError(problem)
