@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from mpi4py import MPI
 
-from ...errors import CheckpointMismatchError, setting_problem
+from ...errors import CheckpointMismatchError, SettingProblem, setting_problem
 from ...ft.events import EventLog
 from ...ft.rounds import attempt
 from ...ft.watchdog import watchdog
@@ -69,8 +69,8 @@ class PSDriver:
             self.progress = self._progress(drawn, welcome.clock if welcome.server_keys else 0)
             self.install(epoch)
         else:
-            refuse_resume(ctx, setup)
-            resume, started = Resume.find(ctx, setup), time.time()
+            started = time.time()
+            resume = Resume.find(ctx, setup) if refuse_resume(ctx, setup) else Resume(None)
             self.progress = self._progress(resume.first_step, resume.first_step)
             epoch, server, self.placement = founding_epoch(ctx, setup, self._new_loop, self._server_progress,
                                                            observer.echo, resume)
@@ -172,20 +172,23 @@ class PSDriver:
         self.install(epoch)
 
 
-def refuse_resume(ctx: Context, setup: PSSetup) -> None:
-    """``CheckpointMismatchError`` on every rank when ``--checkpoint-dir`` holds another run's
-    checkpoint, or (``--mode hybrid``) this run's latest without the dense replica (written
-    before the replicas were checkpointed). Collective: small broadcasts."""
+def refuse_resume(ctx: Context, setup: PSSetup) -> Optional[int]:
+    """The latest complete checkpoint of this run in ``--checkpoint-dir`` (None: none); a
+    ``CheckpointMismatchError`` on every rank when the folder holds another run's checkpoint, or
+    (``--mode hybrid``) this run's latest without the dense replica (written before the replicas
+    were checkpointed). Collective: small broadcasts."""
     directory = setup.fault.checkpoint_dir
     shard_checkpoints.refuse_foreign(ctx.comm, directory, setup.identity)
-    problem = None
-    if ctx.rank == 0 and directory and setup.config.mode == "hybrid":
+    found = None
+    if ctx.rank == 0 and directory:
         step = shard_checkpoints.latest_complete(directory)
-        if step and not dense_saved(directory, step):
-            problem = setting_problem(
+        found = step
+        if step and setup.config.mode == "hybrid" and not dense_saved(directory, step):
+            found = setting_problem(
                 "{checkpoint_dir} {path} holds this run's checkpoint of step {step} without the workers' dense "
                 "parameters: --mode hybrid does not resume from it (it would start at step 1 and overwrite it); "
                 "give an empty folder", path=directory, step=step)
-    problem = ctx.comm.bcast(problem, root=0)
-    if problem is not None:
-        raise CheckpointMismatchError(problem)
+    found = ctx.comm.bcast(found, root=0)
+    if isinstance(found, SettingProblem):
+        raise CheckpointMismatchError(found)
+    return found
