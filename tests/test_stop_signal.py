@@ -43,6 +43,29 @@ def test_signal_names_parse_and_a_second_signal_changes_nothing():
     assert StoppedEarly(3, None, signal.SIGUSR1).code == 128 + signal.SIGUSR1
 
 
+def test_a_ps_worker_finishes_the_step_it_read_and_hybrid_checkpoints_need_the_dense_replica(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import numpy as np
+    from mpi4py import MPI
+
+    from hpcreduce.runtime import stop
+    from hpcreduce.train.ps import dense_checkpoints, shard_checkpoints, stop_point
+    point = stop_point.StopPoint(MPI.COMM_SELF, [0])  # the first (and only) worker
+    assert not point.after_read(3) and point.at is None  # no signal: nothing named, nothing sent
+    monkeypatch.setattr(stop.requests, "seen", signal.SIGUSR1)
+    assert not point.after_read(4) and point.at == 5  # the signal during step 5: that step is finished
+    assert point.after_read(5) and point.agree(5) == 5  # and the loop stops before step 6
+    replica = SimpleNamespace(params={"w": np.arange(4.0)}, state={"w": {"sum": np.ones(4)}}, applied=5)
+    dense_checkpoints.save_when_due(str(tmp_path), 7, replica, 0, 3, 0, {"run": 1}, 2)  # step 6 done: due
+    dense_checkpoints.save_when_due(str(tmp_path), 7, replica, 1, 3, 0, {"run": 1}, 2)  # not the first worker
+    assert os.listdir(tmp_path / "dense-replica") == ["ckpt-000000006.npz"]
+    loaded = SimpleNamespace(params={"w": np.zeros(4)}, state={"w": {"sum": np.zeros(4)}}, applied=0)
+    dense_checkpoints.load_dense(str(tmp_path), 6, loaded)
+    assert loaded.applied == 6 and loaded.params["w"].tolist() == [0, 1, 2, 3] and loaded.state["w"]["sum"].all()
+    assert shard_checkpoints.latest_complete(str(tmp_path)) is None  # no shard wrote it
+
+
 def stopped_run(args, metrics, signals=(signal.SIGUSR1,), after_steps=3, before=lambda: None):
     """Run ``hpcreduce train`` and send it ``signals`` once ``metrics`` has ``after_steps`` lines
     (``before()`` first); (exit code, output)."""
