@@ -1,5 +1,6 @@
-"""A stop signal in ``--mode ps`` (without ``--ft``): every worker stops after the same step,
-the servers checkpoint it, every rank exits resumable.
+"""A stop signal in ``--mode ps`` and ``hybrid`` (without ``--ft``): every worker stops after the
+same step, the servers checkpoint it (hybrid: the first worker its dense replica too), every
+rank exits resumable.
 
 Under BSP a worker's read of step t returns only once every worker has finished step t - 1.
 A rank that sees a stop signal tells the first worker (one small message; a server from its
