@@ -16,6 +16,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "jobs" / "train_ring.sbatch"
 COMMON = {"STEPS": "30", "SEED": "1", "LAUNCHER": "srun",
           "EXTRA_ARGS": "--batch 512 --table-rows 4096 --quiet --slow 0:20"}
 ONE_NODE = ("--nodes=1", "--ntasks=4")
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
 def signal_when_under_way(cluster, name: str, metrics: Path, sent: list) -> None:
@@ -37,6 +38,21 @@ def signal_when_under_way(cluster, name: str, metrics: Path, sent: list) -> None
         time.sleep(0.2)
 
 
+def requeued_job_end(cluster, job: str, log: Path, code: int):
+    """(exit code, whole output) of requeued job ``job`` once it has left the queue: ``sbatch --wait``
+    may return at the requeue itself (with 1) while the requeued run goes on."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        shown = cluster.command(["scontrol", "-o", "show", "job", job], check=False).stdout
+        state = next((w.split("=", 1)[1] for w in shown.split() if w.startswith("JobState=")), "")
+        if state in ENDED:  # nothing shown (slurmctld busy at the requeue) or under way: look again
+            exit_code = next((w.split("=", 1)[1] for w in shown.split() if w.startswith("ExitCode=")), None)
+            return (int(exit_code.split(":")[0]) if exit_code else code), \
+                f"{log.read_text(errors='replace')}\n[scontrol] {shown}"
+        time.sleep(0.2)
+    raise AssertionError(f"requeued job {job} did not end within 180 s\n{log.read_text(errors='replace')}")
+
+
 def test_a_signalled_job_requeues_resumes_and_ends_like_one_never_stopped(slurm_cluster, tmp_path):
     name = f"preempt-{uuid.uuid4().hex[:8]}"
     stopped = {**COMMON, "OUT": str(tmp_path / "stopped.json"), "CKPT_DIR": str(tmp_path / "ckpt"),
@@ -45,12 +61,15 @@ def test_a_signalled_job_requeues_resumes_and_ends_like_one_never_stopped(slurm_
     sent: list = []
     threading.Thread(target=signal_when_under_way, args=(slurm_cluster, name, tmp_path / "steps.jsonl", sent),
                      daemon=True).start()
+    log = tmp_path / "stopped.out"
     with ThreadPoolExecutor(2) as pool:
-        runs = [pool.submit(slurm_cluster.sbatch_wait, SCRIPT, env=env, args=(*ONE_NODE, f"--job-name={job}"),
-                            timeout=240) for env, job in ((stopped, name), (whole, f"{name}-whole"))]
+        runs = [pool.submit(slurm_cluster.sbatch_wait, SCRIPT, env=env, timeout=240,
+                            args=(*ONE_NODE, f"--job-name={job}", *extra))
+                for env, job, extra in ((stopped, name, [f"--output={log}"]), (whole, f"{name}-whole", []))]
         (code, output), (whole_code, whole_output) = [run.result() for run in runs]
     assert whole_code == 0, whole_output
     assert sent, output
+    code, output = requeued_job_end(slurm_cluster, sent[0], log, code)
     assert code == 0, output
     assert "stopped by SIGUSR1 after step" in output, output
     assert f"requeueing job {sent[0]} (requeued 0 time(s) before)" in output, output
