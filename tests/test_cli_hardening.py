@@ -162,7 +162,7 @@ def test_a_launcher_that_stays_up_after_a_rank_aborted_the_job_is_ended_with_the
     assert "the job was aborted 1 s ago but mpirun is still up; ending it" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 128 + signal.SIGUSR1), (signal.SIGINT, 130)])
 def test_a_signal_to_the_launcher_stops_the_job_without_a_relaunch(tmp_path, signum, code):
     launcher = subprocess.Popen([sys.executable, "-m", "hpcreduce", "train", "-n", "2", "--restarts", "2",
                                  "--steps", "1000000", "--progress", "lines"], cwd=str(tmp_path),
@@ -179,7 +179,8 @@ def test_a_signal_to_the_launcher_stops_the_job_without_a_relaunch(tmp_path, sig
     try:
         assert started.wait(60), "".join(lines)
         sent = time.monotonic()
-        launcher.send_signal(signum)  # to the launcher alone, as a scheduler's stop does
+        launcher.send_signal(signum)  # to the launcher alone, as a scheduler's stop does (SIGTERM: a stop
+        # signal, the ranks stop at a step boundary; no checkpoint folder: 128 + SIGUSR1, runtime.stop)
         assert launcher.wait(timeout=30) == code, "".join(lines)
         assert time.monotonic() - sent < 30
     finally:

@@ -47,7 +47,7 @@ def submitted(slurm_cluster, tmp_path_factory):
 
     def run(case: str):
         out, killed = folder / f"{case}.json", []
-        env = {**COMMON, **CASES[case][0], "OUT": str(out)}
+        env = {**COMMON, **CASES[case][0], "OUT": str(out), "CKPT_DIR": str(folder / f"ckpt-{case}")}
         if case.endswith("node"):
             metrics = folder / f"{case}.metrics"
             env.update(STEPS=str(NODE_STEPS), EXTRA_ARGS=f"{COMMON['EXTRA_ARGS']} --metrics {metrics}")

@@ -35,7 +35,8 @@ def run_case(cluster, folder: Path, case: str):
     script, launcher = case.split("-")
     path, params = SCRIPTS[script]
     out = folder / f"{case}.json"
-    env = {"LAUNCHER": "srun" if launcher == "one" else launcher, "OUT": str(out), **params}
+    env = {"LAUNCHER": "srun" if launcher == "one" else launcher, "OUT": str(out), **params,
+           "CKPT_DIR": str(folder / f"ckpt-{case}")}
     code, output = cluster.sbatch_wait(JOBS / path, env=env, args=LAUNCHES[launcher][0], timeout=TIMEOUT)
     return code, output, out
 

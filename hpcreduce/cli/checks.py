@@ -18,9 +18,10 @@ from ..runtime import settings
 from ..runtime.places import Place, place_problems
 from ..runtime.launch import DONE_FILE, hostfile_slots, unknown_hosts
 from ..runtime.spawn import SPAWN_INFO, spawn_slots
+from ..runtime.stop import STOP_SIGNALS
 
 # Every environment setting hpcreduce reads; ``hpcreduce launch`` sets the last two itself.
-SETTINGS = (CHECK, FUSION_BYTES, TABLE, DEADLINE, SPAWN_INFO, KILL_LOG, ATTEMPT, DONE_FILE)
+SETTINGS = (CHECK, FUSION_BYTES, TABLE, DEADLINE, SPAWN_INFO, KILL_LOG, STOP_SIGNALS, ATTEMPT, DONE_FILE)
 SET_BY_LAUNCH = (ATTEMPT, DONE_FILE)
 USAGE_ERROR = 2
 

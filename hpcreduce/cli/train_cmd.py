@@ -7,7 +7,9 @@ and accuracy; --json writes the whole result, --metrics one JSON line per step,
 --timeline a Chrome trace of every rank's phases.
 Flag errors are printed by rank 0 and every rank exits with status 2; a run that ends with a
 model worse than the one it started from (diverged: see the final line's warning) exits 5
-(3 is the deadline watchdog's abort).
+(3 is the deadline watchdog's abort). --mode ring (and ps, hybrid without --ft) stops at the next step boundary on SIGUSR1 or
+SIGTERM (--stop-signals), writes its checkpoint into --checkpoint-dir and exits 75: started again
+over the folder it goes on (docs/slurm.md).
 Each model brings the --steps, --batch, --lr and --optimizer it trains well with;
 flags override them. --mode sandblaster minimises the batch objective with --optimizer
 lbfgs (default) or gd over K servers, one coordinator and the other ranks as workers,
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import traceback
 from typing import TYPE_CHECKING, Dict, List, Tuple
@@ -55,8 +58,12 @@ def register(subcommands) -> None:
 def run(args: argparse.Namespace, argv: List[str]) -> int:
     if outside_mpi():  # the launcher: refuse bad flags, settings and paths before any rank starts
         problems = launcher_problems(args)
-        return refuse("train", problems, 0, args.flags) if problems else relaunch(args, argv)
+        return refuse("train", problems, 0, args.flags) if problems else relaunch(args, stop_signals(args, argv))
     config, problems = build_config(args)
+    from ..runtime.stop import STOP_SIGNALS, StoppedEarly, requests
+    from ..train.api import stops_at_step
+    if stops_at_step(config.mode, bool(args.ft)):  # other modes end at once on the signal, resumed from their last checkpoint
+        requests.install(STOP_SIGNALS.value() if config.fault.stop_signals is None else config.fault.stop_signals)
     from mpi4py import MPI
     from ..errors import FaultToleranceUnavailableError, HpcreduceError
     from ..runtime.context import init
@@ -83,6 +90,11 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
                   f"{config.mode} over {ctx.size} ranks, {config.steps} steps of {config.batch}, "
                   f"{config.optimizer}" + ("" if config.mode == "sandblaster" else f" lr {config.lr}"), flush=True)
         result = run_checked(ctx, model, dataset, config)
+    except StoppedEarly as stopped:  # every rank, after the same step: checkpointed (exit 75) or not
+        if ctx.rank == 0:
+            print(f"hpcreduce train: {stopped}", file=sys.stderr, flush=True)
+            mark_done(stopped.code)
+        return stopped.code
     except HpcreduceError:  # raised on every rank alike: main reports it, every rank exits 1
         raise
     except Exception:  # may be this rank's alone, and would leave the others waiting: end the job
@@ -93,6 +105,17 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     if ctx.rank == 0:
         mark_done(code)  # the result is written: the launcher returns this code and does not rerun
     return code
+
+
+def stop_signals(args: argparse.Namespace, argv: List[str]) -> List[str]:
+    """``argv``; the launcher catches the stop signals ``--stop-signals`` gives (``runtime.stop``)."""
+    from ..runtime.settings import reload
+    from ..runtime.stop import STOP_SIGNALS
+    config, _ = build_config(args)
+    if config.fault.stop_signals is not None:
+        os.environ[STOP_SIGNALS.name] = ",".join(s.name[3:] for s in config.fault.stop_signals) or "none"
+        reload()
+    return argv
 
 
 def launcher_problems(args: argparse.Namespace) -> List[Problem]:
@@ -133,6 +156,12 @@ def build_config(args: argparse.Namespace) -> Tuple["TrainConfig", List[Problem]
               **{name: value for name, value in batch_method.items() if name not in own}, **shared}
     part = {**{name: value for name, value in batch_method.items() if name in own}, **part}
     config = TrainConfig(**chosen, topology=topology(**part), fault=FaultConfig(**fault, hostfile=args.hostfile))
+    from ..train.api import stops_at_step
+    if config.fault.stop_signals is not None and not stops_at_step(mode, bool(getattr(args, "ft", False))):
+        why = "ends at once on a signal and does not resume across launches" if mode == "sandblaster" else \
+            "with --ft ends at once on a signal; started again over its checkpoint folder it resumes"
+        problems.append(f"--stop-signals only applies to --mode ring, and to ps and hybrid without --ft "
+                        f"(--mode {mode} {why})")
     return config, problems
 
 

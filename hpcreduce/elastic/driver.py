@@ -8,17 +8,23 @@ not commit (``Interrupted``), is followed by the recovery (``regroup.recover``);
 the growth it asks for (``resizing``). Either way the reset callbacks run and ``func(state)``
 is called again. Every path ends, on every rank, with exactly one agreement: an agreement of
 ``agreed`` that fails meets a peer's ending its call of ``func``, never a shrink.
+A stop signal (``run(on_stop=...)``) is a revoke at the next commit of the rank that received it,
+then the same recovery, after which every rank saves and exits resumable (``StoppedEarly``).
 Cost while nothing fails: one ``MPI_Comm_agree`` per call of ``func`` and one per ``agreed`` block.
 """
 from __future__ import annotations
 
 import functools
+import sys
 import time
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Optional, TypeVar
+
+from mpi4py import MPI
 
 from ..ft.rounds import attempt
 from ..runtime.context import agreed_launch_settings
 from ..runtime.launch import mark_done
+from ..runtime.stop import STOP_SIGNALS, StoppedEarly, requests
 from .agreement import Interrupted
 from .regroup import join, recover
 from .resizing import ResizeRequested, grow, leave
@@ -27,17 +33,30 @@ from .state import State
 T = TypeVar("T")
 
 
-def run(func: Callable[..., T]) -> Callable[..., T]:
+def run(func: Optional[Callable[..., T]] = None, *,
+        on_stop: Optional[Callable[[State], Optional[str]]] = None) -> Any:
     """Wrap ``func(state, *args, **kwargs)`` so that it survives dead ranks, takes in new ones
     and lets ranks leave. Needs a launch with ULFM (``hpcreduce launch --ft``); without it the
     wrapped call raises ``FaultToleranceUnavailableError`` on every rank, saying what is missing
     (unless the state's ``Policy.needs_ulfm`` is off: then ``func`` is called once). Once it
     returned after a change of ranks, rank 0 marks the job done for ``hpcreduce launch``
-    (which then reports success although mpirun exits 137 after a spawned rank died)."""
+    (which then reports success although mpirun exits 137 after a spawned rank died).
+
+    ``@elastic.run(on_stop=save)``: the run also takes stop signals (``HPCREDUCE_STOP_SIGNALS``,
+    default SIGUSR1 and SIGTERM; ``runtime.stop``). A rank that received one revokes at its next
+    commit; every rank goes back to rank 0's last commit (as after a failure), ``save(state)``
+    runs on every rank (a collective save: ``save_checkpoint``, ``hpcreduce.torch.save_checkpoint``;
+    it returns where it saved, or None) and every rank raises ``StoppedEarly`` (a ``SystemExit``
+    with code 75 when saved). Started again, the script loads its checkpoint and goes on."""
+    if func is None:
+        return functools.partial(run, on_stop=on_stop)
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
         ctx, policy = state.context, state.job.policy
+        if on_stop is not None:
+            state.job.on_stop = on_stop
+            requests.install(STOP_SIGNALS.value())
         if not ctx.ft and not policy.needs_ulfm:
             return func(state, *args, **kwargs)
         if not ctx.ft:
@@ -49,6 +68,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 outcome = attempt(ctx.comm, lambda: func(state, *args, **kwargs), "elastic run", watch_work=False)
             except Interrupted as failure:
                 recover(state, failure.detected_at)
+                _stop_if_asked(state)
                 continue
             except ResizeRequested as request:
                 _resize(state, request)
@@ -58,6 +78,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                     mark_done()  # Open MPI exits 137 once a spawned rank has died, even when recovered
                 return outcome.result
             recover(state, outcome.failed_at or time.time())
+            _stop_if_asked(state)
 
     return wrapper
 
@@ -73,3 +94,18 @@ def _resize(state: State, request: ResizeRequested) -> None:
     state.job.resized_before = request.at
     if request.count:
         grow(state, request.count, "growth", request.at)
+
+
+def _stop_if_asked(state: State) -> None:
+    """After a recovery of a run given ``on_stop``: when some rank received a stop signal (one
+    small allreduce), every rank, now at rank 0's last commit, saves (``on_stop``) and raises
+    ``StoppedEarly``."""
+    ctx, job = state.context, state.job
+    if job.on_stop is None or not ctx.comm.allreduce(requests.seen is not None, op=MPI.LOR):
+        return
+    saved = job.on_stop(state)
+    stopped = StoppedEarly(state.commits - 1, saved, requests.seen, unit="commit")  # the State's own aside
+    if ctx.rank == 0:
+        print(f"hpcreduce: {stopped}", file=sys.stderr, flush=True)
+        mark_done(stopped.code)
+    raise stopped

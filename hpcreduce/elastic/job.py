@@ -4,15 +4,18 @@ Who is in it (``ft.membership.Membership``), the policy it changes by, every cha
 far as an ``ft.events.RecoveryEvent`` (``Change`` adds ``data_shards``) and the resize
 bookkeeping: leaves and growth due up to ``resized_before`` are done, and the discovery
 file's problem printed last (printed once). A newcomer gets the membership and the
-bookkeeping from the job (``control``/``adopt``), then the values (``State.sync``).
+bookkeeping from the job (``control``/``adopt``), then the values (``State.sync``). A run given
+``on_stop`` (``elastic.run``) is stopped at a commit by a stop signal (``stop_at_commit``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ..ft.events import EventLog, RecoveryEvent
 from ..ft.membership import Membership
+from ..runtime.context import Context
+from ..runtime.stop import requests
 from .policy import Policy
 
 DETAIL = {"failure": "lost", "growth": "joined", "replacement": "joined", "joined": "joined", "leave": "left"}
@@ -36,6 +39,16 @@ class Job:
     changes: EventLog = field(default_factory=EventLog)
     resized_before: int = 0
     warned: Optional[str] = None
+    on_stop: Optional[Callable[[Any], Optional[str]]] = None
+    stop_sent: bool = False
+
+    def stop_at_commit(self, ctx: Context) -> None:
+        """A commit of a run that takes stop signals (``on_stop``): once this rank received one,
+        revoke the communicator (once), so that every rank leaves its step and ``run`` stops them
+        all at their last commit. Costs a Python attribute read while no signal came."""
+        if self.on_stop is not None and requests.seen is not None and not self.stop_sent and ctx.ft:
+            self.stop_sent = True
+            ctx.comm.Revoke()
 
     def control(self) -> Dict[str, Any]:
         """What a newcomer is sent before the values: the membership and the bookkeeping."""

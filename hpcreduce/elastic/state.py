@@ -105,6 +105,7 @@ class State:
         object.__setattr__(self, "_commits", self._commits + 1)
         for change in self.job.changes.step_completed():
             self.job.policy.echo(change.line())
+        self.job.stop_at_commit(self.context)
         if check_resize:
             request_resize(self, self._commits)
 

@@ -1,6 +1,7 @@
 """What recoveries happened, for the JSON results and rank 0's console."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
@@ -15,6 +16,7 @@ class RecoveryEvent:
     ``--leave`` or the discovery file; ``requested_at``: when that was decided, wall clock).
     ``detected_at``/``next_step_at``: wall-clock seconds (``time.time()``, comparable with the
     kill log); ``shrink_s``, ``restore_s`` and ``to_next_step_s`` are measured from the detection.
+    ``requeued``: on a resume, how many times Slurm had requeued the job (``SLURM_RESTART_COUNT``).
     """
 
     kind: str
@@ -31,6 +33,11 @@ class RecoveryEvent:
     restore_s: float = 0.0
     next_step_at: Optional[float] = None
     to_next_step_s: Optional[float] = None
+    requeued: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "resume" and self.requeued is None:  # a Slurm job's requeues so far (issue 37)
+            self.requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
     def line(self) -> str:
         parts = [f"lost rank(s) {self.lost}" if self.lost else "",

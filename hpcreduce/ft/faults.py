@@ -8,6 +8,7 @@ from typing import List, Optional, Sequence, Tuple
 from ..errors import SettingProblem, setting_problem
 from ..runtime.options import Bound, at_least, field_problems, option, positive_finite
 from ..runtime.spawn import spawn_slots
+from ..runtime.stop import STOP_SIGNALS, parse_signals
 from .inject import Kill, KillSchedule, NodeKill, hostfile_node_problem, parse_kill, parse_kill_node
 from .resize import GrowthRule, parse_grow, parse_leave
 
@@ -68,6 +69,11 @@ class FaultConfig:
     accept_server_loss: bool = option(False, "--accept-server-loss", "--mode ps --ft with one server and no "
                                       "--checkpoint-dir: run anyway, knowing that the server's death ends the job "
                                       "(a worker's death is still recovered)", switch=True)
+    stop_signals: Optional[Tuple[int, ...]] = option(None, "--stop-signals", "signals that stop the run at the "
+                                                     "next step boundary, checkpoint it and exit 75 (resumable): a "
+                                                     "comma list of USR1, USR2, TERM, INT, or none (default: "
+                                                     f"{STOP_SIGNALS.name}, else USR1,TERM)", metavar="SIGNALS",
+                                                     parse=parse_signals)
     hostfile: Optional[str] = None
     node_kills: List[NodeKill] = option(None, "--kill-node", "SIGKILL every rank on node NODE (its hostname) at "
                                         "step STEP: a node lost; repeatable", metavar="NODE@STEP[:PHASE]",

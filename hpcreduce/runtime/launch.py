@@ -21,6 +21,7 @@ from .environment import usable_cores
 from .mpirun_output import OutputRelay
 from .processes import adopting_orphans, children, end_orphans
 from .settings import Setting, text_value
+from .stop import STOP_SIGNALS, relayed
 
 DONE_FILE = Setting("HPCREDUCE_DONE_FILE", text_value, "", "a file path (set by the launcher)")
 DONE_GRACE_S = 30.0
@@ -170,6 +171,8 @@ def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,
         env.update({name: value for name, value in BUNDLED_MPI_ENV.items() if name not in os.environ})
     if path_first:
         argv += ["-x", "PATH"]
+    if STOP_SIGNALS.is_set():  # the ranks on every node catch the same stop signals
+        argv += ["-x", STOP_SIGNALS.name]
     argv += list(extra_args)
     argv += list(command)
     return LaunchPlan(argv, env, path_first)
@@ -184,18 +187,22 @@ def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0, expects_
     Such a job is started again up to ``restarts`` times, with ``HPCREDUCE_ATTEMPT`` set to the
     attempt's number (0 first): a job with ``--checkpoint-dir`` resumes from its latest checkpoint,
     with however many ranks the relaunch has (the fallback where MPI has no ULFM); after the last,
-    the reason is printed and the code is mpirun's, or 1 where mpirun said 0. Never relaunched: a
-    job stopped by SIGINT or SIGTERM (a user's stop: passed on, then 128 + the signal returned),
-    and a job whose ranks marked it done before mpirun exited non-zero (Open MPI's exit 137 after
-    spawned ranks ended): that returns 0. Whatever of the job outlives mpirun is killed
+    the reason is printed and the code is mpirun's, or 1 where mpirun said 0. A stop signal
+    (``HPCREDUCE_STOP_SIGNALS``, default SIGUSR1 and SIGTERM: ``runtime.stop``) is passed on to
+    mpirun as SIGUSR1 (mpirun relays it to every rank), and the job's own code is returned (75 once
+    its ranks checkpointed). Never relaunched: a job stopped by SIGINT or SIGTERM when they are not
+    stop signals (a user's stop: passed on, then 128 + the signal returned), a job given a stop
+    signal, and a job whose ranks marked it done before mpirun exited non-zero (Open MPI's exit 137
+    after spawned ranks ended): that returns 0. Whatever of the job outlives mpirun is killed
     (``processes.end_orphans``): nothing outlives its launcher.
     """
     if restarts < 0:
         raise LaunchError(f"--restarts must be 0 or more, got {restarts}")
     if echo:
         print(f"hpcreduce: {plan.shell()}", file=sys.stderr, flush=True)
-    stop = _Stop()
-    previous = {sig: signal.signal(sig, stop.forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop = _Stop(STOP_SIGNALS.value())
+    caught = dict.fromkeys((signal.SIGINT, signal.SIGTERM, *stop.stop_signals))
+    previous = {sig: signal.signal(sig, stop.forward) for sig in caught}
     marker_folder = _marker_folder()
     try:
         with adopting_orphans():
@@ -217,6 +224,9 @@ def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0, expects_
                 failure = _failure(code, lost, expects_done)
                 if failure is None:
                     return 0
+                if stop.stopping is not None:
+                    _say(f"{failure} after {signal.Signals(stop.stopping).name}; not relaunched")
+                    return code or 128 + stop.stopping
                 if attempt == restarts:
                     _say(failure)
                     return code or 1
@@ -245,14 +255,25 @@ def _say(message: str) -> None:
 
 
 class _Stop:
-    """The running attempt's mpirun, and the first stop signal received (None until one is)."""
+    """The running attempt's mpirun; ``signum``: the first signal that ends the job (SIGINT, a
+    SIGTERM that is no stop signal), ``stopping``: the first stop signal (None until one came)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_signals: Tuple[int, ...]) -> None:
         self.child: Optional[subprocess.Popen] = None
         self.signum: Optional[int] = None
+        self.stopping: Optional[int] = None
+        self.stop_signals = stop_signals
 
     def forward(self, signum: int, _frame) -> None:
-        self.signum = signum if self.signum is None else self.signum
+        if signum in self.stop_signals:  # the ranks stop at a step boundary, checkpoint, exit 75
+            first, relay = self.stopping is None, relayed(signum, self.stop_signals)
+            self.stopping = signum if first else self.stopping
+            if first:
+                _say(f"stopped by {signal.Signals(signum).name}: passed on to the ranks as "
+                     f"{signal.Signals(relay).name} (they stop at the next step boundary)")
+            signum = relay
+        else:
+            self.signum = signum if self.signum is None else self.signum
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
@@ -270,8 +291,8 @@ class _Stop:
         finally:
             relay.start()
         try:
-            if self.signum is not None:  # it came while mpirun started
-                child.send_signal(self.signum)
+            if self.signum is not None or self.stopping is not None:  # it came while mpirun started
+                child.send_signal(self.signum or relayed(self.stopping, self.stop_signals))
             code = self._wait(child, done)
         finally:
             if child.poll() is None:  # the launcher itself is failing

@@ -83,7 +83,7 @@ class Hybrid(PS):
     mode: ClassVar[str] = "hybrid"
 
     def problems(self, config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
-        return ps_problems(self, config, size, ft) + hybrid_problems(config, ft)
+        return ps_problems(self, config, size, ft) + hybrid_problems(config)
 
 
 def _on_off(text: str) -> bool:

@@ -66,7 +66,7 @@ def ps_problems(ps: "PS", config: "TrainConfig", size: int, ft: bool) -> List[Se
     return found
 
 
-def hybrid_problems(config: "TrainConfig", ft: bool) -> List[SettingProblem]:
+def hybrid_problems(config: "TrainConfig") -> List[SettingProblem]:
     """Beyond PS's: what the workers' dense replicas (``train.ps.dense_replica``) do not do yet."""
     found = []
     if config.topology.fetch_every != 1:
@@ -75,10 +75,6 @@ def hybrid_problems(config: "TrainConfig", ft: bool) -> List[SettingProblem]:
     if config.device == "gpu":
         found.append(setting_problem("{device} gpu is not supported by {mode} hybrid yet; use {device} cpu "
                                      "or {mode} ps"))
-    if config.fault.checkpoint_dir and not ft:
-        found.append(setting_problem("{mode} hybrid without in-job fault tolerance cannot resume from "
-                                     "{checkpoint_dir} (the workers' dense parameters are not checkpointed): "
-                                     "launch with --ft, or use {mode} ps"))
     return found
 
 

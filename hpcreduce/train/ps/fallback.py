@@ -29,11 +29,13 @@ a ``recovery`` event of kind ``resume``: ``checkpoint_step`` C, ``updates_lost``
 ``ranks_before`` (of the run that wrote C), ``restore_s`` (until every server rebuilt its shard),
 ``next_step_at`` (wall clock: when every worker had completed a step after resuming) and
 ``data_shards``.
+In ``--mode hybrid`` the first worker also writes the dense replica at those steps and every
+worker loads it on a resume (``dense_checkpoints``).
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Sequence, Union
+from typing import Any, Callable, Dict, List, Sequence, Union
 
 from ...ft.events import EventLog
 from ...ft.membership import Membership
@@ -45,6 +47,7 @@ from ...runtime.context import Context
 from ..observe import Observer
 from ..partition import assignment
 from . import shard_checkpoints
+from .dense_checkpoints import load_dense, save_when_due
 from .final import initial_shards
 from .ledger import LedgeredLoop, PushLedger
 from .progress import PSKills, ShardCheckpoints, StepProgress
@@ -82,22 +85,9 @@ class Fallback:
                              server, slowest, self.first_step, self.members),
                          wire_dtype=setup.ps.wire_dtype)
         if resume.point is not None:
-            self._resumed(layout.worker_ranks, sorted(layout.shard_ranks), time.time() - restored)
+            self.events.add(resumed_event(ctx, setup, resume, layout.worker_ranks, sorted(layout.shard_ranks),
+                                          time.time() - restored, self.started, self.echo))
         return role
-
-    def _resumed(self, workers: Sequence[int], keys: List[int], restore_s: float) -> None:
-        point = self.resume.point
-        event = PSRecoveryEvent("resume", self.first_step + 1, point.servers + point.workers, self.started)
-        event.ranks_after = self.ctx.size
-        event.restore_s = restore_s
-        event.checkpoint_step, event.updates_lost = point.step, point.updates_lost
-        event.shards_restored = keys
-        event.restart_step = point.step + 1 if self.setup.tables.consistency.aggregates else None
-        event.data_shards = assignment(list(workers), self.setup.train_shards)
-        self.events.add(event)
-        self.echo(f"resumed from the checkpoint of step {point.step} (written by {point.servers} server(s) and "
-                  f"{point.workers} worker(s), now {len(keys)} and {len(workers)}); "
-                  f"{point.updates_lost} acknowledged updates lost")
 
     def loop(self, worker: Worker) -> LedgeredLoop:
         """The worker's loop from the resume step, logging its acknowledged pushes."""
@@ -106,9 +96,36 @@ class Fallback:
         loop.ledger = PushLedger(setup.fault.checkpoint_dir, worker.slot, self.first_step, self.output_failed)
         loop.step = self.first_step
         loop.duplicates_until = resume.point.pushed_until if resume.keep_pushes else 0
-        loop.before_step = lambda step: self.progress.worker_step(step, self.members)
+        loop.before_step = lambda step: self._before_step(loop, step)
+        if loop.replica is not None and resume.point is not None:
+            load_dense(setup.fault.checkpoint_dir, resume.point.step, loop.replica)
         return loop
+
+    def _before_step(self, loop: LedgeredLoop, step: int) -> None:
+        """Kills; in hybrid the first worker writes the dense replica at the servers' checkpoint steps."""
+        self.progress.worker_step(step, self.members)
+        fault = self.setup.fault
+        if loop.replica is not None:
+            save_when_due(fault.checkpoint_dir, step, loop.replica, loop.worker.index, fault.checkpoint_every,
+                          self.first_step, self.setup.identity, fault.checkpoint_keep)
 
     def recovery(self) -> List[Dict[str, Any]]:
         """The events as rank 0 (a server: it closed them) has them (collective)."""
         return self.ctx.comm.bcast(self.events.as_dicts(), root=0)
+
+
+def resumed_event(ctx: Context, setup: PSSetup, resume: Resume, workers: Sequence[int], keys: List[int],
+                  restore_s: float, started: float, echo: Callable[[str], None]) -> PSRecoveryEvent:
+    """The ``resume`` event of a launch that resumed from ``resume.point`` (said on rank 0 by ``echo``)."""
+    point = resume.point
+    event = PSRecoveryEvent("resume", resume.first_step + 1, point.servers + point.workers, started)
+    event.ranks_after = ctx.size
+    event.restore_s = restore_s
+    event.checkpoint_step, event.updates_lost = point.step, point.updates_lost
+    event.shards_restored = keys
+    event.restart_step = point.step + 1 if setup.tables.consistency.aggregates else None
+    event.data_shards = assignment(list(workers), setup.train_shards)
+    echo(f"resumed from the checkpoint of step {point.step} (written by {point.servers} server(s) and "
+         f"{point.workers} worker(s), now {len(keys)} and {len(workers)}); "
+         f"{point.updates_lost} acknowledged updates lost")
+    return event

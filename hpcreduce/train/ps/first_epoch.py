@@ -1,7 +1,8 @@
 """How a rank of a fault-tolerant PS run gets its first epoch: the ranks the job started with
 make the initial roles together (``ps.roles``: servers on ranks 0..K-1 with their shard and its
 neighbour's replica, the replication ring across nodes); a rank spawned into a running job
-takes what the job's ``Welcome`` says (``ps_growth.join``)."""
+takes what the job's ``Welcome`` says (``ps_growth.join``). A job started again over its own
+checkpoint folder makes its shards from the latest complete checkpoint (``resume_point``)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -15,23 +16,23 @@ from ...ps.worker import Worker
 from ...runtime.context import Context
 from ...runtime.failures import fatal_failures
 from ...runtime.nodes import rank_nodes
-from . import shard_checkpoints
 from .epoch import Epoch, Welcome
 from .final import initial_shards
 from .loop import WorkerLoop
 from .ps_growth import join
 from .ps_setup import PSSetup
+from .resume_point import Resume
 from .worker_side import WorkerSide
 
 Progress = Callable[[Server, int], None]
 
 
 def founding_epoch(ctx: Context, setup: PSSetup, new_loop: Callable[[Worker], WorkerLoop], on_progress: Progress,
-                   echo: Callable[[str], None]) -> Tuple[Epoch, Optional[Server], List[Dict[str, Any]]]:
+                   echo: Callable[[str], None],
+                   resume: Resume = Resume(None)) -> Tuple[Epoch, Optional[Server], List[Dict[str, Any]]]:
     """Collective over the job's ranks: the first epoch, this rank's server (None on a worker)
-    and where each shard lives (``Layout.homes``, for the results). A checkpoint folder of
-    another run is refused first, on every rank."""
-    shard_checkpoints.refuse_foreign(ctx.comm, setup.fault.checkpoint_dir, setup.identity)
+    and where each shard lives (``Layout.homes``, for the results); the shards (and replicas)
+    from ``resume``'s checkpoint when it has one, every worker at its ``first_step``."""
     tables = setup.tables
     nodes = rank_nodes(ctx.comm)
     layout = initial_layout(ctx, tables, setup.ps.servers, nodes, replicated=True)
@@ -42,9 +43,11 @@ def founding_epoch(ctx: Context, setup: PSSetup, new_loop: Callable[[Worker], Wo
 
     def shards(key: int) -> List[Any]:
         keys = [key, layout.neighbours(key)[1]] if len(layout.shard_ranks) > 1 else [key]
-        made.extend(initial_shards(setup, layout, keys))
+        made.extend([resume.shard(setup, layout, k) for k in keys] if resume.point else
+                    initial_shards(setup, layout, keys))
         return made
-    role = make_role(ctx, layout, tables, shards, guard=watchdog.guard, on_progress=on_progress)
+    role = make_role(ctx, layout, tables, shards, guard=watchdog.guard, on_progress=on_progress,
+                     clock=resume.first_step)
     members = Membership.founding(ctx.size, ctx.rank)
     epoch = Epoch(ctx.comm, layout, members, setup.ps.servers, nodes=dict(zip(members.ids, nodes)))
     homes = layout.homes(nodes, replicated=True)

@@ -34,6 +34,8 @@ the read staleness the servers reported) and handed to the run's observer, if an
 On ``config.device`` gpu the model computes on cupy arrays: pulled dense tables are
 copied up once per fetch and pulled rows every step, the gradients copied down before
 they are summed and pushed; requests, replies and the summing stay on the host.
+A stop signal (``stop_point``, without ``--ft``) ends the loop after a read, before its compute:
+every worker then has the same steps done.
 Cost per step: see ``hpcreduce.ps.Worker`` (one header each way per request, payloads once).
 """
 from __future__ import annotations
@@ -57,6 +59,7 @@ from ..partition import worker_batch
 from ..results import StepLog
 from ..straggler import factor_for, slow_down
 from .dense_replica import DenseReplica
+from .stop_point import StopPoint
 
 PHASES = {"read": "communication", "compute": "compute", "push": "communication", "reduce_dense": "communication"}
 READ, PUSH, CLOCK = "read", "push", "clock"
@@ -112,6 +115,7 @@ class WorkerLoop:
         self.fused = not ctx.ft and self.replica is None  # push-pull: replicating servers refuse it
         self.prefetched: Optional[int] = None  # dense tables already pulled by a push-pull: its staleness
         self.before_step: Callable[[int], None] = lambda step: None
+        self.stop: Optional[StopPoint] = None  # where a stop signal ends the loop (without --ft)
         self._current: Tuple[np.ndarray, int] = (np.zeros(3), 0)
         # a straggler (--slow) is named by its stable id, slot + K for the workers the job started with
         self.slow = factor_for(config.fault, worker.slot + config.servers)
@@ -144,7 +148,7 @@ class WorkerLoop:
         phases = observer.timed(self, PHASES) if observer is not None else self
         if self.replica is not None and self.replica.joined_with is not self.worker:
             self.replica.join(self.worker)  # a new layout: every worker of it is here
-        while self.step < self.config.steps:
+        while self.step < self.config.steps and not (self.stop is not None and self.stop.stopped):
             self.advance(phases, observer)
 
     def advance(self, phases: Any, observer: Optional[Any]) -> None:
@@ -160,6 +164,9 @@ class WorkerLoop:
                 fetch = step % config.topology.fetch_every == 0 or self.refetch
                 params, staleness = phases.read(batch, fetch_dense=fetch)
                 self.refetch = False
+            if self.stop is not None and self.stop.after_read(step):
+                return  # a stop signal: every worker stops before this step (``stop_point``)
+            if len(indices):
                 output = phases.compute(params, batch)
                 stats[:] = (output.loss_sum, output.correct, output.count)
             self._current = (stats, staleness)

@@ -12,7 +12,10 @@ the next server (``hpcreduce.ps.replication``) and, with ``checkpoint_dir``, che
 growth and leaves. ``kill_random`` never draws id 0 (the first server) nor id K (the first
 worker), so a server and a worker always remain.
 Cost while nothing fails: the replication of every push, a checkpoint of each shard every
-``checkpoint_every`` steps when asked, and one ``Agree`` at the end.
+``checkpoint_every`` steps when asked, and one ``Agree`` at the end. A job started again over a
+folder holding a complete checkpoint of this run resumes from it as one without ULFM does
+(``resume_point``: shards and replicas from it, every worker at its step; hybrid: the workers'
+dense replica too, which the first worker checkpoints with the servers, ``dense_checkpoints``).
 """
 from __future__ import annotations
 
@@ -21,11 +24,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from mpi4py import MPI
 
+from ...errors import CheckpointMismatchError, SettingProblem, setting_problem
 from ...ft.events import EventLog
 from ...ft.rounds import attempt
 from ...ft.watchdog import watchdog
 from ...ps.roles import serve_shard
 from ...runtime.context import Context
+from . import shard_checkpoints
 from .epoch import Epoch
 from .first_epoch import founding_epoch, newcomer_epoch
 from .loop import WorkerLoop
@@ -34,6 +39,9 @@ from .ps_setup import PSSetup
 from .ps_recovery import recover
 from .resize_requests import Resize, ResizeRequests
 from .ps_resizing import carry_out
+from .dense_checkpoints import load_dense, save_when_due, saved as dense_saved
+from .fallback import resumed_event
+from .resume_point import Resume
 
 if TYPE_CHECKING:
     from ...ps.server import Server
@@ -61,9 +69,18 @@ class PSDriver:
             self.progress = self._progress(drawn, welcome.clock if welcome.server_keys else 0)
             self.install(epoch)
         else:
-            self.progress = self._progress(0, 0)
+            started = time.time()
+            resume = Resume.find(ctx, setup) if refuse_resume(ctx, setup) else Resume(None)
+            self.progress = self._progress(resume.first_step, resume.first_step)
             epoch, server, self.placement = founding_epoch(ctx, setup, self._new_loop, self._server_progress,
-                                                           observer.echo)
+                                                           observer.echo, resume)
+            if resume.point is not None:
+                if epoch.worker.loop is not None and epoch.worker.loop.replica is not None:
+                    load_dense(setup.fault.checkpoint_dir, resume.point.step, epoch.worker.loop.replica)
+                layout = epoch.layout
+                self.events.add(resumed_event(ctx, setup, resume, layout.worker_ranks, sorted(layout.shard_ranks),
+                                              time.time() - started, started, observer.echo))
+                epoch = epoch.but(resume_mark=resume.first_step)
             self.install(epoch, server)
 
     def run(self) -> None:
@@ -102,9 +119,17 @@ class PSDriver:
     def _new_loop(self, worker: "Worker") -> WorkerLoop:
         setup = self.setup
         loop = WorkerLoop(worker, setup.config, setup.model, setup.dataset, self.ctx)
-        loop.before_step = lambda step: self.progress.worker_step(step, self.epoch.members)
+        loop.before_step = lambda step: self._worker_step(loop, step)
         loop.step = worker.clock_value
         return loop
+
+    def _worker_step(self, loop: WorkerLoop, step: int) -> None:
+        """Kills; in hybrid the first worker checkpoints the dense replica (``dense_checkpoints``)."""
+        self.progress.worker_step(step, self.epoch.members)
+        fault = self.setup.fault
+        if loop.replica is not None:
+            save_when_due(fault.checkpoint_dir, step, loop.replica, loop.worker.index, fault.checkpoint_every,
+                          self.progress.checkpoints.done, self.setup.identity, fault.checkpoint_keep)
 
     def _work(self) -> None:
         loop = self.epoch.worker.loop
@@ -145,3 +170,25 @@ class PSDriver:
                                               self.events.events)
         self.requests.pending = Resize()
         self.install(epoch)
+
+
+def refuse_resume(ctx: Context, setup: PSSetup) -> Optional[int]:
+    """The latest complete checkpoint of this run in ``--checkpoint-dir`` (None: none); a
+    ``CheckpointMismatchError`` on every rank when the folder holds another run's checkpoint, or
+    (``--mode hybrid``) this run's latest without the dense replica (written before the replicas
+    were checkpointed). Collective: small broadcasts."""
+    directory = setup.fault.checkpoint_dir
+    shard_checkpoints.refuse_foreign(ctx.comm, directory, setup.identity)
+    found = None
+    if ctx.rank == 0 and directory:
+        step = shard_checkpoints.latest_complete(directory)
+        found = step
+        if step and setup.config.mode == "hybrid" and not dense_saved(directory, step):
+            found = setting_problem(
+                "{checkpoint_dir} {path} holds this run's checkpoint of step {step} without the workers' dense "
+                "parameters: --mode hybrid does not resume from it (it would start at step 1 and overwrite it); "
+                "give an empty folder", path=directory, step=step)
+    found = ctx.comm.bcast(found, root=0)
+    if isinstance(found, SettingProblem):
+        raise CheckpointMismatchError(found)
+    return found

@@ -21,7 +21,7 @@ events (rank 0's, a server: it times the next step). Without ULFM but with a che
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 
@@ -40,6 +40,7 @@ from .loop import WorkerLoop
 from .ps_driver import PSDriver
 from .ps_results import ps_result
 from .ps_setup import PSSetup
+from .stop_point import StopPoint, save_stop
 
 
 def run_ps_training(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset,
@@ -53,7 +54,9 @@ def run_ps_training(ctx: Context, config: TrainConfig, model: Model, dataset: Da
     before anything starts; a failure during training raises ``PSTrainingError`` on every
     rank after the servers stopped. With fault tolerance (``ctx.ft``) the run survives
     dead ranks and grows (``ps_driver``); the result then also has ``recovery``. Without it, a
-    checkpoint folder makes the run resume from its checkpoints when relaunched (``fallback``).
+    checkpoint folder makes the run resume from its checkpoints when relaunched (``fallback``),
+    and a stop signal stops every worker after the same step, checkpoints it and raises
+    ``StoppedEarly`` on every rank (``stop_point``).
     """
     setup = PSSetup.of(config, model, dataset, ctx.size, ctx.ft)
     started = time.perf_counter()
@@ -68,13 +71,31 @@ def run_ps_training(ctx: Context, config: TrainConfig, model: Model, dataset: Da
     role = start(specs, part_init(model, config.seed, specs), servers=ps.servers, consistency=setup.tables.consistency,
                  optimizer=config.optimizer, lr=config.lr, comm=ctx, guard=watchdog.guard, wire_dtype=ps.wire_dtype)
     placement = role.layout.homes(nodes, replicated=False)
+    stop = StopPoint(ctx.comm, role.layout.worker_ranks)
     if isinstance(role, Server):
+        role.on_progress = lambda server, slowest: stop.tell()
         role.serve()
+        _stop_here(ctx, setup, stop, role, None)
         return ps_result(ctx, setup, role.layout, role.state, None, started, placement=placement, load=role.load)
     loop = WorkerLoop(role, config, model, dataset, ctx)
     hangs = config.fault.schedule(config.seed)  # without --ft or a checkpoint folder only hangs (``:hang``)
     loop.before_step = lambda step: hangs.strike("step", step, ctx.rank, range(ctx.size))
-    return ps_result(ctx, setup, role.layout, None, loop.run(ctx, observer), started, placement=placement)
+    loop.stop = stop
+    loop.run(ctx, observer)
+    _stop_here(ctx, setup, stop, role, loop)
+    return ps_result(ctx, setup, role.layout, None, loop.result, started, placement=placement)
+
+
+def _stop_here(ctx: Context, setup: PSSetup, stop: StopPoint, role: Union[Server, Worker],
+               loop: Optional[WorkerLoop]) -> None:
+    """Collective: when a stop signal stopped the workers, the servers checkpoint the step they
+    stopped after and every rank raises ``StoppedEarly`` (``stop_point``); else nothing."""
+    done = None if loop is None else loop.step
+    step = stop.agree(done, failed=loop is not None and loop.result.failure is not None)
+    if step is not None:
+        first = loop is not None and loop.worker.index == 0
+        save_stop(ctx.comm, setup.config, role if isinstance(role, Server) else None, step, setup.identity,
+                  setup.tables.consistency.aggregates, loop.replica if first else None)
 
 
 def _run_fallback(ctx: Context, setup: PSSetup, observer: Observer, started: float) -> TrainResult:
@@ -85,12 +106,17 @@ def _run_fallback(ctx: Context, setup: PSSetup, observer: Observer, started: flo
     role = fallback.start(nodes)
     placement = role.layout.homes(nodes, replicated=False)
     loop = None
+    stop = StopPoint(ctx.comm, role.layout.worker_ranks)
     if isinstance(role, Worker):
         loop = fallback.loop(role)
+        loop.stop = stop
         loop.run(ctx, observer)
         loop.ledger.close()
     else:
+        progress = role.on_progress
+        role.on_progress = lambda server, slowest: (stop.tell(), progress(server, slowest))
         role.serve()
+    _stop_here(ctx, setup, stop, role, loop)
     mine = (loop.worker.slot, len(loop.pushed)) if loop else None
     made = np.full(role.layout.slot_count, -1, np.int64)
     for slot, count in filter(None, ctx.comm.allgather(mine)):

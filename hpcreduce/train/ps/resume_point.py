@@ -1,7 +1,8 @@
 """Where a relaunched PS run without ULFM resumes (``fallback``, steps 2-4 of its docstring).
 
 Rank 0 finds the latest complete checkpoint C, counts the acknowledged pushes it lacks from
-the workers' push ledgers (``ledger``), removes the checkpoints newer than C and the ledgers,
+the workers' push ledgers (``ledger``; with no C but a launch before that pushed, it warns that
+the run starts at step 1 again), removes the checkpoints newer than C and the ledgers,
 and every rank takes its answer (``Resume.find``). The resume then says at which step every
 worker starts and whether the shards keep C's record of each slot's last push (the same
 servers and workers as the run that wrote C, under ASP/SSP), and builds each server's shard of
@@ -88,6 +89,10 @@ def _resume_point(directory: str) -> Optional[ResumePoint]:
     shard_checkpoints.remove_newer(directory, step)
     remove_ledgers(directory)
     if not step:
+        if lost:  # a launch before this one trained and was stopped or killed before its first checkpoint
+            print_warning(f"{directory}: no complete checkpoint to resume from, so this run starts at step 1; "
+                          f"the {lost} acknowledged updates of the launch before are redone (checkpoint more "
+                          "often, --checkpoint-every, than the job is stopped)")
         return None
     metadata = shard_checkpoints.step_metadata(directory, step)
     pushed = [int(last.max()) for tables in record.values() for last in tables.values() if last.size]

@@ -41,6 +41,7 @@ from ...ps.shard_state import COUNTERS, ShardState, TableShard
 from ...ps.tables import ParamSpec
 
 FOLDER = re.compile(r"^ps-shard-(\d+)$")
+DENSE = "dense-replica"  # hybrid's dense replica (``dense_checkpoints``)
 
 
 def folder(directory: str, key: int) -> str:
@@ -98,10 +99,14 @@ def step_files(directory: str, step: int) -> List[str]:
 
 def latest_complete(directory: Optional[str], warn: checkpoint_files.Warn = checkpoint_files.print_warning) -> Optional[int]:
     """The newest step every shard of its placement wrote a checkpoint of that reads back
-    whole, or None; ``warn`` names each file passed over."""
+    whole (in hybrid, the dense replica's too), or None; ``warn`` names each file passed over."""
     steps = _shard_files(directory)
+    dense = os.path.join(directory, DENSE) if directory else ""
     for step in sorted(steps, reverse=True):
-        read = [checkpoint_files.read_or_warn(path, warn) for path in steps[step].values()]
+        paths = list(steps[step].values())
+        if os.path.isdir(dense):  # hybrid: the workers' dense replica too (``dense_checkpoints``)
+            paths.append(checkpoint_files.path_for(dense, step))
+        read = [checkpoint_files.read_or_warn(path, warn) if os.path.exists(path) else None for path in paths]
         if all(read) and set(read[0][0]["keys"]) <= set(steps[step]):
             return step
     return None
@@ -142,8 +147,9 @@ def step_metadata(directory: str, step: int) -> Dict[str, object]:
 
 
 def remove_newer(directory: str, step: int) -> List[str]:
-    """Remove every shard checkpoint of a step above ``step``; returns their paths."""
+    """Remove every shard (and dense replica) checkpoint of a step above ``step``; returns their paths."""
     removed = [path for later, files in _shard_files(directory).items() if later > step for path in files.values()]
+    removed += [path for later, path in checkpoint_files.checkpoints(os.path.join(directory, DENSE)) if later > step]
     for path in removed:
         os.unlink(path)
     return removed

@@ -16,6 +16,8 @@ nothing moves but their share of the batch). ``--replace`` spawns one rank per r
 Kills (``FaultConfig.schedule``) strike at a step's start here, in a recovery and half way
 through a checkpoint in ``elastic``. Without ULFM every step runs under the deadline watchdog,
 and checkpoints (``elastic.save_checkpoint``) and a relaunch take over (resumed at start).
+A stop signal (``runtime.stop``) rides in the step's reduced statistics: every rank applies
+and commits that step, the checkpoint of it is written, and every rank raises ``StoppedEarly``.
 State on the GPU is broadcast from device memory where MPI is CUDA-aware and through host
 copies otherwise (``collectives.broadcast``); checkpoints store host copies.
 """
@@ -25,10 +27,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from ... import elastic
+from ...errors import OutputFileError
 from ...ft.faults import FaultConfig
 from ...ft.resize import known_hosts
 from ...ft.watchdog import watchdog
 from ...runtime.context import Context
+from ...runtime.stop import StoppedEarly, requests
 from ..identity import run_identity
 from ..partition import assignment
 from .ring_state import TrainState
@@ -104,6 +108,13 @@ def _train_steps(state: elastic.State, trainer: RingTrainer, steps: int, on_step
         on_step(trainer.apply(now, total))
         state.step = now.step
         state.commit(check_resize=False)
-        if saving.due(state.step):
-            elastic.save_checkpoint(state, saving.folder, state.step, dict(now.arrays()),
-                                    {"identity": saving.identity}, saving.keep)
+        stopping = bool(total.stats[4])  # a stop signal reached some rank: the same on every rank
+        if saving.due(state.step) or (stopping and saving.folder):
+            try:
+                elastic.save_checkpoint(state, saving.folder, state.step, dict(now.arrays()),
+                                        {"identity": saving.identity}, saving.keep)
+            except OutputFileError as err:
+                raise OutputFileError(*err.parts, f" (a stop signal came: the run stopped after step {state.step} "
+                                      "and cannot resume from it)" if stopping else "") from err
+        if stopping:
+            raise StoppedEarly(state.step, saving.folder, requests.seen)

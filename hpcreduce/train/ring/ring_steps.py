@@ -8,7 +8,8 @@ through host memory; the step's statistics stay on the host). A step has three p
   of the data shards it owns, re-split over the ranks after a failure or growth) gives
   summed gradients; sparse gradients are scattered into dense zero tables.
 * ``reduce``: one fused ``allreduce_many(..., "sum")`` of every gradient and of the
-  step's [loss, correct, count, failed ranks] over all ranks.
+  step's [loss, correct, count, failed ranks, stop requests] over all ranks (a rank that
+  received a stop signal, ``runtime.stop``, counts 1: every rank learns it in the same step).
 * ``apply``: gradients are divided by the global batch and the optimizer runs
   locally, so all ranks keep bitwise-identical parameters.
 
@@ -26,7 +27,7 @@ for the new number of ranks). Sparse tables get lazy updates, as parameter serve
 give them: only rows with a non-zero summed gradient go through the optimizer (the
 same result for SGD and Adagrad; for momentum and Adam untouched rows stay put).
 
-Cost per step: one allreduce of the whole model (sparse tables densified) and 24
+Cost per step: one allreduce of the whole model (sparse tables densified) and 40
 bytes of statistics: 2(N-1)/N * model bytes sent and received per rank with the
 ring algorithm, plus the input check's small allreduce.
 """
@@ -43,6 +44,7 @@ from ...errors import TrainingError
 from ...arrays.finite import all_finite
 from ...ps.optimizers import Optimizer, make_optimizer
 from ...runtime.context import Context
+from ...runtime.stop import requests
 from ..config import TrainConfig
 from ..data import Dataset
 from ..model import Model, checked_grads
@@ -56,7 +58,7 @@ from .sharded import ShardedUpdate, rows_update
 @dataclass
 class StepGrads:
     """Summed gradients (whole tensors) and ``stats`` = float64 [loss_sum, correct, count,
-    failed ranks], of one rank's share (after ``compute``) or of the global batch (after
+    failed ranks, stop requests], of one rank's share (after ``compute``) or of the global batch (after
     ``reduce``), for ``step``; ``failure``: why this rank's model failed (its gradients
     are then zeros)."""
 
@@ -101,16 +103,16 @@ class RingTrainer:
                                shards=self.dataset.shard_sizes("train"), seed=self.config.seed)
         step = state.step + 1
         if len(indices) == 0:
-            return StepGrads(zero_grads(self.specs, state.params), np.zeros(4), step)
+            return StepGrads(zero_grads(self.specs, state.params), stop_row([0, 0, 0, 0]), step)
         try:
             with slow_down(self.slow):
                 batch = self.dataset.batch("train", indices)
                 output = self.model.loss_and_grads(batch_view(self.model, state.params, batch), batch)
                 grads = dense_grads(self.specs, checked_grads(self.model, self.specs, output), state.params)
-            stats = np.array([output.loss_sum, output.correct, output.count, 0], np.float64)
+            stats = stop_row([output.loss_sum, output.correct, output.count, 0])
         except Exception as err:  # reported on every rank by reduce
             failure = f"rank {self.ctx.rank}: {type(err).__name__}: {err}"
-            failed = np.array([0, 0, 0, 1], np.float64)
+            failed = stop_row([0, 0, 0, 1])
             return StepGrads(zero_grads(self.specs, state.params), failed, step, failure)
         return StepGrads(grads, stats, step)
 
@@ -151,3 +153,7 @@ class RingTrainer:
         loss_sum, correct, count = (float(v) for v in total.stats[:3])
         return StepMetrics(step, loss_sum / max(count, 1.0), correct / max(count, 1.0), int(count))
 
+
+def stop_row(stats) -> np.ndarray:
+    """``stats`` and this rank's stop request (1 once it received a stop signal), as float64."""
+    return np.array([*stats, requests.seen is not None], np.float64)
