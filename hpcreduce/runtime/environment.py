@@ -32,6 +32,12 @@ def detect_launcher(env: Optional[Mapping[str, str]] = None) -> str:
     return "none"
 
 
+MAX_RANKS = 1 << 24
+"""The most ranks a job may be asked to have (a flag, a discovery file): far past any job
+spawned into here, and within the int MPI_Comm_spawn counts in; a number read from a file or
+a flag is checked against it where it is parsed."""
+
+
 # PyPI's Open MPI is built with UCX, and on a machine without UCX devices its one-sided (osc)
 # UCX component prints "Error: OSC UCX component priority set inside component query failed"
 # on every rank at the first window (the hierarchical allreduce's shared memory). Jobs launched
