@@ -117,6 +117,18 @@ def test_random_kills_with_replacements_never_take_every_replacement(tmp_path):
     assert_replicas_in_step(data, workers=4)
 
 
+def test_an_unrecoverable_loss_after_a_replacement_ends_every_rank(tmp_path):
+    """The last server dies after a worker was replaced: every survivor (the spawned one too)
+    says why and ends, never a hang (Open MPI's MPI_Finalize waited for the gone: 4 runs in 8)."""
+    result, data = train(tmp_path, "lost", "hybrid", "--replace", "--accept-server-loss", "--kill", "3@3",
+                         "--kill", "0@6", "--steps", "10", servers=1, ft=True)
+    assert result.returncode == 1 and data is None, result
+    said = "died together with their replica"
+    assert [line for line in result.output.splitlines() if said in line and "error on rank" in line], result
+    assert sum(said in line for line in result.output.splitlines()) == 3, result  # ranks 1, 2 and the newcomer
+    assert "Traceback" not in result.output, result
+
+
 def test_through_the_api_bsp_hybrid_equals_ring_and_a_failing_worker_stops_every_rank():
     result = mpirun(4, "hybrid_training.py", timeout=180)
     assert result.returncode == 0, result
