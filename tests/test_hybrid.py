@@ -74,10 +74,15 @@ def test_what_hybrid_cannot_run_is_refused_by_name(tmp_path, args, message):
 @pytest.mark.parametrize("consistency, killed, lost", [("ssp", "3@10", "workers lost [3]"),
                                                        ("bsp", "1@10", "servers lost [1]")])
 def test_a_sigkilled_worker_or_server_is_survived(tmp_path, ps_bsp, consistency, killed, lost):
+    metrics = tmp_path / "metrics.jsonl"
     result, data = train(tmp_path, "killed", "hybrid", "--consistency", consistency, "--kill", killed,
-                         ranks=5, ft=True)
+                         "--metrics", str(metrics), ranks=5, ft=True)
     assert result.returncode == 0, result
     assert lost in result.output, result
+    # every record is the global batch's, the lost worker's share of the steps before its loss included
+    live = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert {row["step"] for row in live} == set(range(1, 31)) and {row["examples"] for row in live} == {1024}
+    assert [row["examples"] for row in data["steps"]] == [1024] * 30, data["steps"]
     assert data["ranks"] == 4 and [event["kind"] for event in data["recovery"]] == ["failure"]
     assert data["recovery"][0]["lost"] == [int(killed.split("@")[0])]
     workers = 2 if lost.startswith("workers") else 3

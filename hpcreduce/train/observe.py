@@ -16,7 +16,9 @@ One rank reports (``reporter``: rank 0 in ring mode, the first worker in PS mode
 - ``config.metrics_path``: one JSON object per step (JSON lines), written as the run goes:
   step, loss, accuracy, examples, samples_per_s, step_s, wall_s, bytes_sent and
   bytes_received (this rank's, in the step), and whatever else the trainer logs
-  (PS: ``read_staleness``, the largest the servers reported for the step's reads).
+  (PS: ``read_staleness``, the largest the servers reported for the step's reads). The
+  step's global batch in ring and hybrid mode (whose dense reduction sums the workers'
+  stats); in ps mode the reporting worker's share (its ``examples``).
 - ``config.timeline_path``: every rank's phases, gathered to rank 0 at the end into one
   Chrome-trace file (``timeline``).
 - ``config.json_path``: the result, written by rank 0 at the end (``finish``).

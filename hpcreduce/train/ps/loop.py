@@ -29,8 +29,9 @@ pulls sparse rows only, the push carries sparse rows only, and between the push 
 every worker's dense gradients go into one allreduce among the workers
 (``DenseReplica.reduce``), after which each applies the same update to its replica; the
 workers' communicator is made again at the start of ``run_steps`` after any change of ranks.
-Each step is recorded in a ``StepLog`` (this worker's share: loss, accuracy, bytes, and
-the read staleness the servers reported) and handed to the run's observer, if any.
+Each step is recorded in a ``StepLog`` (loss, accuracy and examples of this worker's share;
+hybrid: of the global batch, which the dense reduction sums; bytes, and the read staleness
+the servers reported) and handed to the run's observer, if any.
 On ``config.device`` gpu the model computes on cupy arrays: pulled dense tables are
 copied up once per fetch and pulled rows every step, the gradients copied down before
 they are summed and pushed; requests, replies and the summing stay on the host.
@@ -252,8 +253,10 @@ class WorkerLoop:
 
     def reduce_dense(self) -> None:
         """Hybrid: the dense gradients summed since the last reduction, reduced among the workers
-        and applied (``DenseReplica.reduce``; kept for a retry if the reduction fails)."""
-        self.replica.reduce(self.step, self.summed)
+        and applied (``DenseReplica.reduce``; kept for a retry if the reduction fails), and the
+        step's stats made the global batch's."""
+        stats, staleness = self._current
+        self._current = (self.replica.reduce(self.step, self.summed, stats), staleness)
         self.summed = {}
 
     def acknowledged(self, pieces: List[Tuple[int, int]]) -> None:

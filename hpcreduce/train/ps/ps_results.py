@@ -1,4 +1,5 @@
-"""The result of a PS run on every rank: failures reported everywhere, per-step metrics summed,
+"""The result of a PS run on every rank: failures reported everywhere, per-step metrics summed
+(hybrid: every worker has the global batch's, which survive a lost worker),
 parameters evaluated and checksummed shard by shard (``final``), the servers' counters merged,
 the trained model written sharded (``--model-dir``), as ``train.results.TrainResult``. In
 ``--mode hybrid`` the dense parameters are the first worker's replica, and ``ps.hybrid`` has
@@ -48,9 +49,11 @@ def ps_result(ctx: Context, setup: PSSetup, layout: Layout, state: Optional[Shar
     failures = [text for text in ctx.comm.allgather(failure) if text]
     if failures:
         raise PSTrainingError("; ".join(failures))
-    ctx.comm.Allreduce(MPI.IN_PLACE, stats, op=MPI.SUM)
-    ctx.comm.Allreduce(MPI.IN_PLACE, wall, op=MPI.MAX)
     hybrid = config.mode == "hybrid"
+    # hybrid: every worker's rows are already the global batch's (the dense reduction sums them;
+    # a worker that joined after a step has only its share there, never more than the sum)
+    ctx.comm.Allreduce(MPI.IN_PLACE, stats, op=MPI.MAX if hybrid else MPI.SUM)
+    ctx.comm.Allreduce(MPI.IN_PLACE, wall, op=MPI.MAX)
     if hybrid:
         dense, replicas = dense_summary(ctx, layout, worker_log.replica if worker_log else None)
         ps_extra = {**(ps_extra or {}), "hybrid": replicas}
