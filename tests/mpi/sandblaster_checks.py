@@ -1,4 +1,4 @@
-"""Sandblaster end to end on 5 ranks (K = 1, 2, 3 servers, a coordinator, the rest workers).
+"""Sandblaster end to end on 5 ranks (K = 1, 2 or 3 servers, a coordinator, the rest workers).
 
 1. Exactly once: with tiny units, backups on and rank 4 slowed 1000x (each of its units outlasts
    a pass, so backups are certain under the expected-finish rule), the gradient the servers
@@ -7,7 +7,7 @@
    (``units`` = evaluations x units per pass) with every extra result discarded
    (``duplicates_discarded`` = ``backups_issued``: each backup is computed twice, kept once).
 2. L-BFGS on logreg reaches scipy's L-BFGS-B optimum of the same objective (f within 1e-4
-   relative) for K = 1, 2, 3.
+   relative) for K = 1 and 3 (K = 2's slices are checked by 1. and 3.; left out for the suite's time).
 3. A user's Model (README's LinearRegression, float32) trains unchanged to the ridge optimum.
 """
 import math
@@ -59,9 +59,9 @@ for servers in (1, 2):
         print(f"gradient K={servers}: max error {error:.2e}, {sb['units']} units, {sb['backups_issued']} backups, "
               f"by worker {sb['units_by_worker']}", flush=True)
 
-# 2. L-BFGS reaches scipy's optimum, K = 1, 2, 3
+# 2. L-BFGS reaches scipy's optimum, K = 1 and 3
 reference = None
-for servers in (1, 2, 3):
+for servers in (1, 3):
     config = TrainConfig(optimizer="lbfgs", steps=100, batch=4096, progress="none",
                          topology=Sandblaster(servers=servers))
     result = train(model, data, config, comm=ctx, verbose=False)
