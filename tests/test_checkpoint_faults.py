@@ -45,3 +45,13 @@ def test_a_step_the_file_name_cannot_hold_is_refused_before_anything_is_written(
     with pytest.raises(OutputFileError, match="a checkpoint's step is an integer from 0 to 999999999"):
         checkpoint_files.save(str(tmp_path), step, {"w": np.ones(2)}, {})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_whose_steps_a_checkpoint_name_cannot_hold_is_refused_before_it_starts():
+    from hpcreduce.errors import worded
+    from hpcreduce.ft.faults import FaultConfig
+    from hpcreduce.train.config import TrainConfig
+    fault = FaultConfig(checkpoint_dir="ckpt", checkpoint_every=5)
+    said = [worded(p) for p in TrainConfig(steps=checkpoint_files.MAX_STEP + 1, fault=fault).problems(2, True)]
+    assert said == ["checkpoint_dir: a checkpoint's file name holds steps up to 999999999, and steps is 1000000000"]
+    assert TrainConfig(steps=checkpoint_files.MAX_STEP, fault=fault).problems(2, True) == []

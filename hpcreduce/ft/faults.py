@@ -8,6 +8,7 @@ from typing import List, Optional, Sequence, Tuple
 from ..errors import SettingProblem, setting_problem
 from ..runtime.options import Bound, at_least, field_problems, option, partner_problems, positive_finite
 from ..runtime.spawn import spawn_slots
+from .checkpoint_files import MAX_STEP
 from .inject import Kill, KillSchedule, NodeKill, hostfile_node_problem, parse_kill, parse_kill_node
 from .resize import GrowthRule, parse_grow, parse_leave
 
@@ -95,6 +96,9 @@ class FaultConfig:
         first recovery at or after its step (PS), not only in one at its step (ring)."""
         found = field_problems(self) + partner_problems(self, {FT: (ft, "in-job fault tolerance: launch with ULFM "
                                                                          "(--ft)")})
+        if steps is not None and self.checkpoint_dir and self.checkpoint_every and steps > MAX_STEP:
+            found.append(setting_problem("{checkpoint_dir}: a checkpoint's file name holds steps up to %d, and "
+                                         "{steps} is %d" % (MAX_STEP, steps)))
         found += self._slow_problems(ranks)
         found += self._leave_problems(steps, ranks)
         if steps is not None:
