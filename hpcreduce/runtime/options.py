@@ -6,8 +6,9 @@
 metavar, how its text becomes a value (``parse``; a ValueError is the flag's problem), whether
 it repeats or is a switch, the range its value must lie in (``bound``) or the values it may
 take (``choices``), and the settings it does nothing without (``needs``: ``--checkpoint-keep``
-needs ``--checkpoint-dir``; ``partner_problems`` refuses it given alone). The command line builds its flags from these declarations (``declared``)
-and the config checks its values with them (``field_problems``), so a new setting is one edit.
+needs ``--checkpoint-dir``; ``partner_problems`` refuses it given alone). The command line
+builds its flags from these declarations (``declared``) and the config checks its values with
+them (``field_problems``, ``partner_problems``), so a new setting is one edit.
 Fields that share one ``Bound`` object are checked together and worded as one problem
 (``{steps} and {batch} must be at least 1``); give each field its own ``Bound`` otherwise.
 """
