@@ -1,5 +1,5 @@
 """Sandblaster (``--mode sandblaster``): exactly-once gradients with backups, L-BFGS to scipy's
-optimum for K = 1 and 3, a user's Model (one 5-rank MPI job), and bad input refused by name."""
+optimum for K = 1, 2, 3, a user's Model (one 5-rank MPI job), and bad input refused by name."""
 import pytest
 
 from mpi_run import hpcreduce_cli, mpirun
