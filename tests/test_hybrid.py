@@ -7,12 +7,14 @@ Every run checks that each live worker's dense replica is bitwise the same (``ps
 checksum per worker) and that every step's dense update is in on every worker.
 """
 import json
+import sys
 
 import numpy as np
 import pytest
 
+from hpcreduce.runtime.launch import build_mpirun
 from hpcreduce.train.results import checksum
-from mpi_run import hpcreduce_cli, mpirun
+from mpi_run import MPI_SCRIPTS, hpcreduce_cli, mpirun, run_job
 
 TRAIN = ("train", "--steps", "30", "--batch", "1024", "--seed", "3", "--progress", "none")
 TIMEOUT = 150
@@ -132,6 +134,15 @@ def test_an_unrecoverable_loss_after_a_replacement_ends_every_rank(tmp_path):
     assert [line for line in result.output.splitlines() if said in line and "error on rank" in line], result
     assert sum(said in line for line in result.output.splitlines()) == 3, result  # ranks 1, 2 and the newcomer
     assert "Traceback" not in result.output, result
+
+
+def test_an_unrecoverable_loss_through_the_api_ends_every_rank():
+    """The same loss in a user's script calling ``train()`` (plain python, the error uncaught):
+    every rank, the spawned one too, ends with the error (without the fix: 2 hangs in 4)."""
+    plan = build_mpirun(4, [sys.executable, str(MPI_SCRIPTS / "api_unrecoverable.py")], ft=True)
+    result = run_job(plan.argv, timeout=60, env=plan.env)
+    assert result.returncode != 0 and "trained through" not in result.output, result
+    assert result.output.count("died together with their replica") == 3, result  # ranks 1, 2 and the newcomer
 
 
 def test_through_the_api_bsp_hybrid_equals_ring_and_a_failing_worker_stops_every_rank():
