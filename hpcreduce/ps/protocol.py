@@ -108,6 +108,11 @@ class Req(IntEnum):
     #                server uses the list it received with this number
 
 
+# a CLOCK's COUNT, DTYPE and WIDTH: the finished step's [loss sum, correct, count] of the worker's
+# share, as float64 bits (the servers keep them: every record of a step survives a lost worker)
+CLOCK_STATS = slice(Req.COUNT, Req.WIDTH + 1)
+
+
 class Rep(IntEnum):
     """Fields of a reply header."""
 

@@ -211,11 +211,12 @@ class Worker:
                             lambda done: multi_table.push_results(done, plans, names), -1)
 
     # -- clock and end -----------------------------------------------------------------
-    def clock(self) -> int:
-        """End this step: tell every server this worker's clock moved on; return it."""
+    def clock(self, stats: Optional[np.ndarray] = None) -> int:
+        """End this step: tell every server this worker's clock moved on, with the step's
+        ``stats`` ([loss sum, correct, count] of its share; ``protocol.CLOCK_STATS``); return it."""
         self._check_not_released("clock()")
         self.clock_value += 1
-        self._tell_servers(Op.CLOCK, skip=self._ended)
+        self._tell_servers(Op.CLOCK, skip=self._ended, stats=stats)
         self._ended = set()
         return self.clock_value
 
@@ -401,12 +402,14 @@ class Worker:
         return [(self.layout.shard_ranks[key], order[starts[k]:starts[k + 1]])
                 for k, key in sorted(enumerate(placement.shards), key=lambda pair: pair[1]) if starts[k + 1] > starts[k]]
 
-    def _tell_servers(self, op: Op, skip: Set[int] = frozenset()) -> None:
+    def _tell_servers(self, op: Op, skip: Set[int] = frozenset(), stats: Optional[np.ndarray] = None) -> None:
         self._retire_unanswered()
         for rank in self.layout.shard_ranks.values():
             if rank in skip:
                 continue
             header = protocol.request(op, 0, self.slot, self.clock_value)
+            if stats is not None:
+                header[protocol.CLOCK_STATS] = np.asarray(stats, dtype=np.float64).view(np.int64)
             self._unanswered.append((self.comm.Isend(header, rank, TAG_REQUEST), header))
 
     def _retire_unanswered(self) -> None:
