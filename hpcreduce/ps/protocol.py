@@ -109,8 +109,9 @@ class Req(IntEnum):
 
 
 # a CLOCK's COUNT, DTYPE and WIDTH: the finished step's [loss sum, correct, count] of the worker's
-# share, as float64 bits (the servers keep them: every record of a step survives a lost worker)
-CLOCK_STATS = slice(Req.COUNT, Req.WIDTH + 1)
+# share, as float64 bits, and its KEYS the read staleness the worker saw in it (the servers keep
+# them: the step's records are the global batch's and survive a lost worker)
+CLOCK_STATS, CLOCK_STALENESS = slice(Req.COUNT, Req.WIDTH + 1), Req.KEYS
 
 
 class Rep(IntEnum):

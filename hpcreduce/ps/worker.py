@@ -211,12 +211,15 @@ class Worker:
                             lambda done: multi_table.push_results(done, plans, names), -1)
 
     # -- clock and end -----------------------------------------------------------------
-    def clock(self, stats: Optional[np.ndarray] = None) -> int:
+    def clock(self, stats: Optional[np.ndarray] = None, staleness: int = 0) -> int:
         """End this step: tell every server this worker's clock moved on, with the step's
-        ``stats`` ([loss sum, correct, count] of its share; ``protocol.CLOCK_STATS``); return it."""
+        ``stats`` ([loss sum, correct, count] of its share) and read ``staleness``
+        (``protocol.CLOCK_STATS``); return it. With ``stats`` the first server, which writes ps
+        mode's live lines, is told even when a push-pull ended the step there."""
         self._check_not_released("clock()")
         self.clock_value += 1
-        self._tell_servers(Op.CLOCK, skip=self._ended, stats=stats)
+        skip = self._ended if stats is None else self._ended - {min(self.layout.shard_ranks.values())}
+        self._tell_servers(Op.CLOCK, skip=skip, stats=stats, staleness=staleness)
         self._ended = set()
         return self.clock_value
 
@@ -402,7 +405,8 @@ class Worker:
         return [(self.layout.shard_ranks[key], order[starts[k]:starts[k + 1]])
                 for k, key in sorted(enumerate(placement.shards), key=lambda pair: pair[1]) if starts[k + 1] > starts[k]]
 
-    def _tell_servers(self, op: Op, skip: Set[int] = frozenset(), stats: Optional[np.ndarray] = None) -> None:
+    def _tell_servers(self, op: Op, skip: Set[int] = frozenset(), stats: Optional[np.ndarray] = None,
+                      staleness: int = 0) -> None:
         self._retire_unanswered()
         for rank in self.layout.shard_ranks.values():
             if rank in skip:
@@ -410,6 +414,7 @@ class Worker:
             header = protocol.request(op, 0, self.slot, self.clock_value)
             if stats is not None:
                 header[protocol.CLOCK_STATS] = np.asarray(stats, dtype=np.float64).view(np.int64)
+                header[protocol.CLOCK_STALENESS] = staleness
             self._unanswered.append((self.comm.Isend(header, rank, TAG_REQUEST), header))
 
     def _retire_unanswered(self) -> None:

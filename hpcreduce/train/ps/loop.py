@@ -172,7 +172,7 @@ class WorkerLoop:
         if self.replica is not None:
             phases.reduce_dense()
         if worker.clock_value <= step:
-            worker.clock(self._current[0] if self.replica is None else None)  # ps: the servers keep each share
+            worker.clock(*(self._current if self.replica is None else (None, 0)))  # ps: the servers keep each share
         stats, staleness = self._current
         self.result.stats[step] = stats
         loss_sum, correct, count = stats
@@ -242,7 +242,7 @@ class WorkerLoop:
         handles = issue_all(starts)
         if fused:  # the dense pushes last: the last push-pull to a server ends the step there
             handles += self.worker.push_pull_step_async(out.dense, self.dense)
-            self.worker.clock(self._current[0])  # under BSP the values come back once every worker's clock has moved
+            self.worker.clock(*self._current)  # under BSP the values come back once every worker's clock has moved
         wait_all(handles)
         if fused:
             self.prefetched = max(reported_staleness(h, self.worker.clock_value) for h in handles[len(out.rows):])

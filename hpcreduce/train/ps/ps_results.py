@@ -98,10 +98,10 @@ def _every_share(ctx: Context, layout: Layout, state: Optional[ShardState], own:
     mine: Dict[Tuple[int, int], Tuple[float, ...]] = {}
     if own is not None:
         slot = layout.slot_of(ctx.rank)
-        mine = {(step, slot): tuple(row) for step, row in enumerate(own.tolist()) if any(row)}
+        mine = {(step, slot): tuple(row) for step, row in enumerate(own.tolist()) if any(row)}  # no staleness
     for step, slots in (state.shares.items() if state is not None else ()):
         for slot, share in slots.items():
-            mine[(step, slot)] = tuple(max(a, b) for a, b in zip(mine.get((step, slot), share), share))
+            mine[(step, slot)] = tuple(max(a, b) for a, b in zip(mine.get((step, slot), share), share[:3]))
     merged: Dict[Tuple[int, int], np.ndarray] = {}
     for shares in ctx.comm.allgather(mine):
         for key, share in shares.items():
