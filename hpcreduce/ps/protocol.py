@@ -186,6 +186,15 @@ def request(op: Op, table: int, slot: int, clock: int, count: int = 0,
                     dtype=np.int64)
 
 
+def clock_request(slot: int, clock: int, stats: Optional[np.ndarray], staleness: int) -> np.ndarray:
+    """A CLOCK header, carrying ``stats`` and ``staleness`` when given (``CLOCK_STATS``)."""
+    header = request(Op.CLOCK, 0, slot, clock)
+    if stats is not None:
+        header[CLOCK_STATS] = np.asarray(stats, dtype=np.float64).view(np.int64)
+        header[CLOCK_STALENESS] = staleness
+    return header
+
+
 def reply(header: np.ndarray, shard: int, status: Status, *, version: int = 0, count: int = 0,
           detail: int = 0, slowest: int = 0) -> np.ndarray:
     """The reply header to request ``header``."""
