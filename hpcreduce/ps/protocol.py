@@ -186,9 +186,12 @@ def request(op: Op, table: int, slot: int, clock: int, count: int = 0,
                     dtype=np.int64)
 
 
-def clock_request(slot: int, clock: int, stats: Optional[np.ndarray], staleness: int) -> np.ndarray:
-    """A CLOCK header, carrying ``stats`` and ``staleness`` when given (``CLOCK_STATS``)."""
-    header = request(Op.CLOCK, 0, slot, clock)
+def clock_request(slot: int, clock: int, stats: Optional[np.ndarray], staleness: int,
+                  share_only: bool = False) -> np.ndarray:
+    """A CLOCK header, carrying ``stats`` and ``staleness`` when given (``CLOCK_STATS``);
+    ``share_only``: the clock already moved there (a push-pull ended the step): TABLE 1, and
+    CLOCK the step's (it moves no clock)."""
+    header = request(Op.CLOCK, int(share_only), slot, clock - share_only)
     if stats is not None:
         header[CLOCK_STATS] = np.asarray(stats, dtype=np.float64).view(np.int64)
         header[CLOCK_STALENESS] = staleness

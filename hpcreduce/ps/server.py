@@ -214,7 +214,8 @@ class Server:
             self.released[slot] = True
             self._clock_moved()
         elif request.op == Op.CLOCK and slot >= 0:
-            self.state.record_share(request.clock - 1, slot, request.header[CLOCK_STATS].view(np.float64),
+            step = request.clock if request.table else request.clock - 1  # TABLE 1: the share alone
+            self.state.record_share(step, slot, request.header[CLOCK_STATS].view(np.float64),
                                     request.fields[CLOCK_STALENESS])
         elif request.op in PULLS:
             slowest = self._slowest

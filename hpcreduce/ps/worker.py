@@ -217,8 +217,11 @@ class Worker:
         a push-pull: it writes ps mode's live lines); return it."""
         self._check_not_released("clock()")
         self.clock_value += 1
-        first = {min(self.layout.shard_ranks.values())} if stats is not None else set()
-        self._tell_servers(protocol.clock_request(self.slot, self.clock_value, stats, staleness), self._ended - first)
+        first, ranks = min(self.layout.shard_ranks.values()), set(self.layout.shard_ranks.values())
+        self._tell_servers(protocol.clock_request(self.slot, self.clock_value, stats, staleness), self._ended)
+        if stats is not None and first in self._ended:  # its clock moved with the push-pull: the share alone
+            share = protocol.clock_request(self.slot, self.clock_value, stats, staleness, share_only=True)
+            self._tell_servers(share, ranks - {first})
         self._ended = set()
         return self.clock_value
 
