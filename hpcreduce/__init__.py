@@ -9,11 +9,17 @@
 Every error hpcreduce raises on purpose (``hpcreduce.errors``) is exported here too:
 ``except hpcreduce.TrainingError``. Importing the package does not start MPI: the names
 below load on first use, so the ``hpcreduce`` command can relaunch itself under mpirun
-before MPI is initialised.
+before MPI is initialised. It sets what this environment's own Open MPI (PyPI's) needs before
+MPI starts, whatever the launcher (``runtime.environment.bundled_mpi_defaults``): import
+hpcreduce before ``mpi4py.MPI``.
 """
 import sys
 from importlib import import_module
 from typing import Any, Callable, Mapping
+
+from .runtime.environment import bundled_mpi_defaults
+
+bundled_mpi_defaults()  # the one place: every hpcreduce module that starts MPI is imported after this
 
 __version__ = "0.1.0"
 

@@ -4,7 +4,7 @@ import pytest
 from mpi_run import mpirun
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])  # 3: a non-power of two folded; 4: two doubling rounds
 def test_every_op_dtype_size_and_algorithm_matches_native(ranks):
     result = mpirun(ranks, "allreduce_matrix.py", timeout=240)
     assert result.returncode == 0, result

@@ -44,6 +44,35 @@ def test_train_refuses_every_bad_flag_at_once_before_launching(tmp_path):
     assert not (tmp_path / "same.json").exists()
 
 
+ALONE = {  # a flag that does nothing without a partner -> the partner the refusal names
+    ("--eviction", "lfu"): "--row-budget", ("--checkpoint-keep", "3"): "--checkpoint-dir",
+    ("--checkpoint-every", "5"): "--checkpoint-dir", ("--discover-every", "2"): "--discover",
+    ("--kill-seed", "1"): "--kill-random", ("--accept-server-loss",): "in-job fault tolerance: launch with ULFM (--ft)",
+    ("--leave", "2@5"): "in-job fault tolerance: launch with ULFM (--ft)",
+}
+
+
+def test_a_flag_given_without_the_flag_it_needs_is_refused_by_name():
+    args = [arg for flags in ALONE for arg in flags]
+    job = hpcreduce_cli("train", "-n", "3", "--mode", "ps", "--model", "embed", *args, timeout=60)
+    assert_refused(job, "--eviction needs --row-budget", "--checkpoint-every and --checkpoint-keep need "
+                   "--checkpoint-dir", "--discover-every needs --discover", "--kill-seed needs --kill-random",
+                   "--leave and --accept-server-loss need in-job fault tolerance: launch with ULFM (--ft)")
+
+
+def test_every_declared_partner_is_a_setting_and_every_flag_with_one_is_refused_alone():
+    from hpcreduce.ft.faults import FT, FaultConfig
+    from hpcreduce.runtime.options import declared
+    from hpcreduce.train.config import TOPOLOGIES, TrainConfig
+    needing = set()
+    for cls in (TrainConfig, FaultConfig, *TOPOLOGIES.values()):
+        names = {f.name for f, _ in declared(cls)}
+        for f, option in declared(cls):
+            assert set(option.needs) <= names | {FT}, (cls, f.name, option.needs)  # a typo would check nothing
+            needing |= {option.flag} if option.needs else set()
+    assert needing - {flags[0] for flags in ALONE} == {"--grow", "--grow-servers", "--discover", "--replace"}
+
+
 @pytest.mark.parametrize("env, message", [
     ({"HPCREDUCE_DEADLINE": "abc"}, "HPCREDUCE_DEADLINE='abc' is not a number of seconds"),
     ({"HPCREDUCE_FUSION_BYTES": "abc"}, "HPCREDUCE_FUSION_BYTES='abc' is not a number of bytes"),

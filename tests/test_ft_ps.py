@@ -78,8 +78,9 @@ def kills(*texts):
 def test_killed_ranks_are_survived_and_the_run_ends_by_itself(tmp_path, reference, consistency, servers, ranks,
                                                              killed, lost_servers, lost_workers):
     log = tmp_path / "kills.log"
-    result, data = train(tmp_path, "killed", "--consistency", consistency, *kills(*killed), ranks=ranks,
-                         servers=servers, env={"HPCREDUCE_KILL_LOG": str(log)})
+    metrics = tmp_path / "metrics.jsonl"
+    result, data = train(tmp_path, "killed", "--consistency", consistency, *kills(*killed), "--metrics", str(metrics),
+                         ranks=ranks, servers=servers, env={"HPCREDUCE_KILL_LOG": str(log)})
     assert result.returncode == 0, result
     events = failures(data)
     assert [sorted(e["lost_servers"]) for e in events] == lost_servers, data["recovery"]
@@ -93,7 +94,11 @@ def test_killed_ranks_are_survived_and_the_run_ends_by_itself(tmp_path, referenc
             assert event["shards_adopted"] == event["lost_servers"] and not event["shards_restored"]
     if "recovery" in killed[-1]:
         assert events[0]["rounds"] >= 2
-    assert len(data["steps"]) == 30 and data["steps"][-1]["examples"] == 1024
+    # every row is the step's global batch: a lost worker's share of the steps before its loss stays
+    assert [row["examples"] for row in data["steps"]] == [1024] * 30, data["steps"]
+    live = [json.loads(line) for line in metrics.read_text().splitlines()]  # a server's, live
+    if not any(lost_servers):  # the writing server lost: lines of the steps around the loss may be missing
+        assert [(row["step"], row["examples"]) for row in live] == [(step, 1024) for step in range(1, 31)], live
     assert_exactly_once(data)
     if consistency == "bsp" and not any(lost_workers):
         assert data["final"]["checksum"] == reference["checksum"], "servers lost: bit for bit"

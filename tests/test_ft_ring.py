@@ -139,4 +139,4 @@ def test_a_kill_during_the_checkpoint_write_leaves_the_previous_one(tmp_path, re
 def test_fault_injection_without_ulfm_is_refused_on_every_rank(tmp_path):
     result, _ = train(tmp_path, "refused", "--kill", "1@5", ft=False, ranks=2)
     assert result.returncode == 2
-    assert "need in-job fault tolerance: launch with --ft" in result.output
+    assert "--kill needs in-job fault tolerance: launch with --ft" in result.output

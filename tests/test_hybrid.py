@@ -7,12 +7,14 @@ Every run checks that each live worker's dense replica is bitwise the same (``ps
 checksum per worker) and that every step's dense update is in on every worker.
 """
 import json
+import sys
 
 import numpy as np
 import pytest
 
+from hpcreduce.runtime.launch import build_mpirun
 from hpcreduce.train.results import checksum
-from mpi_run import hpcreduce_cli, mpirun
+from mpi_run import MPI_SCRIPTS, hpcreduce_cli, mpirun, run_job
 
 TRAIN = ("train", "--steps", "30", "--batch", "1024", "--seed", "3", "--progress", "none")
 TIMEOUT = 150
@@ -74,10 +76,19 @@ def test_what_hybrid_cannot_run_is_refused_by_name(tmp_path, args, message):
 @pytest.mark.parametrize("consistency, killed, lost", [("ssp", "3@10", "workers lost [3]"),
                                                        ("bsp", "1@10", "servers lost [1]")])
 def test_a_sigkilled_worker_or_server_is_survived(tmp_path, ps_bsp, consistency, killed, lost):
+    metrics = tmp_path / "metrics.jsonl"
     result, data = train(tmp_path, "killed", "hybrid", "--consistency", consistency, "--kill", killed,
-                         ranks=5, ft=True)
+                         "--metrics", str(metrics), ranks=5, ft=True)
     assert result.returncode == 0, result
     assert lost in result.output, result
+    # every record is the global batch's, the lost worker's share of the steps before its loss included;
+    # under SSP the step it died in may keep only the survivors' shares (computed before the loss was
+    # seen: what was trained), a timing matter
+    live = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [row["step"] for row in live] == list(range(1, 31)), live
+    assert [row["examples"] for row in live] == [row["examples"] for row in data["steps"]], live
+    examples = [row["examples"] for row in data["steps"]]
+    assert examples[:9] + examples[10:] == [1024] * 29 and 1024 * 2 // 3 <= examples[9] <= 1024, examples
     assert data["ranks"] == 4 and [event["kind"] for event in data["recovery"]] == ["failure"]
     assert data["recovery"][0]["lost"] == [int(killed.split("@")[0])]
     workers = 2 if lost.startswith("workers") else 3
@@ -115,6 +126,27 @@ def test_random_kills_with_replacements_never_take_every_replacement(tmp_path):
     kinds = [event["kind"] for event in data["recovery"]]
     assert len(killed) >= 1 and kinds.count("failure") == len(killed) == kinds.count("replacement"), (killed, kinds)
     assert_replicas_in_step(data, workers=4)
+
+
+def test_an_unrecoverable_loss_after_a_replacement_ends_every_rank(tmp_path):
+    """The last server dies after a worker was replaced: every survivor (the spawned one too)
+    says why and ends, never a hang (Open MPI's MPI_Finalize waited for the gone: 4 runs in 8)."""
+    result, data = train(tmp_path, "lost", "hybrid", "--replace", "--accept-server-loss", "--kill", "3@3",
+                         "--kill", "0@6", "--steps", "10", servers=1, ft=True)
+    assert result.returncode == 1 and data is None, result
+    said = "died together with their replica"
+    assert [line for line in result.output.splitlines() if said in line and "error on rank" in line], result
+    assert sum(said in line for line in result.output.splitlines()) == 3, result  # ranks 1, 2 and the newcomer
+    assert "Traceback" not in result.output, result
+
+
+def test_an_unrecoverable_loss_through_the_api_ends_every_rank():
+    """The same loss in a user's script calling ``train()`` (plain python, the error uncaught):
+    every rank, the spawned one too, ends with the error (without the fix: 2 hangs in 4)."""
+    plan = build_mpirun(4, [sys.executable, str(MPI_SCRIPTS / "api_unrecoverable.py")], ft=True)
+    result = run_job(plan.argv, timeout=60, env=plan.env)
+    assert result.returncode != 0 and "trained through" not in result.output, result
+    assert result.output.count("died together with their replica") == 3, result  # ranks 1, 2 and the newcomer
 
 
 def test_through_the_api_bsp_hybrid_equals_ring_and_a_failing_worker_stops_every_rank():

@@ -134,4 +134,4 @@ def test_without_ulfm_kills_need_a_checkpoint_folder_and_growth_is_refused_once(
     assert "--kill and --kill-random need in-job fault tolerance (--ft, ULFM) or --checkpoint-dir" in result.output
     result = hpcreduce_cli(*TRAIN, "-n", "3", "--grow", "1@5", "--checkpoint-dir", "c", timeout=60, cwd=str(tmp_path))
     assert result.returncode == 2 and result.output.count("hpcreduce train:") == 1, result
-    assert "in --mode ps, --grow needs in-job fault tolerance" in result.output, result
+    assert "--grow needs in-job fault tolerance: launch with ULFM (--ft)" in result.output, result

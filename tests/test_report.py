@@ -20,9 +20,10 @@ def test_ps_run_metrics_timeline_and_figures_of_it_and_of_a_benchmark(tmp_path):
                         "--timeline", str(trace), timeout=180)
     assert job.returncode == 0, job
     assert json.loads(run.read_text())["staleness"]["read_hist"], job
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]  # the first worker's share
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]  # the global batch's, the server's
     assert [row["step"] for row in rows] == list(range(1, 9)), rows
-    assert all(0 <= row["read_staleness"] <= 1 and row["examples"] == 2048 for row in rows), rows
+    assert all(0 <= row["read_staleness"] <= 1 and row["examples"] == 4096 for row in rows), rows
+    assert [row["loss"] for row in rows] == [row["loss"] for row in json.loads(run.read_text())["steps"]], rows
     events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
     for worker in (1, 2):  # rank 0 serves: no phases of its own
         calls = sorted((e["name"], e["cat"]) for e in events if e["pid"] == worker and e["args"]["step"] == 8)

@@ -19,7 +19,7 @@ from hpcreduce.runtime.spawn import SPAWN_INFO, spawn_slots
 from hpcreduce.runtime.nodes import this_node
 from mpi_run import hpcreduce_cli
 
-STEPS = 80
+STEPS = 50
 TRAIN = ("train", "--steps", str(STEPS), "--batch", "1024", "--seed", "5")
 TIMEOUT = 150
 
@@ -157,7 +157,7 @@ def test_a_middle_rank_leaves_its_process_ends_at_once_and_nothing_is_lost(tmp_p
     assert_same_training(data, reference)
     assert sorted(seen) == [0, 1, 2, 3], seen
     last_step_at = event["next_step_at"] + data["steps"][-1]["wall_s"] - data["steps"][9]["wall_s"]
-    assert seen[1] < last_step_at < min(seen[rank] for rank in (0, 2, 3)), seen  # gone 70 steps before the end
+    assert seen[1] < last_step_at < min(seen[rank] for rank in (0, 2, 3)), seen  # gone 40 steps before the end
 
 
 def write_atomically(path, text):

@@ -99,9 +99,9 @@ def test_the_checker_fails_a_run_that_breaks_each_promise(tmp_path):
 
 
 def test_a_stopped_rank_ends_with_the_deadline_s_clear_error_and_nothing_left(tmp_path):
-    args = Namespace(steps=40, batch=512, hostfile=None, timeout=120, tolerance=soak.DEFAULT_TOLERANCE)
+    args = Namespace(steps=STEPS, batch=512, hostfile=None, timeout=120, tolerance=soak.DEFAULT_TOLERANCE)
     run = SoakRun(0, "ring", "bsp", 4, 0, "stop", external=External("stop", 2, 3),
-                  extra=("--deadline", str(STOP_DEADLINE)))
+                  extra=("--deadline", str(STOP_DEADLINE // 2)))  # the soak's 15 s, halved: the suite's time
     outcome = soak.Soak(tmp_path, args).soak(run)
     assert outcome.passed, outcome  # the deadline ended it (or it recovered): never a hang, nothing left running
     if outcome.error:
@@ -113,7 +113,7 @@ def test_a_stopped_rank_ends_with_the_deadline_s_clear_error_and_nothing_left(tm
 def test_a_lost_daemon_ends_clearly_or_recovers_and_the_soak_says_which(tmp_path):
     from multinode import nodes
     nodes(tmp_path, [2, 2])  # skips, saying why, without root and unshare
-    args = Namespace(steps=40, batch=512, hostfile=None, timeout=120, tolerance=soak.DEFAULT_TOLERANCE)
+    args = Namespace(steps=STEPS, batch=512, hostfile=None, timeout=120, tolerance=soak.DEFAULT_TOLERANCE)
     run = SoakRun(0, "ring", "bsp", 4, 0, "daemon", external=External("daemon", 2, 3))
     outcome = soak.Soak(tmp_path, args).soak(run)
     assert "SIGKILL node2's prted after step 3" in (tmp_path / "run-0000.kills").read_text()

@@ -17,6 +17,7 @@ from ..ft.watchdog import DEADLINE
 from ..runtime import settings
 from ..runtime.places import Place, place_problems
 from ..runtime.launch import DONE_FILE, hostfile_slots, unknown_hosts
+from ..runtime.environment import MAX_RANKS
 from ..runtime.spawn import SPAWN_INFO, spawn_slots
 from ..runtime.stop import STOP_SIGNALS
 
@@ -34,8 +35,8 @@ def setting_problems(skip: Sequence[settings.Setting] = ()) -> List[str]:
 def launch_problems(args: argparse.Namespace) -> List[str]:
     """What stops a launch of ``args.ranks`` ranks: -n, --restarts, --hostfile."""
     found = []
-    if args.ranks < 1:
-        found.append(f"-n must be at least 1, got {args.ranks}")
+    if not 1 <= args.ranks <= MAX_RANKS:
+        found.append(f"-n must be from 1 to {MAX_RANKS}, got {args.ranks}")
     if args.restarts < 0:
         found.append(f"--restarts must be 0 or more, got {args.restarts}")
     if args.hostfile:

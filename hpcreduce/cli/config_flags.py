@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import typing
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from ..runtime.options import declared, default_of
 
@@ -54,10 +54,21 @@ def given(args: argparse.Namespace, cls: type) -> Tuple[Dict[str, Any], List[str
     return values, problems
 
 
-def _scalar(annotation: Any) -> type:
-    """int, float or str: the type a field's text is read as (``Optional[X]`` reads as X)."""
+def _scalar(annotation: Any) -> Callable[[str], Any]:
+    """How a field's text is read: as an integer (``int64``), a float or a string (``Optional[X]``
+    reads as X)."""
     options = [kind for kind in typing.get_args(annotation) if kind is not type(None)] or [annotation]
-    return options[0] if options[0] in (int, float) else str
+    return int64 if options[0] is int else float if options[0] is float else str
+
+
+def int64(text: str) -> int:
+    """An integer flag's value, bounded where it is parsed: within int64, which every count,
+    step and seed of a run is held in (a larger one failed deep inside the run)."""
+    value = int(text)
+    if not -(1 << 63) <= value < 1 << 63:
+        raise argparse.ArgumentTypeError(f"{text} is past the 64-bit integers a run counts in "
+                                         f"(at most {(1 << 63) - 1})")
+    return value
 
 
 def _default_text(help_text: str, default: Any) -> str:

@@ -13,6 +13,7 @@ mpi4py.rc.initialize = False
 mpi4py.rc.finalize = True
 
 from ..errors import HpcreduceError  # noqa: E402
+from ..runtime.ulfm_exit import end_without_finalize  # noqa: E402
 from . import bench_cmd, data_cmd, export_cmd, info_cmd, launch_cmd, report_cmd, train_cmd  # noqa: E402
 
 COMMANDS = (info_cmd, launch_cmd, bench_cmd, train_cmd, data_cmd, report_cmd, export_cmd)
@@ -36,6 +37,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except HpcreduceError as err:  # settings named by field are shown with the command's flags
         print(f"hpcreduce {args.command}: error{_where()}: {err.render(getattr(args, 'flags', {}))}",
               file=sys.stderr, flush=True)
+        end_without_finalize(1)  # under ULFM: no MPI_Finalize (runtime.ulfm_exit)
         return 1
 
 

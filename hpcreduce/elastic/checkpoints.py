@@ -5,7 +5,8 @@
 be written is an ``OutputFileError`` on every rank; the broadcast is an ``agreed`` block, so
 rank 0 dying meanwhile is recovered from (``Interrupted``) before anyone goes on.
 ``resume_checkpoint`` fills the arrays from the newest checkpoint that reads back whole,
-refusing (on every rank) one written by another run (``identity_problem``), and records a
+refusing (on every rank, before any array is overwritten) one written by another run
+(``identity_problem``) or whose arrays do not fit, and records a
 ``resume`` change. Checkpoints hold whole arrays, so a run resumes with any number of ranks. Cost: the write, on rank 0,
 a small broadcast and one agreement.
 """
@@ -67,7 +68,7 @@ def resume_checkpoint(state: "State", folder: str, identity: Mapping[str, Any],
     if found is None:
         return None
     metadata, saved = found
-    problem = checkpoint_files.identity_problem(metadata, identity)
+    problem = checkpoint_files.identity_problem(metadata, identity) or _arrays_problem(saved, arrays)
     if problem:
         raise CheckpointMismatchError(setting_problem("{checkpoint_dir} {path}: its checkpoint of step {step} "
                                                       "{why}; give another folder or empty it",
@@ -75,8 +76,19 @@ def resume_checkpoint(state: "State", folder: str, identity: Mapping[str, Any],
     for name, array in arrays.items():
         copy_into(array, saved[name])
     step = int(metadata["step"])
-    record_resume(state, step, int(metadata["ranks"]))
+    record_resume(state, step, int(metadata.get("ranks", ctx.size)))
     return step
+
+
+def _arrays_problem(saved: Mapping[str, Any], arrays: Mapping[str, Any]) -> Optional[str]:
+    """How the checkpoint's arrays differ from ``arrays`` (a name missing, another shape), first
+    only, checked before any array is overwritten; None when every one fits."""
+    for name, array in arrays.items():
+        if name not in saved:
+            return f"holds no array {name!r}"
+        if tuple(saved[name].shape) != tuple(array.shape):
+            return f"holds {name!r} of shape {tuple(saved[name].shape)}, this run's is {tuple(array.shape)}"
+    return None
 
 
 def record_resume(state: "State", step: int, ranks: int) -> None:

@@ -9,7 +9,9 @@ number of ranks resumes from them; a PS server stores its shard. The last ``keep
 checkpoints are kept. The metadata carries the ``identity`` of the run that wrote it
 (model, shapes, optimizer, seed...: the caller's); ``identity_problem`` says how
 another run's differs, so that it is refused rather than restored. A file that does not
-read back whole (torn, truncated, corrupted, foreign) is passed over with a warning.
+read back whole (torn, truncated, corrupted, foreign) is passed over with a warning, and so is one
+whose metadata is not a checkpoint's (``metadata_of`` validates every read). A step the file
+name cannot hold (below 0, over ``MAX_STEP``) is refused when written (``OutputFileError``).
 """
 from __future__ import annotations
 
@@ -26,9 +28,12 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ..arrays import to_host
+from ..errors import OutputFileError
 from ..runtime.files import atomic_file, remove_stale_temporaries
 
 NAME = re.compile(r"^ckpt-(\d{9})\.npz$")
+MAX_STEP = 10**9 - 1
+"""The largest step a checkpoint's file name (nine digits) holds."""
 METADATA_KEY = "__metadata__"
 # what a torn, corrupted or foreign file raises when read
 UNREADABLE = (OSError, ValueError, KeyError, EOFError, TypeError, struct.error, zipfile.BadZipFile, zlib.error)
@@ -40,8 +45,13 @@ def print_warning(text: str) -> None:
     print(f"hpcreduce: warning: {text}", file=sys.stderr, flush=True)
 
 
-def path_for(directory: str, step: int) -> str:
-    return os.path.join(directory, f"ckpt-{step:09d}.npz")
+def path_for(directory: str, step: int, suffix: str = ".npz") -> str:
+    """Where the checkpoint of ``step`` goes; ``OutputFileError`` for a step the name cannot
+    hold (it would never be found again, nor pruned)."""
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step <= MAX_STEP:
+        raise OutputFileError(f"cannot write a checkpoint of step {step!r} into {directory}: a checkpoint's "
+                              f"step is an integer from 0 to {MAX_STEP}")
+    return os.path.join(directory, f"ckpt-{int(step):09d}{suffix}")
 
 
 def save(directory: str, step: int, arrays: Mapping[str, object], metadata: Dict[str, object], *,
@@ -109,11 +119,25 @@ def load_latest(directory: str, warn: Warn = print_warning) -> Optional[Tuple[Di
 
 
 def metadata_of(stored) -> Dict[str, object]:
-    """The metadata entry of a checkpoint opened with ``np.load``."""
-    metadata = json.loads(stored[METADATA_KEY].tobytes().decode())
-    if not isinstance(metadata, dict) or not isinstance(metadata.get("step"), int):
-        raise ValueError("its metadata is not a checkpoint's")
+    """The metadata entry of a checkpoint opened with ``np.load``, validated (``checked``)."""
+    return checked(json.loads(stored[METADATA_KEY].tobytes().decode()))
+
+
+def checked(metadata: object) -> Dict[str, object]:
+    """``metadata`` when it is a checkpoint's (a dict: ``step`` an integer a name holds,
+    ``ranks`` when there a positive integer, ``identity`` when there a dict); ``ValueError``
+    saying what is wrong otherwise (the file is then passed over as unreadable)."""
+    if not isinstance(metadata, dict):
+        raise ValueError(f"its metadata is a {type(metadata).__name__}, not a checkpoint's")
+    for key, ok in (("step", lambda v: _integer(v) and 0 <= v <= MAX_STEP), ("ranks", lambda v: _integer(v) and v > 0),
+                    ("identity", lambda v: isinstance(v, dict))):
+        if (key in metadata or key == "step") and not ok(metadata.get(key)):
+            raise ValueError(f"its metadata's {key} is {_shown(metadata.get(key))[:40]}, not a checkpoint's")
     return metadata
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def identity_problem(metadata: Mapping[str, object], identity: Mapping[str, object]) -> Optional[str]:

@@ -6,11 +6,15 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from ..errors import SettingProblem, setting_problem
-from ..runtime.options import Bound, at_least, field_problems, option, positive_finite
+from ..runtime.options import Bound, at_least, field_problems, option, partner_problems, positive_finite
 from ..runtime.spawn import spawn_slots
 from ..runtime.stop import STOP_SIGNALS, parse_signals
+from .checkpoint_files import MAX_STEP
 from .inject import Kill, KillSchedule, NodeKill, hostfile_node_problem, parse_kill, parse_kill_node
 from .resize import GrowthRule, parse_grow, parse_leave
+
+FT = "ft"
+"""What a setting ``needs`` when it works only in-job (ULFM, ``--ft``): a setting of the launch."""
 
 
 def parse_slow(text: str) -> Tuple[int, float]:
@@ -37,29 +41,30 @@ class FaultConfig:
                                 "(never rank 0, nor in --mode ps the first worker)", metavar="P",
                                 bound=Bound(lambda p: 0 <= p < 1, "must be in [0, 1)"))
     kill_seed: Optional[int] = option(None, "--kill-seed", "seed of --kill-random's draws (default: --seed)",
-                                      metavar="SEED")
+                                      metavar="SEED", bound=at_least(0), needs=("kill_random",))
     grow: List[Tuple[int, int]] = option(None, "--grow", "spawn N more ranks before step STEP; repeatable",
-                                         metavar="N@STEP", parse=parse_grow, repeatable=True)
+                                         metavar="N@STEP", parse=parse_grow, repeatable=True, needs=(FT,))
     leave: List[Tuple[int, int]] = option(None, "--leave", "the rank with stable id ID leaves gracefully before "
                                           "step STEP (its data shards go to the others); repeatable",
-                                          metavar="ID@STEP", parse=parse_leave, repeatable=True)
+                                          metavar="ID@STEP", parse=parse_leave, repeatable=True, needs=(FT,))
     grow_servers: List[Tuple[int, int]] = option(None, "--grow-servers", "ps: spawn N more shard servers before "
                                                  "step STEP (placement rebalanced); repeatable", metavar="N@STEP",
-                                                 parse=parse_grow, repeatable=True)
+                                                 parse=parse_grow, repeatable=True, needs=(FT,))
     discover: Optional[str] = option(None, "--discover", "a file holding the wanted number of ranks, or "
                                      "HOST[:SLOTS] lines (Horovod's discovery format), polled between steps: the "
-                                     "job grows or shrinks to it", metavar="FILE")
+                                     "job grows or shrinks to it", metavar="FILE",
+                                     needs=(FT,))
     discover_every: int = option(1, "--discover-every", "poll --discover every STEPS steps", metavar="STEPS",
-                                 bound=at_least(1))
+                                 bound=at_least(1), needs=("discover",))
     replace: bool = option(False, "--replace", "spawn a replacement for every rank lost, keeping the job's size",
-                           switch=True)
+                           switch=True, needs=(FT,))
     checkpoint_dir: Optional[str] = option(None, "--checkpoint-dir", "write checkpoints here and resume from the "
                                            "latest one at start", metavar="DIR")
     checkpoint_every: int = option(0, "--checkpoint-every", "checkpoint every STEPS steps (needs --checkpoint-dir)",
-                                   metavar="STEPS", bound=at_least(0))
+                                   metavar="STEPS", bound=at_least(0), needs=("checkpoint_dir",))
     checkpoint_keep: int = option(2, "--checkpoint-keep", "checkpoints kept in each folder, the newest N (at least 2: "
                                   "a PS shard written while another server dies needs the one before)", metavar="N",
-                                  bound=at_least(2))
+                                  bound=at_least(2), needs=("checkpoint_dir",))
     deadline_s: Optional[float] = option(None, "--deadline", "abort the job when a blocking wait lasts longer (a "
                                          "hung peer; default: HPCREDUCE_DEADLINE, else 120)", metavar="SECONDS",
                                          bound=positive_finite())
@@ -68,7 +73,8 @@ class FaultConfig:
                                            parse=parse_slow, repeatable=True)
     accept_server_loss: bool = option(False, "--accept-server-loss", "--mode ps --ft with one server and no "
                                       "--checkpoint-dir: run anyway, knowing that the server's death ends the job "
-                                      "(a worker's death is still recovered)", switch=True)
+                                      "(a worker's death is still recovered)", switch=True,
+                                      needs=(FT,))
     stop_signals: Optional[Tuple[int, ...]] = option(None, "--stop-signals", "signals that stop the run at the "
                                                      "next step boundary, checkpoint it and exit 75 (resumable): a "
                                                      "comma list of USR1, USR2, TERM, INT, or none (default: "
@@ -94,9 +100,11 @@ class FaultConfig:
         ``steps`` and its starting ``ranks`` (``ft``: with ULFM), also every kill or growth
         that could never happen; ``recovery_kills_wait``: a ``:recovery`` kill fires in the
         first recovery at or after its step (PS), not only in one at its step (ring)."""
-        found = field_problems(self)
-        if self.checkpoint_every and not self.checkpoint_dir:
-            found.append(setting_problem("{checkpoint_every} needs {checkpoint_dir}"))
+        found = field_problems(self) + partner_problems(self, {FT: (ft, "in-job fault tolerance: launch with ULFM "
+                                                                         "(--ft)")})
+        if steps is not None and self.checkpoint_dir and self.checkpoint_every and steps > MAX_STEP:
+            found.append(setting_problem("{checkpoint_dir}: a checkpoint's file name holds steps up to %d, and "
+                                         "{steps} is %d" % (MAX_STEP, steps)))
         found += self._slow_problems(ranks)
         found += self._leave_problems(steps, ranks)
         if steps is not None:

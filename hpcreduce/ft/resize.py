@@ -4,7 +4,8 @@ Growth is asked for by ``--grow N@STEP`` entries (N more ranks before step STEP)
 by ``--leave ID@STEP`` entries (the rank with stable id ID leaves before step STEP), and
 both by a discovery file read every ``discover_every`` steps (``read_discovery``). The
 file holds either the wanted number of ranks or Horovod's discovery format, one
-``HOST[:SLOTS]`` a line (SLOTS defaults to 1; ``#`` starts a comment).
+``HOST[:SLOTS]`` a line (SLOTS defaults to 1; ``#`` starts a comment). Every number read is
+bounded where it is parsed: a count of ranks or slots by ``runtime.environment.MAX_RANKS``.
 ``GrowthRule.leavers`` names the ids that leave before a step; ``GrowthRule.count`` is how
 many ranks to add then (after the leavers are gone). The spawn and merge themselves are
 ``hpcreduce.runtime.spawn``.
@@ -18,6 +19,7 @@ from typing import Collection, Dict, List, Optional, Sequence, Set, Tuple, Union
 from ..errors import LaunchError
 from ..runtime.launch import hostfile_hosts
 from ..runtime.nodes import this_node
+from ..runtime.environment import MAX_RANKS
 
 LOCAL_NAMES = ("localhost", "127.0.0.1")
 _NUMBER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: str.isdigit also takes "²", which int refuses
@@ -131,8 +133,8 @@ def _number_at_step(text: str, form: str, example: str) -> Tuple[int, int]:
 def parse_grow(text: str) -> Tuple[int, int]:
     """``N@STEP``: (N, STEP), add N ranks before step STEP."""
     count, step = _number_at_step(text, "N@STEP", "2@50")
-    if count < 1 or step < 0:
-        raise ValueError(f"{text!r}: N must be >= 1 and STEP >= 0")
+    if not 1 <= count <= MAX_RANKS or step < 0:
+        raise ValueError(f"{text!r}: N must be from 1 to {MAX_RANKS} and STEP >= 0")
     return count, step
 
 
@@ -163,20 +165,24 @@ def read_discovery(path: str, known_hosts: Optional[Collection[str]] = None) -> 
         return None
     if len(lines) == 1 and _NUMBER.fullmatch(lines[0][1]):
         total = int(lines[0][1])
-        return Wanted(total) if total >= 1 else f"discovery file {path}: asks for {total} ranks; at least 1 must run"
+        return Wanted(total) if 1 <= total <= MAX_RANKS else \
+            f"discovery file {path}: asks for {total} ranks; from 1 to {MAX_RANKS} can run"
     hosts: Dict[str, int] = {}
     for number, line in lines:
         host, colon, slots = (part.strip() for part in line.partition(":"))
         name = _short(host)
-        if not _is_host(host) or (colon and not (_SLOTS.fullmatch(slots) and int(slots) >= 1)):
-            return (f"discovery file {path} line {number}: {line!r} is not HOST[:SLOTS] (SLOTS a number >= 1) "
-                    "nor, alone in the file, a number of ranks")
+        if not _is_host(host) or (colon and not (_SLOTS.fullmatch(slots) and 1 <= int(slots) <= MAX_RANKS)):
+            return (f"discovery file {path} line {number}: {line!r} is not HOST[:SLOTS] (SLOTS a number from 1 "
+                    f"to {MAX_RANKS}) nor, alone in the file, a number of ranks")
         if name in hosts:
             return f"discovery file {path} line {number}: host {name} is listed twice"
         if known_hosts is not None and name not in {_short(known) for known in known_hosts}:
             return (f"discovery file {path} line {number}: host {name} is not one the job can run on "
                     f"(known: {', '.join(sorted({_short(known) for known in known_hosts}))})")
         hosts[name] = int(slots) if colon else 1
+    if sum(hosts.values()) > MAX_RANKS:
+        return (f"discovery file {path}: its hosts' slots add up to {sum(hosts.values())}, past the {MAX_RANKS} "
+                "ranks a job may have")
     return Wanted(sum(hosts.values()), hosts)
 
 

@@ -117,6 +117,7 @@ class ShardEngine:
         for table in state.tables.values():
             np.minimum(table.last_push, restart - 1, out=table.last_push)
         state.applied_steps = restart
+        state.drop_shares(restart)
         return dropped
 
     def take_buffer(self, table_id: int) -> np.ndarray:

@@ -108,6 +108,12 @@ class Req(IntEnum):
     #                server uses the list it received with this number
 
 
+# a CLOCK's COUNT, DTYPE and WIDTH: the finished step's [loss sum, correct, count] of the worker's
+# share, as float64 bits, and its KEYS the read staleness the worker saw in it (the servers keep
+# them: the step's records are the global batch's and survive a lost worker)
+CLOCK_STATS, CLOCK_STALENESS = slice(Req.COUNT, Req.WIDTH + 1), Req.KEYS
+
+
 class Rep(IntEnum):
     """Fields of a reply header."""
 
@@ -178,6 +184,18 @@ def request(op: Op, table: int, slot: int, clock: int, count: int = 0,
     number ``keys`` are not sent)."""
     return np.array([op, table, slot, clock, count, dtype, width, PAYLOADS_IN[op] - cached, keys],
                     dtype=np.int64)
+
+
+def clock_request(slot: int, clock: int, stats: Optional[np.ndarray], staleness: int,
+                  share_only: bool = False) -> np.ndarray:
+    """A CLOCK header, carrying ``stats`` and ``staleness`` when given (``CLOCK_STATS``);
+    ``share_only``: the clock already moved there (a push-pull ended the step): TABLE 1, and
+    CLOCK the step's (it moves no clock)."""
+    header = request(Op.CLOCK, int(share_only), slot, clock - share_only)
+    if stats is not None:
+        header[CLOCK_STATS] = np.asarray(stats, dtype=np.float64).view(np.int64)
+        header[CLOCK_STALENESS] = staleness
+    return header
 
 
 def reply(header: np.ndarray, shard: int, status: Status, *, version: int = 0, count: int = 0,

@@ -36,7 +36,8 @@ from .engine import ShardEngine
 from .inbox import Request, table_gradients
 from .key_cache import KnownKeys
 from .layout import Layout
-from .protocol import DENSE_PUSHES, FUSED, PULLS, PUSHES, TAG_REPLY, TAG_REQUEST, VALUES_BACK, Op, Status
+from .protocol import (CLOCK_STALENESS, CLOCK_STATS, DENSE_PUSHES, FUSED, PULLS, PUSHES, TAG_REPLY, TAG_REQUEST,
+                       VALUES_BACK, Op, Status)
 from .shard_state import ShardState
 from .stats import RequestLoad
 
@@ -212,6 +213,10 @@ class Server:
         elif request.op == Op.RELEASE:
             self.released[slot] = True
             self._clock_moved()
+        elif request.op == Op.CLOCK and slot >= 0:
+            step = request.clock if request.table else request.clock - 1  # TABLE 1: the share alone
+            self.state.record_share(step, slot, request.header[CLOCK_STATS].view(np.float64),
+                                    request.fields[CLOCK_STALENESS])
         elif request.op in PULLS:
             slowest = self._slowest
             if not self.consistency.may_read(request.clock, slowest):

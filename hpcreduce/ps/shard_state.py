@@ -1,8 +1,9 @@
 """Everything one server shard knows, in one picklable object, and the row-store interface.
 
 ``ShardState`` holds the shard's tables (values and optimizer state), the workers'
-clocks, the per-slot push bookkeeping that makes pushes exactly-once (the last step
-each worker slot pushed to each table, applied/duplicate/refused counters), the BSP
+clocks and what each one's CLOCK carried of its step (``shares``), the per-slot push
+bookkeeping that makes pushes exactly-once (the last step each worker slot pushed to
+each table, applied/duplicate/refused counters), the BSP
 gradients waiting for their step to complete, and the measured staleness. Nothing
 else on the server is state: replication ships it (or the updates applied to it) to
 the next server, and recovery resumes a dead shard from that copy.
@@ -130,6 +131,7 @@ class ShardState:
     applied_steps: int = 0
     traffic: Dict[int, List[int]] = field(default_factory=dict)
     row_events: Counter = field(default_factory=Counter)
+    shares: Dict[int, Dict[int, Tuple[float, ...]]] = field(default_factory=dict)  # step -> slot -> share
 
     @classmethod
     def empty(cls, shard: int, tables: Dict[int, TableShard], slot_count: int,
@@ -190,6 +192,17 @@ class ShardState:
         cell[0] += sent
         cell[1] += received
 
+    def __setstate__(self, state: Dict[str, object]) -> None:
+        self.__dict__.update({"shares": {}, **state})  # a checkpoint written before ``shares``
+
+    def record_share(self, step: int, slot: int, stats: np.ndarray, staleness: int) -> None:
+        """Worker ``slot``'s [loss sum, correct, count, read staleness] of step ``step`` (its CLOCK's)."""
+        self.shares.setdefault(int(step), {})[int(slot)] = (*map(float, stats[:3]), float(staleness))
+
+    def drop_shares(self, first: int) -> None:
+        """Forget the shares of steps from ``first`` on (a BSP restart computes them again)."""
+        self.shares = {step: slots for step, slots in self.shares.items() if step < first}
+
     def merge_counters(self, others: "List[ShardState]") -> None:
         """Add the push counters, histograms and traffic of ``others`` into this state's."""
         for other in others:
@@ -200,6 +213,8 @@ class ShardState:
                 getattr(self, name).update(getattr(other, name))
             for step, cell in other.traffic.items():
                 self.count_traffic(step, *cell)
+            for step, slots in other.shares.items():
+                self.shares[step] = {**slots, **self.shares.get(step, {})}
 
     def snapshot(self) -> "ShardState":
         """A deep copy: what a replica holds."""

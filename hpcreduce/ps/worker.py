@@ -211,11 +211,17 @@ class Worker:
                             lambda done: multi_table.push_results(done, plans, names), -1)
 
     # -- clock and end -----------------------------------------------------------------
-    def clock(self) -> int:
-        """End this step: tell every server this worker's clock moved on; return it."""
+    def clock(self, stats: Optional[np.ndarray] = None, staleness: int = 0) -> int:
+        """End this step: tell every server this worker's clock moved on (with its share's
+        ``stats`` and read ``staleness``, ``protocol.clock_request``, also the first server after
+        a push-pull: it writes ps mode's live lines); return it."""
         self._check_not_released("clock()")
         self.clock_value += 1
-        self._tell_servers(Op.CLOCK, skip=self._ended)
+        first, ranks = min(self.layout.shard_ranks.values()), set(self.layout.shard_ranks.values())
+        self._tell_servers(protocol.clock_request(self.slot, self.clock_value, stats, staleness), self._ended)
+        if stats is not None and first in self._ended:  # its clock moved with the push-pull: the share alone
+            share = protocol.clock_request(self.slot, self.clock_value, stats, staleness, share_only=True)
+            self._tell_servers(share, ranks - {first})
         self._ended = set()
         return self.clock_value
 
@@ -225,7 +231,7 @@ class Worker:
         takes no call after it (``PSInputError``)."""
         self._check_not_released("release()")
         self.released = True
-        self._tell_servers(Op.RELEASE)
+        self._tell_servers(protocol.request(Op.RELEASE, 0, self.slot, self.clock_value))
         with self.guard(f"worker slot {self.slot} releasing the servers"):
             MPI.Request.Waitall([request for request, _ in self._unanswered])
         self._unanswered.clear()
@@ -401,13 +407,11 @@ class Worker:
         return [(self.layout.shard_ranks[key], order[starts[k]:starts[k + 1]])
                 for k, key in sorted(enumerate(placement.shards), key=lambda pair: pair[1]) if starts[k + 1] > starts[k]]
 
-    def _tell_servers(self, op: Op, skip: Set[int] = frozenset()) -> None:
+    def _tell_servers(self, header: np.ndarray, skip: Set[int] = frozenset()) -> None:
         self._retire_unanswered()
         for rank in self.layout.shard_ranks.values():
-            if rank in skip:
-                continue
-            header = protocol.request(op, 0, self.slot, self.clock_value)
-            self._unanswered.append((self.comm.Isend(header, rank, TAG_REQUEST), header))
+            if rank not in skip:
+                self._unanswered.append((self.comm.Isend(header, rank, TAG_REQUEST), header))
 
     def _retire_unanswered(self) -> None:
         if self._unanswered:

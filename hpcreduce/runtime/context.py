@@ -102,6 +102,11 @@ def init(*, ft: Optional[bool] = None, cuda_aware: Optional[bool] = None) -> Con
     return _default
 
 
+def current() -> Optional[Context]:
+    """The process's context when ``init`` made one, else None (nothing started)."""
+    return _default
+
+
 def start_mpi() -> None:
     """Initialise MPI (with MPI_THREAD_MULTIPLE) if the importer of mpi4py did not:
     the ``hpcreduce`` command defers it to the commands that run as ranks."""

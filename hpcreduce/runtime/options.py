@@ -4,9 +4,11 @@
 
 ``option`` makes a dataclass field whose metadata is an ``Option``: the flag, its help and
 metavar, how its text becomes a value (``parse``; a ValueError is the flag's problem), whether
-it repeats or is a switch, and the range its value must lie in (``bound``) or the values it may
-take (``choices``). The command line builds its flags from these declarations (``declared``)
-and the config checks its values with them (``field_problems``), so a new setting is one edit.
+it repeats or is a switch, the range its value must lie in (``bound``) or the values it may
+take (``choices``), and the settings it does nothing without (``needs``: ``--checkpoint-keep``
+needs ``--checkpoint-dir``; ``partner_problems`` refuses it given alone). The command line
+builds its flags from these declarations (``declared``) and the config checks its values with
+them (``field_problems``, ``partner_problems``), so a new setting is one edit.
 Fields that share one ``Bound`` object are checked together and worded as one problem
 (``{steps} and {batch} must be at least 1``); give each field its own ``Bound`` otherwise.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import SettingProblem, setting_problem
 
@@ -31,7 +33,9 @@ class Bound:
 @dataclass(frozen=True)
 class Option:
     """A setting's command-line form. ``parse``: text to value (None: the field's own type);
-    ``repeatable``: each use appends; ``switch``: a flag without a value (True when given)."""
+    ``repeatable``: each use appends; ``switch``: a flag without a value (True when given);
+    ``needs``: the settings it does nothing without, each a field of the same config (set: not at
+    its default) or a setting from outside it (``partner_problems``'s ``outside``)."""
 
     flag: str
     help: str
@@ -41,6 +45,7 @@ class Option:
     switch: bool = False
     bound: Optional[Bound] = None
     choices: Optional[Sequence[str]] = None
+    needs: Tuple[str, ...] = ()
 
 
 def option(default: Any, flag: str, help: str, **form: Any) -> Any:
@@ -82,6 +87,25 @@ def field_problems(config: Any) -> List[SettingProblem]:
                                          + ", got " + _joined(["{v%d}" % i for i in range(len(names))]),
                                          **{f"v{i}": value for i, value in enumerate(values)}))
     return found
+
+
+def partner_problems(config: Any, outside: Mapping[str, Tuple[bool, str]] = {}) -> List[SettingProblem]:  # noqa: B006
+    """The settings of ``config`` given (not at their default) without a setting their
+    declaration ``needs``: a field of ``config`` at its default, or a name of ``outside`` (a
+    setting not of ``config``: whether it is on, and how to word it) that is off. One problem
+    per missing setting, naming each setting that needs it, by field name."""
+    fields = {f.name: f for f, _ in declared(type(config))}
+    lacking: Dict[str, List[str]] = {}
+    for name, f in fields.items():
+        if getattr(config, name) == default_of(f):
+            continue
+        for partner in f.metadata["option"].needs:
+            on = outside[partner][0] if partner in outside else getattr(config, partner) != default_of(fields[partner])
+            if not on:
+                lacking.setdefault(partner, []).append(name)
+    return [setting_problem(_joined(["{%s}" % name for name in names]) + (" needs " if len(names) == 1 else " need ")
+                            + (outside[partner][1] if partner in outside else "{%s}" % partner))
+            for partner, names in lacking.items()]
 
 
 def _joined(parts: Sequence[str]) -> str:

@@ -13,12 +13,16 @@ temporary, fsync, rename; a writer killed half way leaves the previous checkpoin
 newest ``keep`` are kept; every rank learns whether it could (``OutputFileError`` on every
 rank otherwise, also for a value ``torch.load(weights_only=True)`` could not read back). The
 policy's ``checkpoint`` kills strike half way through the file, as for numpy checkpoints.
+A step the file name cannot hold (below 0, over 999999999) is refused on every rank.
 ``load_checkpoint``: rank 0 reads the newest checkpoint that reads back whole (passing over, with
-a warning, one that does not), refuses on every rank one written by another run
-(``CheckpointMismatchError``: identity, or a value whose tensors differ, named), loads it into
-its tracked objects in place, and ``State.sync`` gives every rank the values; a ``resume``
-change is recorded. Cost: ``torch.save`` on rank 0, a small broadcast and one agreement;
-loading: ``torch.load`` on rank 0 and a sync.
+a warning, one that does not or whose metadata is not a checkpoint's), refuses on every rank one
+written by another run (``CheckpointMismatchError``: identity named), sends its values to every
+rank (``send_tree``), and every rank loads them into its tracked objects in place, keeping a copy
+of what they held: when any rank's objects refuse them (a value whose tensors differ, a sampler
+over another data set), every rank puts its copy back and raises the same
+``CheckpointMismatchError`` naming the ranks, so a refusal changes nothing. A ``resume`` change
+is recorded. Cost: ``torch.save`` on rank 0, a small broadcast and one agreement; loading:
+``torch.load`` on rank 0, a broadcast of the values, a copy of the state and one allgather.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ import torch
 from ..arrays import to_host
 from ..elastic.checkpoints import record_resume, written_by_rank_0
 from ..elastic.state import State
-from ..elastic.state_dicts import is_leaf, rebuild
+from ..elastic.state_dicts import clone_tree, is_leaf, rebuild, send_tree
 from ..errors import CheckpointMismatchError, InputMismatchError, OutputFileError, setting_problem
 from ..ft import checkpoint_files
 from ..runtime.files import remove_stale_temporaries
@@ -43,10 +47,6 @@ NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
 READABLE = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 """What ``torch.load(weights_only=True)`` reads back, besides tensors and containers."""
 UNREADABLE = checkpoint_files.UNREADABLE + (RuntimeError, pickle.UnpicklingError, AttributeError)
-
-
-def path_for(folder: str, step: int) -> str:
-    return os.path.join(folder, f"ckpt-{step:09d}.pt")
 
 
 def save_checkpoint(state: State, folder: str, step: int, *, identity: Optional[Mapping[str, Any]] = None,
@@ -63,57 +63,78 @@ def save_checkpoint(state: State, folder: str, step: int, *, identity: Optional[
                                   "tensors, and dicts, lists or tuples of them)")
         metadata = {"step": step, "ranks": state.context.size, "commits": state.commits,
                     "identity": _identity(state, identity)}
+        checkpoint_files.path_for(folder, step)  # refuses a step the name cannot hold
         buffer = io.BytesIO()
         torch.save({"values": values, "hpcreduce": metadata}, buffer)
         remove_stale_temporaries(folder)
         checkpoint_files.write_checkpoint(folder, path, buffer.getbuffer(), keep=keep, halfway=halfway, name=NAME)
 
-    path = path_for(folder, step)
+    path = os.path.join(folder, f"ckpt-{step:09d}.pt")
     written_by_rank_0(state, step, write)
     return path
 
 
 def load_checkpoint(state: State, folder: str, *, identity: Optional[Mapping[str, Any]] = None) -> Optional[int]:
     """The step of the newest checkpoint in ``folder``, its values loaded into the tracked
-    objects on every rank (collective), or None when there is none (see the module docstring)."""
+    objects on every rank (collective), or None when there is none (see the module docstring).
+    A refusal, on any rank, leaves every rank's objects as they were."""
     ctx = state.context
-    found: Tuple[Optional[int], int, Optional[str]] = (None, 0, None)
+    found: Tuple[Optional[int], int, Optional[str], Any] = (None, 0, None, None)
     if ctx.rank == 0:
-        remove_stale_temporaries(folder)  # the writer, before it writes
-        found = _load_newest(state, folder, identity)
-    step, ranks, problem = ctx.comm.bcast(found, root=0)
+        try:
+            remove_stale_temporaries(folder)  # the writer, before it writes
+            found = _read_newest(state, folder, identity)
+        except Exception as err:  # whatever rank 0 met is every rank's news, never a hang
+            found = (None, 0, f"could not be read: {type(err).__name__}: {err}", None)
+    step, ranks, problem = ctx.comm.bcast(found[:3], root=0)
+    if problem is None and step is not None:
+        problem = _load_everywhere(state, send_tree(ctx, found[3]))
     if problem:
         raise CheckpointMismatchError(setting_problem("{checkpoint_dir} {path}: its checkpoint of step {step} "
                                                       "{why}; give another folder or empty it",
                                                       path=folder, step=step, why=problem))
     if step is None:
         return None
-    state.sync()
     record_resume(state, step, ranks)
     return step
 
 
-def _load_newest(state: State, folder: str, identity: Optional[Mapping[str, Any]]) -> Tuple[Optional[int], int,
-                                                                                             Optional[str]]:
-    """Rank 0: (step, ranks, problem) of the newest checkpoint that reads back whole, loaded
-    into ``state`` when it fits (problem None), or (None, 0, None) when there is none."""
+def _read_newest(state: State, folder: str, identity: Optional[Mapping[str, Any]]) -> Tuple[Optional[int], int,
+                                                                                             Optional[str], Any]:
+    """Rank 0: (step, ranks, problem, values) of the newest checkpoint that reads back whole
+    (problem: how its identity differs from this run's, or None), or (None, 0, None, None)."""
     for step, path in reversed(checkpoint_files.checkpoints(folder, NAME)):
         try:
             stored = torch.load(path, map_location="cpu", weights_only=True)
-            metadata, values = stored["hpcreduce"], stored["values"]
-            ranks = int(metadata["ranks"])
-        except UNREADABLE + (TypeError,) as err:
+            if not isinstance(stored, dict) or not isinstance(stored.get("values"), dict):
+                raise ValueError(f"it holds a {type(stored).__name__}, not a checkpoint's dict of values")
+            metadata = checkpoint_files.checked(stored.get("hpcreduce"))
+            if "ranks" not in metadata:
+                raise ValueError("its metadata names no ranks")
+        except UNREADABLE + (TypeError, IndexError) as err:
             checkpoint_files.print_warning(f"checkpoint {path} is unreadable ({type(err).__name__}: {err}); "
                                            "passed over")
             continue
         problem = checkpoint_files.identity_problem(metadata, _identity(state, identity))
-        if problem is None:
-            try:
-                state.load_state_dict(values)
-            except InputMismatchError as err:
-                problem = f"does not fit this run's values: {err}"
-        return step, ranks, problem
-    return None, 0, None
+        return step, int(metadata["ranks"]), problem, None if problem else stored["values"]
+    return None, 0, None, None
+
+
+def _load_everywhere(state: State, values: Any) -> Optional[str]:
+    """``values`` (rank 0's, on every rank) loaded into ``state`` on every rank (collective: one
+    allgather), or, when any rank's objects refuse them, every rank's objects put back as they
+    were and the refusals named."""
+    kept = clone_tree(state.state_dict())
+    try:
+        state.load_state_dict(values)
+        refused = None
+    except InputMismatchError as err:
+        refused = str(err)
+    refusals = [f"rank {rank}: {text}" for rank, text in enumerate(state.context.comm.allgather(refused)) if text]
+    if not refusals:
+        return None
+    state.load_state_dict(kept)
+    return "does not fit this run's values (nothing was loaded): " + "; ".join(refusals)
 
 
 def _identity(state: State, identity: Optional[Mapping[str, Any]]) -> Dict[str, Any]:

@@ -15,6 +15,7 @@ from ..errors import ConfigurationError, GpuUnavailableError
 from ..runtime.context import Comm, Context, resolve
 from ..runtime.devices import open_device
 from ..runtime.nodes import rank_nodes
+from ..runtime.ulfm_exit import end_at_exit
 from .config import TrainConfig
 from .data import Dataset
 from .divergence import judge
@@ -53,6 +54,8 @@ def train(model: Model, dataset: Dataset, config: Optional[TrainConfig] = None, 
     ``device="gpu"`` a rank without cupy or a GPU makes every rank raise ``GpuUnavailableError``.
     Rank 0 prints progress and the final line when ``verbose`` and writes ``config.json_path``.
     A run that diverged says so in the final line and in ``result.diverged`` (``train.divergence``).
+    Under ULFM a run that raises ends this process when the script exits, without MPI_Finalize
+    (``runtime.ulfm_exit``: after lost ranks it waited for them and hung).
     """
     ctx = resolve(comm)
     config = config or TrainConfig()
@@ -74,9 +77,13 @@ def run_checked(ctx: Context, model: Model, dataset: Dataset, config: TrainConfi
                                  f"{' or '.join(DYNAMIC_MODES)}, not {config.mode}")
     open_device(config.device)  # this rank's GPU, on device="gpu"
     observer = Observer(ctx, config, verbose=verbose, reporter=config.servers)
-    result = RUNNERS[config.mode](ctx, config, model, dataset, observer)
-    result.nodes = rank_nodes(ctx.comm)
-    judge(ctx, model, dataset, result)  # every mode's result: diverged, or worse than its start?
-    observer.echo(final_line(result))
-    observer.finish(result.to_json)  # writes config.json_path on rank 0
+    try:
+        result = RUNNERS[config.mode](ctx, config, model, dataset, observer)
+        result.nodes = rank_nodes(ctx.comm)
+        judge(ctx, model, dataset, result)  # every mode's result: diverged, or worse than its start?
+        observer.echo(final_line(result))
+        observer.finish(result.to_json)  # writes config.json_path on rank 0
+    except Exception:
+        end_at_exit(ctx)  # ULFM: MPI_Finalize after lost ranks hangs; the CLI ends at once instead
+        raise
     return result

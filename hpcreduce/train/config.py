@@ -22,6 +22,7 @@ from ..ft.faults import FaultConfig
 from ..runtime.places import Place, place_problems
 from ..ps.tables import EVICTIONS, Dynamic
 from ..runtime.options import (Option, at_least, field_problems, non_negative_finite, option, parse_size,
+                               partner_problems,
                                positive_finite, probability)
 from .topology_checks import hybrid_problems, ps_problems, ring_problems, sandblaster_problems, shard_optimizer_problems
 
@@ -149,7 +150,8 @@ class TrainConfig:
                              "(4M, 1G...; 0: unbounded); past it the coldest rows are evicted", metavar="BYTES",
                              parse=parse_size, bound=at_least(0))
     eviction: str = option("lru", "--eviction", "embed: which rows go past --row-budget: lru (least recently "
-                           "pushed) or lfu (least often)", metavar="HOW", choices=EVICTIONS)
+                           "pushed) or lfu (least often)", metavar="HOW", choices=EVICTIONS,
+                           needs=("row_budget",))
     steps: int = option(200, "--steps", "training steps (default: the model's)", metavar="S", bound=STEPS_AND_BATCH)
     batch: int = option(4096, "--batch", "global batch per step, split over the workers (default: the model's)",
                         metavar="B", bound=STEPS_AND_BATCH)
@@ -189,6 +191,7 @@ class TrainConfig:
         """What is wrong with these settings for a job of ``size`` ranks (``ft``: with ULFM),
         by field name; empty when fine. The same on every rank (output files: ``output_problems``)."""
         found = field_problems(self) + field_problems(self.topology) + self._table_rows_problems()
+        found += partner_problems(self) + partner_problems(self.topology)
         found += self._dynamic_problems() + shard_optimizer_problems(self, ft)
         found += self.topology.problems(self, size, ft) + self._slow_role_problems()
         return found + self.fault.problems(self.steps, size, ft, self.has_servers)

@@ -16,7 +16,10 @@ One rank reports (``reporter``: rank 0 in ring mode, the first worker in PS mode
 - ``config.metrics_path``: one JSON object per step (JSON lines), written as the run goes:
   step, loss, accuracy, examples, samples_per_s, step_s, wall_s, bytes_sent and
   bytes_received (this rank's, in the step), and whatever else the trainer logs
-  (PS: ``read_staleness``, the largest the servers reported for the step's reads).
+  (PS: ``read_staleness``, the largest the servers reported for the step's reads); the
+  step's global batch: in hybrid mode the dense reduction sums the workers' stats; in ps
+  mode a server (``lines_rank``) writes the lines from the shares the workers' CLOCKs
+  carried (``train.ps.live_lines``), the reporter none.
 - ``config.timeline_path``: every rank's phases, gathered to rank 0 at the end into one
   Chrome-trace file (``timeline``).
 - ``config.json_path``: the result, written by rank 0 at the end (``finish``).
@@ -125,6 +128,7 @@ class Observer:
     def __init__(self, ctx: Context, config: TrainConfig, *, verbose: bool = True, reporter: int = 0):
         self.ctx, self.config, self.verbose = ctx, config, verbose
         self.reporter = reporter
+        self.lines_rank: Optional[int] = None  # ps mode: the server writing the metrics lines (``ps.live_lines``)
         self.mode = progress_mode(config.progress) if verbose else "none"
         self.bar = ProgressBar(config.steps) if self.mode == "bar" else None
         self.metrics: Optional[LineStream] = None
@@ -184,7 +188,7 @@ class Observer:
         self.previous_wall = row["wall_s"]
         if not self.reporting:
             return
-        metrics = self._metrics_file()
+        metrics = self._metrics_file() if self.lines_rank is None else None
         if metrics:
             with self._keeping_failure():
                 metrics.write_line(json.dumps({
@@ -197,6 +201,13 @@ class Observer:
                 print(line, flush=True)
         elif self.bar:
             self.bar.update(row["step"], row["loss"], row["examples"])
+
+    def write_line(self, line: str) -> None:
+        """A metrics line made elsewhere (``lines_rank``'s, ``train.ps.live_lines``), appended."""
+        metrics = self._metrics_file()
+        if metrics:
+            with self._keeping_failure():
+                metrics.write_line(line)
 
     def finish(self, result_json: Callable[[], Any]) -> None:
         """End the progress bar, close the metrics file, write the timeline and (rank 0)

@@ -18,16 +18,25 @@ from ..sandblaster import METHODS, roles_problem
 if TYPE_CHECKING:
     from .config import PS, Sandblaster, TrainConfig  # noqa: F401 (PS: also Hybrid's settings)
 
-IN_JOB_ONLY = ("grow", "grow_servers", "leave", "discover", "replace")  # ps: no checkpoint-and-relaunch form
+KILLS = ("kills", "kill_random", "node_kills")
+"""The injected failures, which a job without ULFM recovers by a relaunch from its checkpoints
+(the settings that work in-job only declare ``needs=(FT,)``: ``FaultConfig``)."""
 
 
 def ring_problems(config: "TrainConfig", ft: bool) -> List[SettingProblem]:
     found = _optimizer_problems(config)
-    if config.fault.needs_ulfm() and not ft:
-        found.append(setting_problem("{kills}, {kill_random}, {grow}, {discover} and {replace} need in-job fault "
-                                     "tolerance: launch with --ft (ULFM), or give {checkpoint_dir} and --restarts "
-                                     "to recover kills by relaunching"))
+    killing = _given_kills(config)
+    if killing and not ft and not config.fault.checkpoint_dir:
+        found.append(setting_problem(killing + " need%s in-job fault tolerance: launch with --ft (ULFM), or give "
+                                     "{checkpoint_dir} and --restarts to recover kills by relaunching"
+                                     % ("" if " and " in killing else "s")))
     return found + _server_growth_problems(config)
+
+
+def _given_kills(config: "TrainConfig") -> str:
+    """The injected failures given, as ``{kills} and {kill_random}`` (empty: none)."""
+    given = ["{%s}" % name for name in KILLS if getattr(config.fault, name)]
+    return " and ".join([", ".join(given[:-1]), given[-1]]) if len(given) > 1 else "".join(given)
 
 
 def ps_problems(ps: "PS", config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
@@ -40,14 +49,7 @@ def ps_problems(ps: "PS", config: "TrainConfig", size: int, ft: bool) -> List[Se
         found.append(setting_problem("{staleness} only applies to {consistency} ssp"))
     if ps.consistency != "asp" and (ps.fetch_every != 1 or ps.push_every != 1):
         found.append(setting_problem("{fetch_every} and {push_every} only apply to {consistency} asp"))
-    in_job = [name for name in IN_JOB_ONLY if getattr(fault, name)]
-    if not ft and in_job:
-        named = ["{%s}" % name for name in in_job]
-        found.append(setting_problem("in {mode} %s, " % config.mode + (" and ".join([", ".join(named[:-1]), named[-1]])
-                                                         if len(named) > 1 else named[0])
-                                     + " need%s in-job fault tolerance: launch with ULFM (--ft)"
-                                     % ("" if len(named) > 1 else "s")))
-    elif not ft and fault.needs_ulfm() and not fault.hangs_only():
+    if not ft and _given_kills(config) and not fault.checkpoint_dir and not fault.hangs_only():
         found.append(setting_problem(
             "in {mode} %s, {kills} and {kill_random} need" % config.mode + " in-job fault tolerance (--ft, ULFM) or "
             "{checkpoint_dir} with {checkpoint_every} and --restarts R: the job is then relaunched and "

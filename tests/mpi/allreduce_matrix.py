@@ -1,5 +1,6 @@
 """Every op, dtype, algorithm and awkward size against native MPI_Allreduce, on any N and any
-number of nodes (tests/test_hierarchical.py runs it on two "nodes" of this host).
+number of nodes (tests/test_hierarchical.py runs it on two "nodes" of this host, for the
+algorithms that depend on the nodes). Arguments: the algorithms to check (default: all).
 
 Run under mpirun; exits non-zero on the first disagreement (collectively).
 """
@@ -16,7 +17,7 @@ from mpi_checks import sample
 context = hpcreduce.init()
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
-ALGORITHMS = ("ring", "recursive_doubling", "native", "hierarchical", "one_shot", "auto")
+ALGORITHMS = tuple(sys.argv[1:]) or ("ring", "recursive_doubling", "native", "hierarchical", "one_shot", "auto")
 SIZES = sorted({0, 1, max(size - 1, 0), size + 1, 1_000_003})
 TOLERANCE = {"float16": 2e-2, "float32": 1e-5, "float64": 1e-12}
 
@@ -63,7 +64,7 @@ for n in SIZES:
 # Back-to-back calls of changing sizes, nothing in between (no check, as between fusion buckets,
 # or for one_shot the check carried in the same exchange): a rank that finished a call writes
 # its input for the next one while a slower rank may still read the last one.
-for algorithm in ("hierarchical", "one_shot"):
+for algorithm in [name for name in ("hierarchical", "one_shot") if name in ALGORITHMS]:
     wrong = []
     for call in range(400):  # every rank makes every call, whatever it finds
         n = (150, 100, 1000, 37)[call % 4] * (1 + call % 3)

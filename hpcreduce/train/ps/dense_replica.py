@@ -6,7 +6,9 @@ gradients (already scaled by 1/global batch) into one allreduce over the *worker
 communicator, so each gets the global batch's mean gradient and applies the same optimizer
 step: the replicas stay bitwise identical. The same buffer carries a failed-worker count: a
 worker whose model or pushes fail still takes part once, with zeros and a 1 (``bail_out``),
-so every worker stops at that step, none waits for it.
+so every worker stops at that step, none waits for it; and the step's [loss sum, correct,
+count], so every worker records the global batch's (``totals``, kept by step: a step redone
+after a BSP restart keeps what the whole batch gave, the lost workers' share included).
 
 Fault tolerance without an agreement per step: ``applied`` counts the steps whose update is
 in. An allreduce that completed on some ranks but failed on others (a peer died) leaves the
@@ -18,7 +20,7 @@ survivor whose last allreduce failed gets the update the others applied. A step 
 ``applied`` is reduced; one below it (a BSP restart, a newcomer catching up) is not reduced
 again, its dense gradients dropped. A checkpoint restore of the servers (``rollback``) does
 not roll the dense replica back.
-Cost per step: one allreduce of the dense parameters plus 8 bytes among the W workers
+Cost per step: one allreduce of the dense parameters plus 32 bytes among the W workers
 (2(W-1)/W x dense bytes per worker with the ring); per change of ranks: one ``Create_group``
 and one broadcast of the dense parameters and their optimizer state.
 """
@@ -61,6 +63,7 @@ class DenseReplica:
         self.peers: Optional[Context] = None
         self.joined_with: Optional[Worker] = None
         self.sum = BucketSum()  # the same reducer and buckets as the ring trainer's
+        self.totals: Dict[int, np.ndarray] = {}  # step -> the workers' summed [loss sum, correct, count]
 
     def join(self, worker: Worker) -> None:
         """The workers of ``worker.layout`` (all of them, together): a new communicator of
@@ -85,16 +88,18 @@ class DenseReplica:
             peers.Bcast(array, root=root)
         self.applied = applied[root]
 
-    def reduce(self, step: int, grads: Mapping[str, np.ndarray]) -> None:
+    def reduce(self, step: int, grads: Mapping[str, np.ndarray], stats: np.ndarray) -> np.ndarray:
         """Step ``step`` (from 0): the workers' summed ``grads`` applied, or nothing when that
-        step's update is already in. ``PSTrainingError`` on every worker when one failed or
-        the mean gradient is not finite (nothing applied)."""
+        step's update is already in; returns the workers' summed ``stats`` ([loss sum, correct,
+        count]) of the step (this worker's own when an update already in was reduced before it
+        joined). ``PSTrainingError`` on every worker when one failed or the mean gradient is
+        not finite (nothing applied)."""
         if self.applied > step:
-            return
+            return self.totals.get(step, stats)
         if self.applied < step:
             raise PSTrainingError(f"the dense replica has {self.applied} steps applied, behind step {step + 1}")
         zeros = {spec.name: np.zeros(spec.shape, spec.dtype) for spec in self.specs if spec.name not in grads}
-        total = self._allreduce([grads.get(spec.name, zeros.get(spec.name)) for spec in self.specs], failed=0)
+        total = self._allreduce([grads.get(spec.name, zeros.get(spec.name)) for spec in self.specs], 0, stats)
         if total[-1][0]:
             self.stopped = True
             raise PSTrainingError(f"stopped at step {step + 1}: {int(total[-1][0])} worker(s) failed")
@@ -105,6 +110,8 @@ class DenseReplica:
         for spec, grad in zip(self.specs, total):
             self.optimizer.update(self.params[spec.name], grad, self.state[spec.name], step + 1)
         self.applied = step + 1
+        self.totals[step] = total[-1][1:].copy()
+        return self.totals[step]
 
     def bail_out(self) -> None:
         """This worker failed: take part in the reduction the others wait in, with zeros and a
@@ -113,7 +120,7 @@ class DenseReplica:
             return
         self.stopped = True
         try:
-            self._allreduce([np.zeros(spec.shape, spec.dtype) for spec in self.specs], failed=1)
+            self._allreduce([np.zeros(spec.shape, spec.dtype) for spec in self.specs], 1, np.zeros(3))
         except Exception:  # noqa: BLE001 (the run already fails with this worker's own error)
             pass
 
@@ -128,8 +135,8 @@ class DenseReplica:
             release(self.peers.comm)
             self.peers = None
 
-    def _allreduce(self, grads: List[np.ndarray], failed: int) -> List[np.ndarray]:
-        arrays = [*grads, np.array([failed], np.float64)]
+    def _allreduce(self, grads: List[np.ndarray], failed: int, stats: np.ndarray) -> List[np.ndarray]:
+        arrays = [*grads, np.array([failed, *stats], np.float64)]
         return self.sum(arrays, self.peers)
 
     def _arrays(self) -> List[np.ndarray]:

@@ -86,8 +86,9 @@ def sharded_checksum(comm: MPI.Intracomm, layout: Layout, state: Optional[ShardS
         total = sum(exact_sum(checksum_terms(name, value)) for name, value in extra.items())
     for table, shard in (state.tables.items() if state is not None else ()):
         name = layout.specs[table].name
-        values = shard.values.reshape(len(shard.values), -1) if shard.sparse else shard.values.reshape(-1, 1)
-        step = max(1, CHUNK // max(values.shape[1], 1))
+        width = int(np.prod(shard.values.shape[1:], dtype=np.int64)) if shard.sparse else 1
+        values = shard.values.reshape(len(shard.values), width)  # a shard without rows too: a normal state
+        step = max(1, CHUNK // max(width, 1))
         for begin in range(0, len(values), step):
             end = min(len(values), begin + step)
             ids = shard.ids[begin:end] if shard.sparse else np.arange(shard.start + begin, shard.start + end)

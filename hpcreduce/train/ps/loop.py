@@ -29,8 +29,9 @@ pulls sparse rows only, the push carries sparse rows only, and between the push 
 every worker's dense gradients go into one allreduce among the workers
 (``DenseReplica.reduce``), after which each applies the same update to its replica; the
 workers' communicator is made again at the start of ``run_steps`` after any change of ranks.
-Each step is recorded in a ``StepLog`` (this worker's share: loss, accuracy, bytes, and
-the read staleness the servers reported) and handed to the run's observer, if any.
+Each step is recorded in a ``StepLog`` (loss, accuracy and examples of this worker's share;
+hybrid: of the global batch, which the dense reduction sums; bytes, and the read staleness
+the servers reported) and handed to the run's observer, if any.
 On ``config.device`` gpu the model computes on cupy arrays: pulled dense tables are
 copied up once per fetch and pulled rows every step, the gradients copied down before
 they are summed and pushed; requests, replies and the summing stay on the host.
@@ -178,7 +179,7 @@ class WorkerLoop:
         if self.replica is not None:
             phases.reduce_dense()
         if worker.clock_value <= step:
-            worker.clock()
+            worker.clock(*(self._current if self.replica is None else (None, 0)))  # ps: the servers keep each share
         stats, staleness = self._current
         self.result.stats[step] = stats
         loss_sum, correct, count = stats
@@ -248,7 +249,7 @@ class WorkerLoop:
         handles = issue_all(starts)
         if fused:  # the dense pushes last: the last push-pull to a server ends the step there
             handles += self.worker.push_pull_step_async(out.dense, self.dense)
-            self.worker.clock()  # under BSP the values come back once every worker's clock has moved
+            self.worker.clock(*self._current)  # under BSP the values come back once every worker's clock has moved
         wait_all(handles)
         if fused:
             self.prefetched = max(reported_staleness(h, self.worker.clock_value) for h in handles[len(out.rows):])
@@ -259,8 +260,10 @@ class WorkerLoop:
 
     def reduce_dense(self) -> None:
         """Hybrid: the dense gradients summed since the last reduction, reduced among the workers
-        and applied (``DenseReplica.reduce``; kept for a retry if the reduction fails)."""
-        self.replica.reduce(self.step, self.summed)
+        and applied (``DenseReplica.reduce``; kept for a retry if the reduction fails), and the
+        step's stats made the global batch's."""
+        stats, staleness = self._current
+        self._current = (self.replica.reduce(self.step, self.summed, stats), staleness)
         self.summed = {}
 
     def acknowledged(self, pieces: List[Tuple[int, int]]) -> None:

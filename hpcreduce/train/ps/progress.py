@@ -12,7 +12,7 @@ clock passes the step they resumed at. Growth and leaves are asked for elsewhere
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from ...errors import OutputFileError
 from ...ft.events import EventLog
@@ -87,6 +87,7 @@ class StepProgress:
 
     def __init__(self, kills: PSKills, checkpoints: ShardCheckpoints, events: EventLog, echo: Callable[[str], None]):
         self.kills, self.checkpoints, self.events, self.echo = kills, checkpoints, events, echo
+        self.on_server: Optional[Callable[[Server, int], None]] = None  # ps mode's live lines (``live_lines``)
 
     def worker_step(self, step: int, members: Membership) -> None:
         """A worker starts step ``step`` (from 1)."""
@@ -95,6 +96,8 @@ class StepProgress:
     def server_progress(self, server: Server, slowest: int, resume_mark: int, members: Membership) -> bool:
         """A server saw the slowest live clock move to ``slowest`` (NOBODY_LIVE: every worker
         released it; then False, else True); ``resume_mark``: the clock the last recovery resumed at."""
+        if self.on_server is not None:
+            self.on_server(server, slowest)
         if slowest > resume_mark:
             for event in self.events.step_completed():
                 self.echo(event.line())

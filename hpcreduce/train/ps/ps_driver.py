@@ -108,6 +108,8 @@ class PSDriver:
                                  guard=watchdog.guard, on_progress=self._server_progress)
         self.server = server
         self.observer.reporter = layout.worker_ranks[0]
+        if self.observer.lines_rank is not None:  # ps mode: the first live server writes the metrics lines
+            self.observer.lines_rank = min(layout.shard_ranks.values())
 
     def _progress(self, step: int, checkpointed: int) -> StepProgress:
         """Kills and checkpoints from ``step`` on (``checkpointed``: the last checkpoint step)."""

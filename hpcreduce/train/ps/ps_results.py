@@ -1,4 +1,6 @@
-"""The result of a PS run on every rank: failures reported everywhere, per-step metrics summed,
+"""The result of a PS run on every rank: failures reported everywhere, per-step metrics summed
+(hybrid: every worker has the global batch's; ps: every worker's share of every step, from the
+workers and from the servers, which keep what each CLOCK carried: both survive a lost worker),
 parameters evaluated and checksummed shard by shard (``final``), the servers' counters merged,
 the trained model written sharded (``--model-dir``), as ``train.results.TrainResult``. In
 ``--mode hybrid`` the dense parameters are the first worker's replica, and ``ps.hybrid`` has
@@ -48,9 +50,13 @@ def ps_result(ctx: Context, setup: PSSetup, layout: Layout, state: Optional[Shar
     failures = [text for text in ctx.comm.allgather(failure) if text]
     if failures:
         raise PSTrainingError("; ".join(failures))
-    ctx.comm.Allreduce(MPI.IN_PLACE, stats, op=MPI.SUM)
-    ctx.comm.Allreduce(MPI.IN_PLACE, wall, op=MPI.MAX)
     hybrid = config.mode == "hybrid"
+    if hybrid:  # every worker's rows are already the global batch's (the dense reduction sums them;
+        # a worker that joined after a step has only its share there, never more than the sum)
+        ctx.comm.Allreduce(MPI.IN_PLACE, stats, op=MPI.MAX)
+    else:
+        stats = _every_share(ctx, layout, state, stats if worker_log is not None else None, steps)
+    ctx.comm.Allreduce(MPI.IN_PLACE, wall, op=MPI.MAX)
     if hybrid:
         dense, replicas = dense_summary(ctx, layout, worker_log.replica if worker_log else None)
         ps_extra = {**(ps_extra or {}), "hybrid": replicas}
@@ -82,6 +88,29 @@ def ps_result(ctx: Context, setup: PSSetup, layout: Layout, state: Optional[Shar
             "pushes": {**merged["pushes"], **(pushes_extra or {})},
             **({"dynamic_rows": merged["dynamic_rows"]} if "dynamic_rows" in merged else {}),
             **_load(ctx, load, steps, first_step), **(ps_extra or {})})
+
+
+def _every_share(ctx: Context, layout: Layout, state: Optional[ShardState], own: Optional[np.ndarray],
+                 steps: int) -> np.ndarray:
+    """ps mode: each step's [loss sum, correct, count] summed over every worker slot's share,
+    a share being this worker's ``own`` or one a server kept from a CLOCK (a lost worker's
+    steps are only there); the same share from several ranks counts once (the largest)."""
+    mine: Dict[Tuple[int, int], Tuple[float, ...]] = {}
+    if own is not None:
+        slot = layout.slot_of(ctx.rank)
+        mine = {(step, slot): tuple(row) for step, row in enumerate(own.tolist()) if any(row)}  # no staleness
+    for step, slots in (state.shares.items() if state is not None else ()):
+        for slot, share in slots.items():
+            mine[(step, slot)] = tuple(max(a, b) for a, b in zip(mine.get((step, slot), share), share[:3]))
+    merged: Dict[Tuple[int, int], np.ndarray] = {}
+    for shares in ctx.comm.allgather(mine):
+        for key, share in shares.items():
+            merged[key] = np.maximum(merged[key], share) if key in merged else np.asarray(share)
+    total = np.zeros((steps, 3))
+    for (step, _), share in merged.items():
+        if 0 <= step < steps:
+            total[step] += share
+    return total
 
 
 def _load(ctx: Context, load: Optional[RequestLoad], steps: int, first_step: int) -> Dict[str, Any]:

@@ -21,7 +21,7 @@ events (rank 0's, a server: it times the next step). Without ULFM but with a che
 from __future__ import annotations
 
 import time
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from ..observe import Observer
 from ..params import part_init
 from ..results import TrainResult
 from .fallback import Fallback
+from .live_lines import ShareLines
 from .loop import WorkerLoop
 from .ps_driver import PSDriver
 from .ps_results import ps_result
@@ -61,6 +62,8 @@ def run_ps_training(ctx: Context, config: TrainConfig, model: Model, dataset: Da
     setup = PSSetup.of(config, model, dataset, ctx.size, ctx.ft)
     started = time.perf_counter()
     observer = observer or Observer(ctx, config, verbose=False, reporter=config.servers)
+    if config.mode == "ps":
+        observer.lines_rank = 0  # the first server writes the metrics lines (ranks 0..K-1 serve at the start)
     if ctx.ft:
         return _run_elastic(ctx, setup, observer, started)
     watchdog.deadline_s = config.fault.deadline_s  # --deadline: a hung peer ends the job, with or without --ft
@@ -73,7 +76,13 @@ def run_ps_training(ctx: Context, config: TrainConfig, model: Model, dataset: Da
     placement = role.layout.homes(nodes, replicated=False)
     stop = StopPoint(ctx.comm, role.layout.worker_ranks)
     if isinstance(role, Server):
-        role.on_progress = lambda server, slowest: stop.tell()
+        lines = _lines(observer, config.steps)
+
+        def progress(server: Server, slowest: int) -> None:
+            if lines is not None:
+                lines(server, slowest)
+            stop.tell()
+        role.on_progress = progress
         role.serve()
         _stop_here(ctx, setup, stop, role, None)
         return ps_result(ctx, setup, role.layout, role.state, None, started, placement=placement, load=role.load)
@@ -103,6 +112,7 @@ def _run_fallback(ctx: Context, setup: PSSetup, observer: Observer, started: flo
     checkpointed as it goes, killed where asked (``fallback``)."""
     nodes = rank_nodes(ctx.comm)
     fallback = Fallback(ctx, setup, observer)
+    fallback.progress.on_server = _lines(observer, setup.config.steps, fallback.first_step)
     role = fallback.start(nodes)
     placement = role.layout.homes(nodes, replicated=False)
     loop = None
@@ -128,6 +138,7 @@ def _run_fallback(ctx: Context, setup: PSSetup, observer: Observer, started: flo
 
 def _run_elastic(ctx: Context, setup: PSSetup, observer: Observer, started: float) -> TrainResult:
     driver = PSDriver(ctx, setup, observer)
+    driver.progress.on_server = _lines(observer, setup.config.steps)
     driver.run()
     epoch = driver.epoch
     loop = epoch.worker.loop_or_former
@@ -142,3 +153,8 @@ def _run_elastic(ctx: Context, setup: PSSetup, observer: Observer, started: floa
                      started, placement=placement, recovery=ctx.comm.bcast(driver.events.as_dicts(), root=0),
                      pushes_extra={"made_per_worker": made.tolist(), "updates_lost_per_worker": lost.tolist()},
                      ps_extra={"ids": list(epoch.members.ids), "worker_slots": list(layout.worker_slots)})
+
+
+def _lines(observer: Observer, steps: int, first_step: int = 0) -> Optional[Callable[[Server, int], None]]:
+    """ps mode: the servers' hook writing the live metrics lines (``live_lines``); else None."""
+    return ShareLines(observer, steps, first_step).on_progress if observer.lines_rank is not None else None
