@@ -1,7 +1,8 @@
-"""hpcreduce.torch's PSEmbeddingBag and start_hybrid under real mpirun: pooled rows and the
-servers' row updates equal a local nn.EmbeddingBag's, the dense part stays identical on every
-worker, bad input raises on every rank (tests/mpi/torch_embedding.py), and the DLRM-like
-example (examples/torch_recsys.py) lowers its held-out loss."""
+"""hpcreduce.torch's EmbeddingBagCollection, start_hybrid and TrainPipeline under real mpirun:
+pooled rows and the servers' row updates equal local nn.EmbeddingBags', a pipelined BSP run
+ends bit for bit where the unpipelined one ends, bad input raises on every rank
+(tests/mpi/torch_embedding.py), and the DLRM-like example (examples/torch_recsys.py) lowers
+its held-out loss."""
 from pathlib import Path
 
 import pytest
@@ -12,11 +13,12 @@ pytest.importorskip("torch")
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "torch_recsys.py"
 
 
-@pytest.mark.parametrize("table, servers", [("fixed", 1), ("dynamic", 2)])
-def test_embedding_bag_equals_torch_and_hybrid_keeps_workers_equal(table, servers):
-    job = mpirun(servers + 2, "torch_embedding.py", table, str(servers), timeout=60)
+@pytest.mark.parametrize("servers", [1, 2])
+def test_collection_equals_torch_and_the_pipeline_equals_plain_steps(servers):
+    job = mpirun(servers + 2, "torch_embedding.py", "dedicated", str(servers), timeout=90)
     assert job.returncode == 0, job
-    assert "PSEmbeddingBag equals nn.EmbeddingBag on 2 workers; dense parameters identical" in job.output, job
+    assert "EmbeddingBagCollection equals nn.EmbeddingBag on 2 trainers (dedicated)" in job.output, job
+    assert "TrainPipeline under BSP ends bit for bit" in job.output, job
     assert "torch embedding: all checks passed" in job.output, job
 
 
