@@ -124,7 +124,10 @@ class EmbeddingBagCollection(torch.nn.Module):
             else:
                 self.prefetch(features)
                 (routed, handle), self._prefetched = self._prefetched, None
-            rows = {name: torch.from_numpy(values) for name, values in handle.wait().items()}
+            pulled = handle.wait()
+            if routed.fused is not None:
+                return self._fused_forward(routed, pulled)
+            rows = {name: torch.from_numpy(values) for name, values in pulled.items()}
             inverse = {name: table.inverse for name, table in routed.tables.items()}
             if torch.is_grad_enabled():
                 for leaf in rows.values():
@@ -137,7 +140,21 @@ class EmbeddingBagCollection(torch.nn.Module):
                                    per_sample_weights=table.weights)
             pooled.append(bags.view(table.features, routed.stride, config.embedding_dim).transpose(0, 1)
                           .reshape(routed.stride, -1))
-        values = torch.cat(pooled, dim=1) if len(pooled) > 1 else pooled[0]
+        return self._keyed(torch.cat(pooled, dim=1) if len(pooled) > 1 else pooled[0])
+
+    def _fused_forward(self, routed: BatchPlan, pulled: Dict[str, np.ndarray]) -> KeyedTensor:
+        """Every table in one ``F.embedding_bag`` over their rows stacked (one leaf; each
+        table's gradient is a view of its gradient)."""
+        fused, config = routed.fused, self._configs[0]
+        stacked = torch.from_numpy(np.concatenate([pulled[c.name] for c in self._configs]))
+        if torch.is_grad_enabled():
+            stacked.requires_grad_(True)
+            self._pending.append((routed, {"": stacked}))
+        bags = F.embedding_bag(fused.inverse, stacked, fused.offsets, mode=config.mode, per_sample_weights=fused.weights)
+        return self._keyed(bags.view(len(self._keys), routed.stride, config.embedding_dim).transpose(0, 1)
+                           .reshape(routed.stride, -1))
+
+    def _keyed(self, values: torch.Tensor) -> KeyedTensor:
         return KeyedTensor(self._keys, self._dims, values if self.device is None else values.to(self.device))
 
     def push(self):
@@ -148,8 +165,13 @@ class EmbeddingBagCollection(torch.nn.Module):
         grads: Dict[str, List[Tuple[torch.Tensor, torch.Tensor]]] = {}
         for routed, rows in pending:
             for name, leaf in rows.items():
-                if leaf.grad is not None:
+                if leaf.grad is None:
+                    continue
+                if name:
                     grads.setdefault(name, []).append((routed.tables[name].unique, leaf.grad))
+                    continue
+                for start, (table, part) in zip(routed.fused.starts, routed.tables.items()):  # fused: views
+                    grads.setdefault(table, []).append((part.unique, leaf.grad[start:start + len(part.unique)]))
         if not grads:
             return None
         return self._bound().push_rows_many_async(

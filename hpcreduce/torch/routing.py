@@ -32,12 +32,26 @@ class TableBatch:
 
 
 @dataclass
+class Fused:
+    """Every table's lookups as one ``F.embedding_bag`` over the tables' pulled rows stacked in
+    table order (when every table has one dim and one pooling): ``inverse`` into the stack,
+    ``offsets`` of all features x stride bags, ``weights``, ``starts`` each table's first row."""
+
+    inverse: torch.Tensor
+    offsets: torch.Tensor
+    weights: Optional[torch.Tensor]
+    starts: List[int]
+
+
+@dataclass
 class BatchPlan:
-    """A checked batch: ``tables`` by name, ``stride`` examples, ``features`` the batch it came from."""
+    """A checked batch: ``tables`` by name, ``stride`` examples, ``features`` the batch it came
+    from, ``fused`` the one-lookup form (None when the tables' dims or poolings differ)."""
 
     features: KeyedJaggedTensor
     stride: int
     tables: Dict[str, TableBatch]
+    fused: Optional[Fused] = None
 
 
 def problem(configs: Sequence[EmbeddingBagConfig], features: KeyedJaggedTensor, weighted: bool) -> Optional[str]:
@@ -82,7 +96,18 @@ def plan(configs: Sequence[EmbeddingBagConfig], features: KeyedJaggedTensor, wei
             raise ValueError(f"table {config.name!r} has {config.num_embeddings} rows, the batch looks up ids {outside}")
         offsets = torch.cumsum(torch.cat([bag_lengths.new_zeros(1), bag_lengths[:-1]]), 0)
         tables[config.name] = TableBatch(unique, inverse, offsets, bag_weights, len(slots))
-    return BatchPlan(features, stride, tables)
+    fusable = len({(c.embedding_dim, c.mode) for c in configs}) == 1 and len(configs) > 1
+    return BatchPlan(features, stride, tables, _fused(list(tables.values())) if fusable else None)
+
+
+def _fused(tables: List[TableBatch]) -> Fused:
+    """One lookup for all tables: each table's ids shifted past the rows (and values) before it."""
+    rows = torch.tensor([0] + [len(t.unique) for t in tables]).cumsum(0).tolist()
+    values = torch.tensor([0] + [len(t.inverse) for t in tables]).cumsum(0).tolist()
+    inverse = torch.cat([t.inverse + base for t, base in zip(tables, rows)])
+    offsets = torch.cat([t.offsets + base for t, base in zip(tables, values)])
+    weights = None if tables[0].weights is None else torch.cat([t.weights for t in tables])
+    return Fused(inverse, offsets, weights, rows[:-1])
 
 
 def _joined(values: torch.Tensor, lengths: torch.Tensor, weights: Optional[torch.Tensor], starts: List[int],

@@ -1,7 +1,7 @@
 """hpcreduce.torch's EmbeddingBagCollection, start_hybrid and TrainPipeline under real mpirun.
 
 1. equivalence: each trainer's pooled rows equal local nn.EmbeddingBags holding the same rows
-   (two features sharing a table, per-sample weights, SUM and MEAN); after one BSP step of
+   (two features sharing a table; SUM and MEAN, then SUM on both: one fused lookup); after one BSP step of
    server SGD with lr=1 the rows are old - (sum over trainers of the local row gradients) / trainers.
 2. pipeline: four BSP steps through TrainPipeline end bit for bit where four unpipelined
    steps end (rows and dense parameters); the dense parameters are identical on every trainer.
@@ -35,9 +35,9 @@ def check(condition, message):
         failures.append(f"rank {rank}: {message}")
 
 
-def configs(init_fn=None, rows=ROWS):
+def configs(init_fn=None, rows=ROWS, users="mean"):
     return [hpt.EmbeddingBagConfig(rows, DIM, name="shared", feature_names=["a", "b"], init_fn=init_fn),
-            hpt.EmbeddingBagConfig(None, DIM, name="users", feature_names=["u"], pooling="mean",
+            hpt.EmbeddingBagConfig(None, DIM, name="users", feature_names=["u"], pooling=users,
                                    weight_init_min=-0.5, weight_init_max=0.5)]
 
 
@@ -61,9 +61,9 @@ def batch_of(rng, weights=False):
 
 
 class Model(torch.nn.Module):
-    def __init__(self, init_fn=None, rows=ROWS):
+    def __init__(self, init_fn=None, rows=ROWS, users="mean"):
         super().__init__()
-        self.sparse = hpt.EmbeddingBagCollection(configs(init_fn, rows))
+        self.sparse = hpt.EmbeddingBagCollection(configs(init_fn, rows, users))
         self.head = torch.nn.Linear(3 * DIM + 3, 1)
 
     def forward(self, batch):
@@ -92,42 +92,48 @@ def checksum(job, ids_by_table):
 EVERY = {"shared": np.arange(ROWS), "users": np.arange(ROWS) + (1 << 40)}
 
 # 1. equivalence with local nn.EmbeddingBag on the same rows, and one SGD step's update
-job = start()
-if not isinstance(job, Server):
-    comm, trainers = job.comm, job.comm.Get_size()
-    rng = np.random.default_rng(10 + comm.Get_rank())
-    old = rows_of(job, EVERY)
-    shared = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(old["shared"]), freeze=False, mode="sum")
-    users = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(old["users"]), freeze=False, mode="mean")
-    batch = batch_of(rng)
-    pooled = job.collection(batch.sparse_features).to_dict()
-    kjt = batch.sparse_features
-    offsets = kjt.offsets()
-    local = kjt.values() - torch.where(kjt.values() >= 1 << 40, 1 << 40, 0)
-    expected = {}
-    for k, (key, bag) in enumerate([("a", shared), ("b", shared), ("u", users)]):
-        start_at = int(offsets[k * BATCH])
-        bag_offsets = offsets[k * BATCH:(k + 1) * BATCH] - start_at
-        expected[key] = bag(local[start_at:int(offsets[(k + 1) * BATCH])], bag_offsets)
-    for key in "abu":
-        check(torch.allclose(pooled[key], expected[key], atol=1e-6), f"feature {key} pools differently")
-    target = torch.from_numpy(rng.normal(size=(BATCH, 3 * DIM)).astype(np.float32))
-    (torch.cat([pooled[k] for k in "abu"], 1) * target).sum().backward()
-    (torch.cat([expected[k] for k in "abu"], 1) * target).sum().backward()
-    job.clock()
-    grads = comm.allgather((shared.weight.grad.numpy(), users.weight.grad.numpy()))
-    new = rows_of(job, EVERY)
-    for t, name in enumerate(("shared", "users")):
-        want = old[name] - sum(g[t] for g in grads) / trainers
-        check(np.allclose(new[name], want, atol=1e-6), f"{name} after one SGD step differs by "
-                                                        f"{np.abs(new[name] - want).max():.2e}")
-    check(not np.allclose(new["shared"], old["shared"]), "the step changed no row")
-    job.release()
-    if comm.Get_rank() == 0 and not failures:
-        print(f"EmbeddingBagCollection equals nn.EmbeddingBag on {trainers} trainers ({LAYOUT})", flush=True)
-elif LAYOUT == "dedicated":
-    job.serve()
+def equivalence(users_pooling):
+    job = start(Model(users=users_pooling))
+    if not isinstance(job, Server):
+        comm, trainers = job.comm, job.comm.Get_size()
+        rng = np.random.default_rng(10 + comm.Get_rank())
+        old = rows_of(job, EVERY)
+        shared = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(old["shared"]), freeze=False, mode="sum")
+        users = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(old["users"]), freeze=False,
+                                                      mode=users_pooling)
+        batch = batch_of(rng)
+        pooled = job.collection(batch.sparse_features).to_dict()
+        kjt = batch.sparse_features
+        offsets = kjt.offsets()
+        local = kjt.values() - torch.where(kjt.values() >= 1 << 40, 1 << 40, 0)
+        expected = {}
+        for k, (key, bag) in enumerate([("a", shared), ("b", shared), ("u", users)]):
+            start_at = int(offsets[k * BATCH])
+            bag_offsets = offsets[k * BATCH:(k + 1) * BATCH] - start_at
+            expected[key] = bag(local[start_at:int(offsets[(k + 1) * BATCH])], bag_offsets)
+        for key in "abu":
+            check(torch.allclose(pooled[key], expected[key], atol=1e-6), f"feature {key} pools differently")
+        target = torch.from_numpy(rng.normal(size=(BATCH, 3 * DIM)).astype(np.float32))
+        (torch.cat([pooled[k] for k in "abu"], 1) * target).sum().backward()
+        (torch.cat([expected[k] for k in "abu"], 1) * target).sum().backward()
+        job.clock()
+        grads = comm.allgather((shared.weight.grad.numpy(), users.weight.grad.numpy()))
+        new = rows_of(job, EVERY)
+        for t, name in enumerate(("shared", "users")):
+            want = old[name] - sum(g[t] for g in grads) / trainers
+            check(np.allclose(new[name], want, atol=1e-6), f"{name} after one SGD step differs by "
+                                                          f"{np.abs(new[name] - want).max():.2e}")
+        check(not np.allclose(new["shared"], old["shared"]), "the step changed no row")
+        job.release()
+        if comm.Get_rank() == 0 and not failures:
+            print(f"EmbeddingBagCollection equals nn.EmbeddingBag on {trainers} trainers ({LAYOUT}, {users_pooling})",
+                  flush=True)
+    elif LAYOUT == "dedicated":
+        job.serve()
 
+
+equivalence("mean")
+equivalence("sum")  # one fused lookup for both tables
 
 # 2. pipelined BSP steps end where unpipelined ones end
 def run(pipelined):
