@@ -20,6 +20,7 @@ def test_collection_equals_torch_and_the_pipeline_equals_plain_steps(servers):
     for pooling in ("mean", "sum"):
         assert f"EmbeddingBagCollection equals nn.EmbeddingBag on 2 trainers (dedicated, {pooling})" in job.output, job
     assert "TrainPipeline under BSP ends bit for bit" in job.output, job
+    assert f"tables saved by 2 trainers load on {servers + 1} servers" in job.output, job
     assert "torch embedding: all checks passed" in job.output, job
 
 

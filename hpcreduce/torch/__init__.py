@@ -29,7 +29,8 @@ tables (``embedding_collection``, ``embedding_configs``) over a ``KeyedJaggedTen
 a ``KeyedTensor`` (``jagged``); ``start_hybrid`` (``hybrid``, ``layouts``: the tables on K dedicated
 servers or a shard on every trainer, the dense rest averaged by ``DistributedDataParallel``, the
 rows updated by ``sparse_optimizer``) and ``TrainPipeline`` (``pipeline``: the next batch routed
-while this one computes); or ``TorchModel`` (``model_adapter``: the same module as a
+while this one computes; ``save_tables`` and ``start_hybrid(tables_from=...)``: fixed tables saved
+sharded, loaded at any number of ranks); or ``TorchModel`` (``model_adapter``: the same module as a
 ``hpcreduce.train`` model, which the hybrid trainer runs with fault tolerance).
 """
 from .checkpoints import load_checkpoint, save_checkpoint
@@ -43,6 +44,7 @@ from .jagged import KeyedJaggedTensor, KeyedTensor
 from .model_adapter import TorchModel
 from .parameters import broadcast_parameters
 from .pipeline import TrainPipeline
+from .table_files import save_tables
 from .ps_worker import TorchPSWorker, start_parameter_server
 from .sampler import ElasticSampler
 
@@ -51,4 +53,4 @@ __all__ = ["DistributedDataParallel", "ElasticSampler", "HybridWorker", "allredu
            "start_parameter_server", "TorchModel", "TorchPSWorker",
            "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedJaggedTensor", "KeyedTensor", "LFUEviction",
            "LRUEviction", "PoolingType", "ProbabilisticAdmission", "RowOptimizer", "ThresholdAdmission",
-           "TrainPipeline"]
+           "TrainPipeline", "save_tables"]

@@ -27,7 +27,7 @@ under ``hpcreduce.train``'s hybrid trainer, which survives a SIGKILLed worker or
 """
 from __future__ import annotations
 
-from typing import List, Union
+from typing import List, Optional, Union
 
 import torch
 
@@ -38,6 +38,7 @@ from .ddp import DistributedDataParallel
 from .embedding_collection import EmbeddingBagCollection
 from .embedding_configs import RowOptimizer, init_fn_problem
 from .layouts import LAYOUTS, start_tables
+from .table_files import SavedTables, saved_problem
 
 
 class HybridWorker:
@@ -77,16 +78,17 @@ class HybridWorker:
 
 
 def start_hybrid(module: torch.nn.Module, *, sparse_optimizer: RowOptimizer, layout: str = "dedicated",
-                 servers: int = 1, consistency: str = "bsp", staleness: int = 0, seed: int = 0, comm=None,
-                 **ddp_options) -> Union[Server, HybridWorker]:
+                 servers: int = 1, consistency: str = "bsp", staleness: int = 0, seed: int = 0,
+                 tables_from: Optional[str] = None, comm=None, **ddp_options) -> Union[Server, HybridWorker]:
     """Start a hybrid job for ``module`` (collective over ``comm``'s ranks; build the module the
     same way everywhere): with ``layout="dedicated"`` a ``Server`` on ranks 0..servers-1 (call
     ``serve()``) and a ``HybridWorker`` elsewhere; with ``"colocated"`` a ``HybridWorker`` on
     every rank. The tables are the module's ``EmbeddingBagCollection``'s (exactly one), fixed
-    ones initialised from ``seed``; ``ddp_options``: ``DistributedDataParallel``'s for the dense
+    ones initialised from ``seed`` or read from ``tables_from`` (a ``save_tables`` directory, of
+    any number of trainers: resharded by id); ``ddp_options``: ``DistributedDataParallel``'s for the dense
     part (a module with no dense parameter is not wrapped). Bad input (no collection or two,
     tables declared differently on two ranks, an ``init_fn`` that changes the shape or dtype, an
-    unknown layout or optimizer) raises on every rank before anything is made; a dense part the
+    unknown layout or optimizer, saved tables of another layout) raises on every rank before anything is made; a dense part the
     wrapper refuses raises on every trainer, which release the servers first."""
     context = resolve(comm)
     collections = [m for m in module.modules() if isinstance(m, EmbeddingBagCollection)]
@@ -95,6 +97,9 @@ def start_hybrid(module: torch.nn.Module, *, sparse_optimizer: RowOptimizer, lay
     problems = [] if len(collections) == 1 else [f"the module holds {len(collections)} EmbeddingBagCollections "
                                                  f"(start_hybrid takes exactly one; put every table in it)"]
     problems += [p for p in (init_fn_problem(config) for config in configs) if p]
+    saved = saved_problem(tables_from, configs)
+    if saved:
+        problems.append(saved)
     if layout not in LAYOUTS:
         problems.append(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if not isinstance(sparse_optimizer, RowOptimizer):
@@ -107,7 +112,7 @@ def start_hybrid(module: torch.nn.Module, *, sparse_optimizer: RowOptimizer, lay
           InputProblem(ProblemKind.UNUSABLE_ARRAY, "; ".join(problems)) if problems else None)
     consistency_model = Consistency(consistency, staleness)
     role, trainers_comm, trainers = start_tables(configs, layout, servers, consistency_model, sparse_optimizer,
-                                                 seed, context)
+                                                 seed, context, SavedTables(tables_from) if tables_from else None)
     if isinstance(role, Server):
         return role
     collection = collections[0].bind(role, trainers, resolve(trainers_comm))

@@ -5,11 +5,12 @@ how their rows start (``TableInit``).
 ``TableInit``: a fixed table's elements are TorchRec's default uniform (or the config's
 ``weight_init_min``/``max``), each a function of (seed, table, index) alone, so any number of
 servers or ranks makes the same table; a config's ``init_fn(tensor)`` fills a shard's rows in
-place instead, a chunk of rows at a time (its values then depend on the layout, as TorchRec's).
+place instead, a chunk of rows at a time (its values then depend on the layout, as TorchRec's);
+``saved`` (``table_files.SavedTables``) gives every fixed table's rows by id instead.
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from ..ps import Consistency, Server, start
 from ..ps.init import PartInit
 from ..runtime.context import Context
 from .embedding_configs import EmbeddingBagConfig, RowOptimizer, counter_uniform
+from .table_files import SavedTables
 
 LAYOUTS = ("dedicated", "colocated")
 
@@ -26,8 +28,8 @@ LAYOUTS = ("dedicated", "colocated")
 class TableInit(PartInit):
     """Initial rows of ``configs``' fixed tables (see the module's docstring)."""
 
-    def __init__(self, configs: Sequence[EmbeddingBagConfig], seed: int):
-        self.configs, self.seed = list(configs), seed
+    def __init__(self, configs: Sequence[EmbeddingBagConfig], seed: int, saved: Optional[SavedTables] = None):
+        self.configs, self.seed, self.saved = list(configs), seed, saved
         super().__init__([config.spec(seed) for config in configs], self._elements)
 
     def _elements(self, table: int, flat: np.ndarray) -> np.ndarray:
@@ -35,6 +37,8 @@ class TableInit(PartInit):
         return counter_uniform(self.seed, config.name, flat, *config.init_range())
 
     def rows(self, table: int, ids: np.ndarray) -> np.ndarray:
+        if self.saved is not None:
+            return self.saved.rows(self.configs[table].name, np.asarray(ids, dtype=np.int64))
         init_fn = self.configs[table].init_fn
         if init_fn is None:
             return super().rows(table, ids)
@@ -44,11 +48,12 @@ class TableInit(PartInit):
 
 
 def start_tables(configs: Sequence[EmbeddingBagConfig], layout: str, servers: int, consistency: Consistency,
-                 sparse_optimizer: RowOptimizer, seed: int, context: Context) -> Tuple[Union[Server, object], object, int]:
+                 sparse_optimizer: RowOptimizer, seed: int, context: Context,
+                 saved: Optional[SavedTables] = None) -> Tuple[Union[Server, object], object, int]:
     """This rank's role: (the ``Server`` on a dedicated server rank, or the trainer's table store
     (``ps.Worker`` / ``ColocatedTables``)), the trainers' communicator (None on a server) and
     the number of trainers. Collective over ``context``."""
-    init = TableInit(configs, seed)
+    init = TableInit(configs, seed, saved)
     specs = init.specs
     if layout == "colocated":
         from ..ps.colocated import ColocatedTables  # helper "colocated"'s shards on every trainer

@@ -5,12 +5,15 @@
    server SGD with lr=1 the rows are old - (sum over trainers of the local row gradients) / trainers.
 2. pipeline: four BSP steps through TrainPipeline end bit for bit where four unpipelined
    steps end (rows and dense parameters); the dense parameters are identical on every trainer.
-3. bad input, on every rank, before anything moves: a feature naming no table (on one trainer
+3. saved tables: fixed tables saved by the trainers after two steps start a job of another
+   number of servers and trainers with the same rows; another table layout is refused.
+4. bad input, on every rank, before anything moves: a feature naming no table (on one trainer
    only), lengths that do not add up, ids outside a fixed table, a batch without
    sparse_features, tables declared differently on two ranks, an init_fn changing the shape.
 Arguments: the layout (``dedicated`` or ``colocated``), the number of servers (dedicated).
 """
 import sys
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +23,7 @@ import hpcreduce
 import hpcreduce.torch as hpt
 from hpcreduce.errors import HpcreduceError
 from hpcreduce.ps import Server
+from hpcreduce.torch.layouts import TableInit
 
 ctx = hpcreduce.init()
 rank = ctx.rank
@@ -176,7 +180,54 @@ if plain is not None:
     if rank == ctx.size - 1 and not failures:
         print("TrainPipeline under BSP ends bit for bit where the unpipelined steps end", flush=True)
 
-# 3. bad input on every rank
+# 3. fixed tables saved sharded, loaded at another number of servers and trainers
+class Fixed(torch.nn.Module):
+    def __init__(self, rows=ROWS):
+        super().__init__()
+        self.sparse = hpt.EmbeddingBagCollection([hpt.EmbeddingBagConfig(rows, DIM, name="shared",
+                                                                         feature_names=["a", "b", "u"])])
+
+    def forward(self, batch):
+        return self.sparse(batch.sparse_features).values().square().mean(), None
+
+
+directory = ctx.comm.bcast(tempfile.mkdtemp() if rank == 0 else None)
+job = hpt.start_hybrid(Fixed(), sparse_optimizer=hpt.RowOptimizer("sgd", lr=1.0), servers=SERVERS)
+saved = None
+if isinstance(job, Server):
+    job.serve()
+else:
+    rng = np.random.default_rng(40 + job.comm.Get_rank())
+    for _ in range(2):
+        kjt = batch_of(rng).sparse_features
+        fixed = hpt.KeyedJaggedTensor(kjt.keys(), kjt.values() % ROWS, lengths=kjt.lengths())
+        job.module(Batch(None, fixed, None))[0].backward()
+        job.clock()
+    hpt.save_tables(job, directory)
+    saved = rows_of(job, {"shared": np.arange(ROWS)})["shared"]
+    job.release()
+saved = [rows for rows in ctx.comm.allgather(saved) if rows is not None][0]
+job = hpt.start_hybrid(Fixed(), sparse_optimizer=hpt.RowOptimizer("sgd", lr=1.0), servers=SERVERS + 1,
+                       tables_from=directory)
+if isinstance(job, Server):
+    job.serve()
+else:
+    check(job.comm.Get_size() == ctx.size - SERVERS - 1, "the reloaded job has as many trainers as the saving one")
+    check(np.array_equal(rows_of(job, {"shared": np.arange(ROWS)})["shared"], saved),
+          "the tables loaded at another number of servers differ from the saved ones")
+    initial = TableInit(Fixed().sparse.embedding_bag_configs(), 0).rows(0, np.arange(ROWS))
+    check(not np.allclose(saved, initial), "the saved tables are the initial ones: the steps trained nothing")
+    job.release()
+try:
+    hpt.start_hybrid(Fixed(rows=ROWS + 1), sparse_optimizer=hpt.RowOptimizer("sgd", lr=1.0), servers=SERVERS,
+                     tables_from=directory)
+    check(False, "tables saved with another layout were loaded")
+except HpcreduceError as err:
+    check("are not the collection's" in str(err), f"another layout: {err}")
+if rank == 0 and not failures:
+    print(f"tables saved by {ctx.size - SERVERS} trainers load on {SERVERS + 1} servers", flush=True)
+
+# 4. bad input on every rank
 job = start()
 if isinstance(job, Server):
     job.serve()
