@@ -46,13 +46,15 @@ class EmbeddingBags(torch.nn.Module):
 
 class CollectionBags(torch.nn.Module):
     """The tables as one ``EmbeddingBagCollection`` (table ``t{f}`` for feature ``f{f}``, SUM
-    pooling; TorchRec's or hpcreduce's, by ``module``): a ``KeyedJaggedTensor`` -> (B, F, dim)."""
+    pooling; TorchRec's or hpcreduce's, by ``module``): a ``KeyedJaggedTensor`` -> (B, F, dim).
+    ``dynamic``: hpcreduce's dynamic tables (a row made when its id is first pushed)."""
 
-    def __init__(self, shape: Shape, module: Any, **options):
+    def __init__(self, shape: Shape, module: Any, dynamic: bool = False, **options):
         super().__init__()
         self.shape = shape
+        rows = None if dynamic else shape.rows
         self.collection = module.EmbeddingBagCollection(
-            tables=[module.EmbeddingBagConfig(num_embeddings=shape.rows, embedding_dim=shape.dim, name=f"t{field}",
+            tables=[module.EmbeddingBagConfig(num_embeddings=rows, embedding_dim=shape.dim, name=f"t{field}",
                                               feature_names=[f"f{field}"]) for field in range(shape.fields)], **options)
 
     def forward(self, features) -> torch.Tensor:

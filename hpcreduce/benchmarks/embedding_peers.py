@@ -160,7 +160,7 @@ def hpcreduce_pipeline(comm: MPI.Intracomm, shape: Shape, batch, args, layout: s
     shard); each trainer pulls and pushes its batch's unique rows once per step for all tables,
     the dense gradients ring-allreduced among the trainers."""
     from .. import torch as hpt
-    model = DLRM(CollectionBags(shape, hpt), shape)
+    model = DLRM(CollectionBags(shape, hpt, dynamic=args.dynamic_tables), shape)
     job = hpt.start_hybrid(Pipelined(model), sparse_optimizer=hpt.RowOptimizer("sgd", lr=LR), layout=layout,
                            servers=args.servers, consistency="bsp", comm=comm)
     trainers = comm.Get_size() - (args.servers if layout == "dedicated" else 0)

@@ -157,6 +157,9 @@ def embeddings_flags(parser: argparse.ArgumentParser) -> None:
     peers.add_argument("--dim", type=int, default=16, help="embedding dimension (default %(default)s)")
     peers.add_argument("--bag", type=int, default=4, help="ids per field per example (default %(default)s)")
     peers.add_argument("--batch", type=int, default=256, help="examples per rank per step (default %(default)s)")
+    peers.add_argument("--dynamic-tables", action="store_true",
+                       help="hpcreduce's tables dynamic (a row made when its id is first pushed; default: fixed, "
+                            "as TorchRec's)")
     peers.add_argument("--warmup", type=int, default=3, help="untimed steps of each candidate (default 3)")
     peers.add_argument("--iterations", type=int, default=20, help="timed steps of each candidate (default 20)")
 
