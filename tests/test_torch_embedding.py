@@ -32,3 +32,9 @@ def test_recsys_example_lowers_the_held_out_loss(tables):
     words = line.split()
     before, after = float(words[words.index("->") - 1]), float(words[words.index("->") + 1])
     assert after < before - 0.01, line
+
+
+def test_a_pipelined_ssp_run_reads_a_step_earlier_and_learns_as_the_unpipelined_one():
+    job = mpirun(3, "torch_pipeline_ssp.py", timeout=90)
+    assert job.returncode == 0, job
+    assert "pipeline ssp: all checks passed" in job.output, job
