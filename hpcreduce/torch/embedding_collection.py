@@ -158,24 +158,25 @@ class EmbeddingBagCollection(torch.nn.Module):
         return KeyedTensor(self._keys, self._dims, values if self.device is None else values.to(self.device))
 
     def push(self):
-        """Start one push of every forward's row gradients since the last push (all tables,
-        summed by id, times 1/trainers); its handle (``wait()`` -> {table: PushResult}), or
-        None when no forward left a gradient."""
+        """Start one push of every forward's row gradients since the last push (every table,
+        summed by id, times 1/trainers; a table no loss reached sends no rows); its handle
+        (``wait()`` -> {table: PushResult}), or None when there was no forward to push."""
         pending, self._pending = self._pending, []
-        grads: Dict[str, List[Tuple[torch.Tensor, torch.Tensor]]] = {}
+        if not pending:
+            return None
+        grads: Dict[str, List[Tuple[torch.Tensor, torch.Tensor]]] = {c.name: [] for c in self._configs}
         for routed, rows in pending:
             for name, leaf in rows.items():
                 if leaf.grad is None:
                     continue
                 if name:
-                    grads.setdefault(name, []).append((routed.tables[name].unique, leaf.grad))
+                    grads[name].append((routed.tables[name].unique, leaf.grad))
                     continue
                 for start, (table, part) in zip(routed.fused.starts, routed.tables.items()):  # fused: views
-                    grads.setdefault(table, []).append((part.unique, leaf.grad[start:start + len(part.unique)]))
-        if not grads:
-            return None
+                    grads[table].append((part.unique, leaf.grad[start:start + len(part.unique)]))
+        empty = {c.name: (np.empty(0, np.int64), np.empty((0, c.embedding_dim), np.float32)) for c in self._configs}
         return self._bound().push_rows_many_async(
-            {name: _summed(done, self.scale) for name, done in grads.items()})
+            {name: _summed(done, self.scale) if done else empty[name] for name, done in grads.items()})
 
     # -- rows given by a trainer that pulls and pushes itself ----------------------------
     @contextmanager

@@ -251,6 +251,12 @@ else:
             check(expected in str(err), f"{what}: {err}")
     pooled = job.collection(kjt)  # nothing moved: a good batch still goes
     check(pooled.values().shape == (BATCH, 3 * DIM), "a good batch after the bad ones failed")
+    before = rows_of(job, EVERY)
+    pooled.to_dict()["a"].sum().backward()  # no gradient reaches the users table: it pushes no rows
+    job.clock()
+    after = rows_of(job, EVERY)
+    check(np.array_equal(before["users"], after["users"]) and not np.array_equal(before["shared"], after["shared"]),
+          "a step whose loss reads only the shared table changed the users table, or left the shared one")
     job.release()
 
 for what, model, expected in [("tables declared differently", lambda: Model(rows=ROWS + rank % 2), "tables"),
