@@ -3,6 +3,7 @@ pooled rows and the servers' row updates equal local nn.EmbeddingBags', a pipeli
 ends bit for bit where the unpipelined one ends, bad input raises on every rank
 (tests/mpi/torch_embedding.py), and the DLRM-like example (examples/torch_recsys.py) lowers
 its held-out loss."""
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -13,14 +14,17 @@ pytest.importorskip("torch")
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "torch_recsys.py"
 
 
-@pytest.mark.parametrize("servers", [1, 2])
-def test_collection_equals_torch_and_the_pipeline_equals_plain_steps(servers):
-    job = mpirun(servers + 2, "torch_embedding.py", "dedicated", str(servers), timeout=90)
+@pytest.mark.parametrize("layout, servers", [("dedicated", 1), ("dedicated", 2), ("colocated", 0)])
+def test_collection_equals_torch_and_the_pipeline_equals_plain_steps(layout, servers):
+    if layout == "colocated" and importlib.util.find_spec("hpcreduce.ps.colocated") is None:
+        pytest.skip("hpcreduce.ps.colocated (ColocatedTables) is not in this tree")
+    job = mpirun(servers + 2, "torch_embedding.py", layout, str(servers), timeout=90)
     assert job.returncode == 0, job
     for pooling in ("mean", "sum"):
-        assert f"EmbeddingBagCollection equals nn.EmbeddingBag on 2 trainers (dedicated, {pooling})" in job.output, job
+        assert f"EmbeddingBagCollection equals nn.EmbeddingBag on 2 trainers ({layout}, {pooling})" in job.output, job
     assert "TrainPipeline under BSP ends bit for bit" in job.output, job
-    assert f"tables saved by 2 trainers load on {servers + 1} servers" in job.output, job
+    loaded = 1 if layout == "colocated" else servers + 1
+    assert f"tables saved by 2 trainers load on {loaded} servers" in job.output, job
     assert "torch embedding: all checks passed" in job.output, job
 
 

@@ -192,7 +192,7 @@ class Fixed(torch.nn.Module):
 
 
 directory = ctx.comm.bcast(tempfile.mkdtemp() if rank == 0 else None)
-job = hpt.start_hybrid(Fixed(), sparse_optimizer=hpt.RowOptimizer("sgd", lr=1.0), servers=SERVERS)
+job = hpt.start_hybrid(Fixed(), sparse_optimizer=hpt.RowOptimizer("sgd", lr=1.0), layout=LAYOUT, servers=SERVERS)
 saved = None
 if isinstance(job, Server):
     job.serve()
@@ -207,12 +207,13 @@ else:
     saved = rows_of(job, {"shared": np.arange(ROWS)})["shared"]
     job.release()
 saved = [rows for rows in ctx.comm.allgather(saved) if rows is not None][0]
-job = hpt.start_hybrid(Fixed(), sparse_optimizer=hpt.RowOptimizer("sgd", lr=1.0), servers=SERVERS + 1,
+LOAD_SERVERS = 1 if LAYOUT == "colocated" else SERVERS + 1  # colocated: saved by every rank, loaded dedicated
+job = hpt.start_hybrid(Fixed(), sparse_optimizer=hpt.RowOptimizer("sgd", lr=1.0), servers=LOAD_SERVERS,
                        tables_from=directory)
 if isinstance(job, Server):
     job.serve()
 else:
-    check(job.comm.Get_size() == ctx.size - SERVERS - 1, "the reloaded job has as many trainers as the saving one")
+    check(job.comm.Get_size() == ctx.size - LOAD_SERVERS, "the reloaded job has the trainers asked for")
     check(np.array_equal(rows_of(job, {"shared": np.arange(ROWS)})["shared"], saved),
           "the tables loaded at another number of servers differ from the saved ones")
     initial = TableInit(Fixed().sparse.embedding_bag_configs(), 0).rows(0, np.arange(ROWS))
@@ -225,7 +226,8 @@ try:
 except HpcreduceError as err:
     check("are not the collection's" in str(err), f"another layout: {err}")
 if rank == 0 and not failures:
-    print(f"tables saved by {ctx.size - SERVERS} trainers load on {SERVERS + 1} servers", flush=True)
+    print(f"tables saved by {ctx.size - (0 if LAYOUT == 'colocated' else SERVERS)} trainers load on {LOAD_SERVERS} "
+          f"servers", flush=True)
 
 # 4. bad input on every rank
 job = start()
