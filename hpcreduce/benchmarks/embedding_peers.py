@@ -162,7 +162,8 @@ def hpcreduce_pipeline(comm: MPI.Intracomm, shape: Shape, batch, args, layout: s
     from .. import torch as hpt
     model = DLRM(CollectionBags(shape, hpt, dynamic=args.dynamic_tables), shape)
     job = hpt.start_hybrid(Pipelined(model), sparse_optimizer=hpt.RowOptimizer("sgd", lr=LR), layout=layout,
-                           servers=args.servers, consistency="bsp", comm=comm)
+                           servers=args.servers, consistency="bsp", comm=comm,
+                           broadcast_buffers=False)  # as TorchRec's DistributedModelParallel wraps the dense part
     trainers = comm.Get_size() - (args.servers if layout == "dedicated" else 0)
     if isinstance(job, Server):
         return Candidate(lambda _count: job.serve(), trainers, 0.0, lambda: None)
