@@ -184,3 +184,20 @@ def test_modules_the_trainers_cannot_train_are_refused_by_name():
     model = hpt.TorchModel(torch.nn.ModuleList([collection()]), click_loss, lambda batch: kjt(keys=("x",)))
     with pytest.raises(ModelError, match=r"features_of\(batch\).*the batch has no features \['y'\]"):
         model.rows({})
+
+
+def test_fixed_tables_deduplicated_together_read_their_own_rows():
+    tables = hpt.EmbeddingBagCollection([hpt.EmbeddingBagConfig(5, 2, name="s", feature_names=["x"]),
+                                         hpt.EmbeddingBagConfig(7, 2, name="t", feature_names=["y", "z"])])
+    features = kjt(keys=("y", "x", "z"), values=(6, 0, 4, 4, 6, 0), lengths=(1, 1, 1, 1, 2, 0))
+    routed = tables.plan(features)
+    assert routed.tables["s"].unique.tolist() == [4] and routed.tables["t"].unique.tolist() == [0, 6]
+    assert routed.fused.inverse.tolist() == [0, 0, 2, 1, 2, 1]  # x's ids, then y's and z's, into [s4, t0, t6]
+    s_rows, t_rows = np.arange(10, dtype=np.float32).reshape(5, 2), 100 + np.arange(14, dtype=np.float32).reshape(7, 2)
+    with tables.given_rows({"s": (np.arange(5), s_rows), "t": (np.arange(7), t_rows)}):
+        pooled = tables(features).to_dict()
+    assert pooled["x"].tolist() == [s_rows[4].tolist(), s_rows[4].tolist()]
+    assert pooled["y"].tolist() == [t_rows[6].tolist(), t_rows[0].tolist()]
+    assert pooled["z"].tolist() == [(t_rows[6] + t_rows[0]).tolist(), [0.0, 0.0]]
+    with pytest.raises(PSInputError, match=r"table 's' has 5 rows, the batch looks up ids \[5\]"):
+        tables.plan(kjt(keys=("y", "x", "z"), values=(6, 0, 5, 4, 6, 0), lengths=(1, 1, 1, 1, 2, 0)))

@@ -5,7 +5,8 @@ each feature's bags read the pulled rows.
 features are there, lengths add up, ids int64/int32 and inside a fixed table) and, per table,
 joins its features' ids (several features may share a table) into one ``TableBatch``: the
 sorted unique ids, each id's position among them, the bags' offsets and per-sample weights.
-Cost per table: one ``torch.unique`` of its ids; the rest are views and one concatenation.
+Cost: one ``torch.unique`` over every fixed table's ids together (each table's shifted past the
+rows of the tables before it), else one per table; the rest are views and concatenations.
 """
 from __future__ import annotations
 
@@ -86,25 +87,54 @@ def plan(configs: Sequence[EmbeddingBagConfig], features: KeyedJaggedTensor, wei
     lengths = features.lengths().to(torch.int64)
     starts = torch.cumsum(torch.cat([lengths.new_zeros(1), lengths.view(len(keys), stride).sum(1)]), 0).tolist()
     weights = features.weights_or_none() if weighted else None
+    joined = [_joined(values, lengths, weights, starts, [index[name] for name in config.feature_names], stride)
+              for config in configs]
+    fixed = all(config.num_embeddings is not None for config in configs)
+    deduplicated = _unique_fixed(configs, joined) if fixed else \
+        [(*torch.unique(ids, sorted=True, return_inverse=True), None) for ids, _, _ in joined]
     tables = {}
-    for config in configs:
-        slots = [index[name] for name in config.feature_names]
-        ids, bag_lengths, bag_weights = _joined(values, lengths, weights, starts, slots, stride)
-        unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-        if config.num_embeddings is not None and len(unique) and (unique[0] < 0 or unique[-1] >= config.num_embeddings):
-            outside = unique[(unique < 0) | (unique >= config.num_embeddings)][:5].tolist()
-            raise ValueError(f"table {config.name!r} has {config.num_embeddings} rows, the batch looks up ids {outside}")
+    for config, (ids, bag_lengths, bag_weights), (unique, inverse, _) in zip(configs, joined, deduplicated):
+        if not fixed:
+            _check_range(config, unique)
         offsets = torch.cumsum(torch.cat([bag_lengths.new_zeros(1), bag_lengths[:-1]]), 0)
-        tables[config.name] = TableBatch(unique, inverse, offsets, bag_weights, len(slots))
+        tables[config.name] = TableBatch(unique, inverse, offsets, bag_weights, len(config.feature_names))
     fusable = len({(c.embedding_dim, c.mode) for c in configs}) == 1 and len(configs) > 1
-    return BatchPlan(features, stride, tables, _fused(list(tables.values())) if fusable else None)
+    return BatchPlan(features, stride, tables, _fused(list(tables.values()), deduplicated[0][2]) if fusable else None)
 
 
-def _fused(tables: List[TableBatch]) -> Fused:
-    """One lookup for all tables: each table's ids shifted past the rows (and values) before it."""
+def _unique_fixed(configs: Sequence[EmbeddingBagConfig], joined) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Fixed tables deduplicated in one ``torch.unique``: table t's ids shifted by the rows of
+    the tables before it (after checking they are inside it). Per table (unique ids, inverse,
+    the inverse into every table's unique ids together: the fused lookup's)."""
+    for config, (ids, _, _) in zip(configs, joined):
+        if len(ids):
+            low, high = torch.aminmax(ids)
+            if low < 0 or high >= config.num_embeddings:
+                _check_range(config, torch.unique(ids))
+    bases = torch.tensor([0] + [c.num_embeddings for c in configs]).cumsum(0)
+    keys = torch.cat([ids + int(base) for (ids, _, _), base in zip(joined, bases)])
+    unique, inverse = torch.unique(keys, sorted=True, return_inverse=True)
+    row_starts = torch.searchsorted(unique, bases).tolist()
+    value_starts = torch.tensor([0] + [len(ids) for ids, _, _ in joined]).cumsum(0).tolist()
+    return [(unique[row_starts[t]:row_starts[t + 1]] - int(bases[t]),
+             inverse[value_starts[t]:value_starts[t + 1]] - row_starts[t], inverse) for t in range(len(configs))]
+
+
+def _check_range(config: EmbeddingBagConfig, unique: torch.Tensor) -> None:
+    """``ValueError`` naming the ids outside a fixed table (sorted unique ``unique``)."""
+    rows = config.num_embeddings
+    if rows is not None and len(unique) and (unique[0] < 0 or unique[-1] >= rows):
+        outside = unique[(unique < 0) | (unique >= rows)][:5].tolist()
+        raise ValueError(f"table {config.name!r} has {rows} rows, the batch looks up ids {outside}")
+
+
+def _fused(tables: List[TableBatch], inverse: Optional[torch.Tensor]) -> Fused:
+    """One lookup for all tables: each table's ids shifted past the rows (and values) before it
+    (``inverse``: already so, from one deduplication of every table)."""
     rows = torch.tensor([0] + [len(t.unique) for t in tables]).cumsum(0).tolist()
     values = torch.tensor([0] + [len(t.inverse) for t in tables]).cumsum(0).tolist()
-    inverse = torch.cat([t.inverse + base for t, base in zip(tables, rows)])
+    if inverse is None:
+        inverse = torch.cat([t.inverse + base for t, base in zip(tables, rows)])
     offsets = torch.cat([t.offsets + base for t, base in zip(tables, values)])
     weights = None if tables[0].weights is None else torch.cat([t.weights for t in tables])
     return Fused(inverse, offsets, weights, rows[:-1])
