@@ -15,7 +15,8 @@
 A candidate that cannot run here is left out on every rank, with the reason in the JSON. The
 rest are timed interleaved (``timing.interleaved_medians``, each round starting one candidate
 later), ``STEPS_PER_CALL`` steps a call, one torch thread per rank, SGD everywhere. Reported
-per candidate: examples/s (training ranks x ``--batch`` / step time), the loss of its last step
+per candidate: examples/s (training ranks x ``--batch`` / step time) and its ratio to TorchRec's
+(``vs_torchrec``, where TorchRec ran), the loss of its last step
 (every candidate takes the same number of steps on the same batches), the bytes the busiest
 training rank sends per step as modelled from this batch's ids and each one's message pattern
 (``bytes_*``), the RSS each rank gained building it and taking its first step, and the
@@ -82,6 +83,8 @@ def measure(context: Context, args) -> Dict[str, object]:
                    "loss": sum(losses[name]) / len(losses[name]), "bytes_per_step": sent[name],
                    "added_rss_bytes": added_rss[name]}
             for name, c in built.items()}
+    for row in rows.values():  # the ratio the target is stated in, when TorchRec ran
+        row["vs_torchrec"] = row["examples_per_s"] / rows["torchrec"]["examples_per_s"] if "torchrec" in rows else None
     return {"shape": shape.__dict__, "servers": args.servers, "steps_per_call": STEPS_PER_CALL, "candidates": rows,
             "left_out": left_out, "peak_rss_bytes": comm.allgather(peak_rss_bytes())}
 
@@ -195,11 +198,12 @@ def render(result: Dict[str, object]) -> List[str]:
     shape = result["shape"]
     lines = [f"peers: DLRM, {shape['fields']} fields x {shape['rows']} rows x {shape['dim']}, bags of {shape['bag']}, "
              f"batch {shape['batch']} per training rank",
-             f"  {'candidate':<20} {'trainers':>8} {'examples/s':>11} {'step ms':>8} {'loss':>7} {'KiB sent/step':>14} "
-             f"{'added RSS MiB (max rank)':>25}"]
+             f"  {'candidate':<20} {'trainers':>8} {'examples/s':>11} {'x torchrec':>10} {'step ms':>8} {'loss':>7} "
+             f"{'KiB sent/step':>14} {'added RSS MiB (max rank)':>25}"]
     for name, row in result["candidates"].items():
-        lines.append(f"  {name:<20} {row['trainers']:>8} {row['examples_per_s']:>11.0f} {row['step_s'] * 1e3:>8.2f} "
-                     f"{row['loss']:>7.4f} {row['bytes_per_step'] / 1024:>14.1f} "
+        ratio = "-" if row.get("vs_torchrec") is None else f"{row['vs_torchrec']:.2f}"
+        lines.append(f"  {name:<20} {row['trainers']:>8} {row['examples_per_s']:>11.0f} {ratio:>10} "
+                     f"{row['step_s'] * 1e3:>8.2f} {row['loss']:>7.4f} {row['bytes_per_step'] / 1024:>14.1f} "
                      f"{max(row['added_rss_bytes']) / 2 ** 20:>25.1f}")
     for name, why in result["left_out"].items():
         lines.append(f"  {name:<20} left out: {why}")
