@@ -1,6 +1,7 @@
 """``TrainPipeline``: TorchRec's ``TrainPipelineSparseDist`` for a hybrid job: the next batch's
-ids are checked, deduplicated and routed while this batch computes, pushes leave without
-blocking the step, the dense part goes through the job's ``DistributedDataParallel``.
+ids are checked, deduplicated and routed while this batch computes, the push is in flight
+while the dense optimizer steps (``clock()`` waits for it: the servers' exactly-once rule),
+the dense part goes through the job's ``DistributedDataParallel``.
 
     pipeline = hpcreduce.torch.TrainPipeline(job, dense_optimizer)
     batches = iter(my_shard)                  # each batch has .sparse_features, a KeyedJaggedTensor
