@@ -201,3 +201,25 @@ def test_fixed_tables_deduplicated_together_read_their_own_rows():
     assert pooled["z"].tolist() == [(t_rows[6] + t_rows[0]).tolist(), [0.0, 0.0]]
     with pytest.raises(PSInputError, match=r"table 's' has 5 rows, the batch looks up ids \[5\]"):
         tables.plan(kjt(keys=("y", "x", "z"), values=(6, 0, 5, 4, 6, 0), lengths=(1, 1, 1, 1, 2, 0)))
+
+
+@pytest.mark.parametrize("mode, weighted", [("sum", False), ("sum", True), ("mean", False)])
+def test_the_fused_lookup_equals_embedding_bag_forward_and_backward(mode, weighted):
+    from hpcreduce.torch.embedding_collection import PooledRows
+    from hpcreduce.torch.routing import plan
+    configs = [hpt.EmbeddingBagConfig(9, 3, name=n, feature_names=[f], pooling=mode) for n, f in (("s", "x"), ("t", "y"))]
+    weights = (0.5, 2.0, 1.0, -1.0, 3.0, 0.25) if weighted else None
+    routed = plan(configs, kjt(values=(8, 1, 8, 4, 1, 0), lengths=(3, 0, 2, 1), weights=weights), weighted)
+    fused = routed.fused
+    rows = torch.randn(fused.starts[-1] + len(routed.tables["t"].unique), 3, dtype=torch.float64, requires_grad=True)
+    reference = rows.detach().clone().requires_grad_(True)
+    target = torch.randn(4, 3, dtype=torch.float64)
+    (PooledRows.apply(rows, fused.inverse, fused.offsets, fused.bag_of,
+                      None if fused.scale is None else fused.scale.double()) * target).sum().backward()
+    expected = torch.nn.functional.embedding_bag(fused.inverse, reference, fused.offsets, mode=mode,
+                                                 per_sample_weights=torch.tensor(weights, dtype=torch.float64)
+                                                 if weighted else None)
+    (expected * target).sum().backward()
+    assert torch.allclose(rows.grad, reference.grad)
+    assert torch.allclose(PooledRows.apply(rows, fused.inverse, fused.offsets, fused.bag_of, None if fused.scale is None
+                                           else fused.scale.double()), expected)

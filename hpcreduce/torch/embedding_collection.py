@@ -143,14 +143,14 @@ class EmbeddingBagCollection(torch.nn.Module):
         return self._keyed(torch.cat(pooled, dim=1) if len(pooled) > 1 else pooled[0])
 
     def _fused_forward(self, routed: BatchPlan, pulled: Dict[str, np.ndarray]) -> KeyedTensor:
-        """Every table in one ``F.embedding_bag`` over their rows stacked (one leaf; each
-        table's gradient is a view of its gradient)."""
+        """Every table in one lookup over their rows stacked (one leaf; each table's gradient
+        is a view of its gradient)."""
         fused, config = routed.fused, self._configs[0]
         stacked = torch.from_numpy(np.concatenate([pulled[c.name] for c in self._configs]))
         if torch.is_grad_enabled():
             stacked.requires_grad_(True)
             self._pending.append((routed, {"": stacked}))
-        bags = F.embedding_bag(fused.inverse, stacked, fused.offsets, mode=config.mode, per_sample_weights=fused.weights)
+        bags = PooledRows.apply(stacked, fused.inverse, fused.offsets, fused.bag_of, fused.scale)
         return self._keyed(bags.view(len(self._keys), routed.stride, config.embedding_dim).transpose(0, 1)
                            .reshape(routed.stride, -1))
 
@@ -223,6 +223,27 @@ class EmbeddingBagCollection(torch.nn.Module):
     def extra_repr(self) -> str:
         return ", ".join(f"{c.name}: {c.num_embeddings or 'dynamic'} x {c.embedding_dim} {c.feature_names}"
                          for c in self._configs)
+
+
+class PooledRows(torch.autograd.Function):
+    """Bags of rows summed (each lookup times its ``scale``), as ``F.embedding_bag`` "sum"; its
+    backward adds each lookup's output gradient into its row with ``index_add_`` (the lookups'
+    rows and bags are known from the batch's plan: no sort, as ``embedding_bag``'s own backward does)."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, bag_of: torch.Tensor,
+                scale: Optional[torch.Tensor]) -> torch.Tensor:
+        ctx.save_for_backward(inverse, bag_of, scale)
+        ctx.rows_shape = rows.shape
+        return F.embedding_bag(inverse, rows, offsets, mode="sum", per_sample_weights=scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        inverse, bag_of, scale = ctx.saved_tensors
+        per_lookup = grad.index_select(0, bag_of)
+        if scale is not None:
+            per_lookup = per_lookup * scale.unsqueeze(1)
+        return grad.new_zeros(ctx.rows_shape).index_add_(0, inverse, per_lookup), None, None, None, None
 
 
 def _summed(done: List[Tuple[torch.Tensor, torch.Tensor]], scale: float) -> Tuple[np.ndarray, np.ndarray]:

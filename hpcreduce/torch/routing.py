@@ -34,13 +34,15 @@ class TableBatch:
 
 @dataclass
 class Fused:
-    """Every table's lookups as one ``F.embedding_bag`` over the tables' pulled rows stacked in
-    table order (when every table has one dim and one pooling): ``inverse`` into the stack,
-    ``offsets`` of all features x stride bags, ``weights``, ``starts`` each table's first row."""
+    """Every table's lookups as one sum over the tables' pulled rows stacked in table order (when
+    every table has one dim and one pooling): ``inverse`` into the stack, ``offsets`` of all
+    features x stride bags, ``bag_of`` each lookup's bag, ``scale`` each lookup's factor (its
+    weight, 1 / its bag's length for MEAN; None: 1), ``starts`` each table's first row."""
 
     inverse: torch.Tensor
     offsets: torch.Tensor
-    weights: Optional[torch.Tensor]
+    bag_of: torch.Tensor
+    scale: Optional[torch.Tensor]
     starts: List[int]
 
 
@@ -99,7 +101,8 @@ def plan(configs: Sequence[EmbeddingBagConfig], features: KeyedJaggedTensor, wei
         offsets = torch.cumsum(torch.cat([bag_lengths.new_zeros(1), bag_lengths[:-1]]), 0)
         tables[config.name] = TableBatch(unique, inverse, offsets, bag_weights, len(config.feature_names))
     fusable = len({(c.embedding_dim, c.mode) for c in configs}) == 1 and len(configs) > 1
-    return BatchPlan(features, stride, tables, _fused(list(tables.values()), deduplicated[0][2]) if fusable else None)
+    return BatchPlan(features, stride, tables, _fused(list(tables.values()), deduplicated[0][2], configs[0].mode)
+                     if fusable else None)
 
 
 def _unique_fixed(configs: Sequence[EmbeddingBagConfig], joined) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -128,7 +131,7 @@ def _check_range(config: EmbeddingBagConfig, unique: torch.Tensor) -> None:
         raise ValueError(f"table {config.name!r} has {rows} rows, the batch looks up ids {outside}")
 
 
-def _fused(tables: List[TableBatch], inverse: Optional[torch.Tensor]) -> Fused:
+def _fused(tables: List[TableBatch], inverse: Optional[torch.Tensor], mode: str) -> Fused:
     """One lookup for all tables: each table's ids shifted past the rows (and values) before it
     (``inverse``: already so, from one deduplication of every table)."""
     rows = torch.tensor([0] + [len(t.unique) for t in tables]).cumsum(0).tolist()
@@ -136,8 +139,12 @@ def _fused(tables: List[TableBatch], inverse: Optional[torch.Tensor]) -> Fused:
     if inverse is None:
         inverse = torch.cat([t.inverse + base for t, base in zip(tables, rows)])
     offsets = torch.cat([t.offsets + base for t, base in zip(tables, values)])
-    weights = None if tables[0].weights is None else torch.cat([t.weights for t in tables])
-    return Fused(inverse, offsets, weights, rows[:-1])
+    lengths = torch.diff(offsets, append=offsets.new_tensor([len(inverse)]))
+    bag_of = torch.repeat_interleave(torch.arange(len(offsets)), lengths)
+    scale = None if tables[0].weights is None else torch.cat([t.weights for t in tables])
+    if mode == "mean":
+        scale = 1.0 / lengths.clamp(min=1).to(torch.float32)[bag_of]
+    return Fused(inverse, offsets, bag_of, scale, rows[:-1])
 
 
 def _joined(values: torch.Tensor, lengths: torch.Tensor, weights: Optional[torch.Tensor], starts: List[int],
