@@ -9,7 +9,7 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["hpcreduce", "hpcreduce.*"]),
     python_requires=">=3.9",
-    install_requires=["mpi4py>=4.1", "numpy>=1.22"],
+    install_requires=["mpi4py>=4.1", "numpy>=1.22", "numba>=0.60"],  # numba: the rows path's compiled kernels
     extras_require={
         # PyPI's Open MPI 5 (ULFM built in): for a machine without an MPI of its own.
         # On a cluster leave it out, and mpi4py uses the site's MPI.

@@ -55,10 +55,10 @@ def test_rows_are_admitted_on_the_kth_push_and_read_as_initial_before():
     ids = np.array([-7, 2**62, 11], np.int64)
     for _ in range(2):
         assert len(push(rows, ids, events)) == 0  # seen, gradient dropped
-    assert rows.count == 0 and (rows.rows_at(ids) == initial_rows(spec, ids)).all()
+    assert rows.count == 0 and (rows.rows(ids) == initial_rows(spec, ids)).all()
     assert len(push(rows, ids, events)) == 3  # third push: admitted and applied
     push(rows, ids, events)
-    assert np.allclose(rows.rows_at(ids), initial_rows(spec, ids) - 2)
+    assert np.allclose(rows.rows(ids), initial_rows(spec, ids) - 2)
     assert events == Counter(seen=9, dropped=6, admitted=3)
 
 
@@ -82,7 +82,7 @@ def test_budget_is_never_passed_and_the_hot_rows_stay(eviction):
         push(rows, rng.integers(10**6, 10**12, 300), events)  # a stream of ids seen once
         assert rows.count <= 1000
     assert (rows[hot] >= 0).all(), "a hot row was evicted"
-    assert np.allclose(rows.rows_at(hot), initial_rows(spec, hot) - 200)
+    assert np.allclose(rows.rows(hot), initial_rows(spec, hot) - 200)
     assert events["evicted"] > 0 and events["admitted"] - events["evicted"] == rows.count
     assert (rows[rows.ids] == np.arange(rows.count)).all()  # the index agrees with the compacted rows
 
@@ -95,7 +95,7 @@ def test_an_evicted_id_that_comes_back_starts_again():
         push(rows, np.arange(start, start + 16), events)
     assert rows[np.array([5])][0] == -1
     push(rows, [5], events, grad=1.0)
-    assert np.allclose(rows.rows_at(np.array([5])), initial_rows(spec, np.array([5])) - 1)
+    assert np.allclose(rows.rows(np.array([5])), initial_rows(spec, np.array([5])) - 1)
 
 
 def test_a_copy_holds_the_same_rows_in_the_same_slots_and_goes_on_the_same():
@@ -137,7 +137,7 @@ def test_rows_move_by_id_to_another_placement_and_back_to_a_checkpoint(tmp_path)
     assert sum(t.count for t in tables.values()) == len(ids)
     for key, rows in tables.items():
         assert (three.row_owners(0, rows.ids) == key).all()
-        assert np.allclose(rows.rows_at(rows.ids), initial_rows(spec, rows.ids) + 1.5)
+        assert np.allclose(rows.rows(rows.ids), initial_rows(spec, rows.ids) + 1.5)
     path = shard_checkpoints.save_shard(str(tmp_path), 3, states[0], [0, 1], False, identity={})
     loaded = shard_checkpoints._load(path, specs, optimizers)
     assert (np.sort(loaded.tables[0].ids) == np.sort(states[0].tables[0].ids)).all()
@@ -151,6 +151,8 @@ def test_declarations_that_cannot_work_are_named():
     assert "must be sparse with shape (0, *row_shape)" in ParamSpec("e", (8, 2), sparse=True,
                                                                     dynamic=Dynamic()).problem()
     assert "admit_after must be a whole number >= 1" in dynamic_table("e", 2, Dynamic(admit_after=-1)).problem()
+    assert "admit_after must be at most 65535" in dynamic_table("e", 2, Dynamic(admit_after=65536)).problem()
+    assert dynamic_table("e", 2, Dynamic(admit_after=65535)).problem() is None
     assert "eviction must be one of lru, lfu" in dynamic_table("e", 2, Dynamic(eviction="fifo")).problem()
     assert "admit_probability must be in (0, 1]" in dynamic_table("e", 2, Dynamic(admit_probability=0)).problem()
 

@@ -40,6 +40,14 @@ def test_train_reports_server_load_and_float16_wire_trains(tmp_path):
     assert (requests >= 3 * workers).all() and (nbytes > 0).all(), load
     totals = requests.sum(axis=1)
     assert load["requests_max_mean"] == round(totals.max() / totals.mean(), 4), load
+    cpu = np.array(load["cpu_s_per_step"])  # each server's CPU seconds per step (it does not spin idle)
+    assert cpu.shape == (2, 12) and (cpu >= 0).all() and cpu.sum() > 0, load
     assert result["config"]["wire_dtype"] == "float16" and result["final"]["accuracy"] > 0.7, result["final"]
     bad = hpcreduce_cli("train", "--mode", "ps", "-n", "3", "--wire-dtype", "float8", timeout=60)
     assert bad.returncode == 2 and bad.output.count("--wire-dtype must be one of float32, float16") == 1, bad
+
+
+def test_many_tables_one_request_per_server_bit_equal_exactly_once_replicated():
+    result = mpirun(4, "ps_many_tables.py", timeout=180)
+    assert result.returncode == 0, result.output
+    assert "all checks passed" in result.output, result.output

@@ -1,5 +1,6 @@
 """Parameter-server pieces that need no MPI: placement, layout, settings, state, row sums."""
 import pickle
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -7,11 +8,12 @@ import pytest
 from hpcreduce.ps import Consistency, ParamSpec, PSConfigError
 from hpcreduce.ps.inbox import SMALL_CHECK, all_finite
 from hpcreduce.ps.layout import Layout
+from hpcreduce.ps.optimizers import SGD
 from hpcreduce.ps.placement import SPLIT_BYTES, place
 from hpcreduce.ps.roles import table_optimizers
 from hpcreduce.ps.shard_state import ShardState
 from hpcreduce.ps.tables import numel
-from hpcreduce.ps.updates import local_rows, sum_rows
+from hpcreduce.ps.updates import sum_rows
 
 
 def random_specs(rng, count):
@@ -151,11 +153,13 @@ def test_row_sums_and_ownership():
     layout = Layout.initial(specs, size=3, servers=2)
     state = ShardState.create(layout, 0, {"emb": np.zeros((50, 1), np.float32)},
                               table_optimizers(specs, "sgd", 0.1))
-    mine = state.tables[0].ids
-    local, foreign = local_rows(state.tables[0], mine[::2])
-    assert foreign is None and np.array_equal(mine[local], mine[::2])
+    store = state.tables[0]  # a fixed table's row store: by id
+    mine = store.ids
+    assert store.foreign(mine[::2]) is None and np.array_equal(store.rows(mine[::2]), np.zeros((len(mine[::2]), 1)))
     theirs = np.setdiff1d(np.arange(50), mine)
-    assert local_rows(state.tables[0], np.array([mine[0], theirs[0]]))[1] == theirs[0]
+    assert store.foreign(np.array([mine[0], theirs[0]])) == theirs[0]
+    store.apply(mine[:2], np.ones((2, 1), np.float32), SGD(0.5), 1, Counter())
+    assert store.rows(mine[:3])[:, 0].tolist() == [-0.5, -0.5, 0.0] and store.version == 1
 
 
 def test_nonfinite_gradients_are_spotted():

@@ -11,6 +11,8 @@ For each number of servers K (``--servers``, default every K from 1 to N-1), ran
   send them back, with ``Isend``/``Irecv``/``Waitall`` and nothing else.
 - latency: a pull of a 64 B table (one small request, no clock) against a raw round
   trip of 64 B each way: a request's fixed cost.
+- idle server: the servers' CPU share (process time / wall time, the busiest server's)
+  while the workers send nothing for ``IDLE_S``: an idle server must not spin.
 - sparse: ``pull_rows`` and ``push_rows`` of ``--rows`` random rows of a
   ``--table-rows`` x ``--width`` float32 table; the peer moves the same bytes
   (ids and rows) between the same pairs. The PS sends the same ids every call, so
@@ -44,6 +46,7 @@ HELP = "parameter-server pull/push bandwidth and rows/s against raw Send/Recv, b
 DEFAULT_SIZES = "4K,64K,1M,16M"
 TAG_RAW = 7401
 SMALL_TABLE = "small"
+IDLE_S = 1.0  # the idle case: seconds the workers send nothing
 # ps-lite (its dense push+pull test, 1 MiB, 2 processes) measured on the reference machine
 PS_LITE_GBPS_1MIB = 0.57
 
@@ -92,6 +95,7 @@ def measure(context: Context, servers: int, args) -> List[Dict[str, object]]:
                          **{f"{k}_GBps": 2 * table.nbytes * bench.worker_count / timed[f"{k}_s"] / 1e9
                             for k in ("ps", "raw", "raw_update")}})
     rows.append(bench.latency_case(servers))
+    rows.append(bench.idle_case(servers))
     rows += bench.sparse_cases(servers)
     bench.worker_comm.Free()
     return rows
@@ -203,6 +207,20 @@ class Bench:
         return {"servers": servers, "workers": self.worker_count, "case": "latency (pull)",
                 "bytes": nbytes, **seconds, "ps_us": seconds["ps_s"] * 1e6, "raw_us": seconds["raw_s"] * 1e6}
 
+    def idle_case(self, servers: int) -> Dict[str, object]:
+        """A server's CPU share while its workers send nothing for ``IDLE_S`` (it must not spin)."""
+        began, cpu = time.perf_counter(), time.process_time()
+        if self.is_server:
+            self.role.serve()
+        else:
+            self.role.reopen()
+            time.sleep(IDLE_S)
+            self.role.release()
+        share = np.array([(time.process_time() - cpu) / (time.perf_counter() - began) if self.is_server else 0.0])
+        self.comm.Allreduce(MPI.IN_PLACE, share, op=MPI.MAX)
+        return {"servers": servers, "workers": self.worker_count, "case": "idle server",
+                "idle_s": IDLE_S, "cpu_share": float(share[0])}
+
     def sparse_cases(self, servers: int) -> List[Dict[str, object]]:
         """pull_rows and push_rows of the same random rows, against raw transfers of their bytes."""
         args, layout = self.args, self.role.layout
@@ -244,6 +262,10 @@ def render(result: Dict[str, object]) -> str:
              f"{'K':>2} {'W':>2} {'case':<16} {'size':>9} {'PS':>16} {'raw Send/Recv':>16} {'PS/raw':>7}"
              f" {'PS/(raw+update)':>16}"]
     for row in result["rows"]:
+        if "cpu_share" in row:
+            lines.append(f"{row['servers']:>2} {row['workers']:>2} {row['case']:<16} {'-':>9} "
+                         f"{100 * row['cpu_share']:>11.1f} % of a core while idle {row['idle_s']:g} s")
+            continue
         if "ps_us" in row:
             lines.append(f"{row['servers']:>2} {row['workers']:>2} {row['case']:<16} {format_size(row['bytes']):>9} "
                          f"{row['ps_us']:>13.1f} us {row['raw_us']:>13.1f} us {row['ratio']:>6.2f}x {'-':>16}")

@@ -1,10 +1,11 @@
 """Checks of what a worker is handed, before anything is sent: arrays and row ids."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 
+from ..arrays import is_device_array, to_host
 from ..errors import PSInputError
 from .tables import ParamSpec
 
@@ -54,3 +55,18 @@ def checked_ids(what: str, ids, rows: Optional[int]) -> np.ndarray:
     if bad.size:
         raise PSInputError(f"{what}: row id {int(bad[0])} out of range [0, {rows})")
     return array.astype(np.int64, copy=False)
+
+
+def sorted_push_rows(table: str, spec: ParamSpec, ids, grads) -> Tuple[np.ndarray, np.ndarray]:
+    """A push's ids (checked, unique) and gradients (checked) on the host, sorted by id (copies:
+    the caller may change its arrays once the call returns)."""
+    ids = checked_ids(f"push_rows to {table!r}", to_host(ids) if is_device_array(ids) else ids, table_rows(spec))
+    grads = to_host(grads) if is_device_array(grads) else grads
+    check_array(f"push_rows to {table!r}: gradients", grads, (len(ids),) + tuple(spec.shape[1:]), spec.dtype)
+    if np.all(ids[1:] > ids[:-1]):  # already sorted and unique (np.unique's, torch.unique's): no sort
+        return ids.copy(), np.array(grads, order="C")  # the worker's own copies: in flight, key-cached
+    order = np.argsort(ids, kind="stable")
+    ids, grads = ids[order], np.ascontiguousarray(grads[order])
+    if np.any(ids[1:] == ids[:-1]):
+        raise PSInputError(f"push_rows to {table!r}: ids must be unique (sum the gradients of repeated rows)")
+    return ids, grads

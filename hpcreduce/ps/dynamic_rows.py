@@ -1,8 +1,8 @@
 """One dynamic table's rows on one shard: rows that come with their ids and go past a budget.
 
-``DynamicTable`` stands where a ``TableShard`` stands for a fixed sparse table (the same
-attributes: ``values``, ``ids``, ``optimizer_state``, ``position``, ``version``, the per-slot
-``last_push``/``read_version``), but its rows live in the first ``count`` slots of arrays
+``DynamicTable`` is a dynamic table's row store (``row_store``: ``rows``, ``foreign`` and
+``apply`` by id, ``values``, ``ids``, ``optimizer_state``, ``version``, the per-slot
+``last_push``/``read_version``, as a fixed table's ``TableShard``), but its rows live in the first ``count`` slots of arrays
 with room to grow, found by id through an ``IdIndex``. Everything that changes it happens
 in ``admit``, inside the shard's update rule, so a replica fed the same pushes in the same
 order holds the same rows in the same slots:
@@ -31,11 +31,14 @@ import numpy as np
 
 from ..arrays.hashing import GOLDEN, mix64, name_key, unit_uniform
 from .id_index import CELL_BYTES, IdIndex, cells_for
+from .kernels import kernel
 from .optimizers import Optimizer
-from .tables import ParamSpec, initial_rows
+from .updates import gather_rows, update_rows
+from .tables import SKETCH_COUNT_MAX, ParamSpec, initial_rows
 
 SKETCH_DEPTH, SKETCH_WIDTH, SKETCH_MIN_WIDTH = 4, 1 << 20, 1 << 10  # uint16 counters: 8 MiB at most
-SKETCH_CAP = np.iinfo(np.uint16).max
+SKETCH_CAP = SKETCH_COUNT_MAX
+SIGHTING = kernel("sketch", "sighting")  # the conservative count-min update, compiled
 EVICT_SHARE = 8  # an eviction frees at least budget // EVICT_SHARE rows
 ROW_EVENTS = ("seen", "admitted", "evicted", "dropped")
 
@@ -120,10 +123,10 @@ class DynamicTable:
         """The slot of each id's row, -1 for ids without one."""
         return self.index.find(np.asarray(ids, dtype=np.int64))
 
-    def rows_at(self, ids: np.ndarray) -> np.ndarray:
+    def rows(self, ids: np.ndarray) -> np.ndarray:
         """The values of rows ``ids``: their row, or the initial value for ids without one."""
         slots = self.index.find(ids)
-        rows = self._values[np.maximum(slots, 0)]
+        rows = gather_rows(self._values, np.maximum(slots, 0))
         missing = slots < 0
         if missing.any():
             rows[missing] = initial_rows(self.spec, ids[missing])
@@ -138,6 +141,17 @@ class DynamicTable:
         """Bytes held: the live rows with their state and counters, the index and the sketch."""
         per_row = self._values[:1].nbytes * (1 + len(self._state)) + 24
         return self.count * per_row + self.index.nbytes + (0 if self.sketch is None else self.sketch.nbytes)
+
+    def foreign(self, ids: np.ndarray) -> None:
+        """None: a dynamic table has a row, or an initial value, for any id it is given
+        (the placement, not the store, says which ids belong to this shard)."""
+        return None
+
+    def apply(self, ids: np.ndarray, grads: np.ndarray, optimizer: Optimizer, step: int, events: Counter) -> None:
+        """One optimizer update of rows ``ids`` (sorted, unique): rows found, or admitted now
+        (``admit``); the other ids' gradients are dropped."""
+        slots, kept = self.admit(ids, grads, events)
+        update_rows(self, slots, kept, optimizer, step)
 
     # -- the update rule's part ----------------------------------------------------------
     def admit(self, ids: np.ndarray, grads: np.ndarray, events: Counter) -> Tuple[np.ndarray, np.ndarray]:
@@ -176,15 +190,7 @@ class DynamicTable:
 
     def _sighting(self, ids: np.ndarray) -> np.ndarray:
         """Count one more sighting of each id (conservative count-min update); the new counts."""
-        with np.errstate(over="ignore"):
-            hashed = ids.astype(np.uint64) * GOLDEN ^ self._salt
-            width = np.uint64(self.sketch.shape[1])
-            cells = [(mix64(hashed + np.uint64(depth + 1) * GOLDEN) % width).astype(np.int64)
-                     for depth in range(SKETCH_DEPTH)]
-        counts = np.min([self.sketch[d, c] for d, c in enumerate(cells)], axis=0).astype(np.int64) + 1
-        counts = np.minimum(counts, SKETCH_CAP)
-        for depth, cell in enumerate(cells):
-            self.sketch[depth, cell] = np.maximum(self.sketch[depth, cell], counts.astype(np.uint16))
+        counts = SIGHTING(self.sketch, np.ascontiguousarray(ids, dtype=np.int64), self._salt[0], SKETCH_CAP)
         self.sightings += len(ids)
         if self.sightings >= self.sketch.shape[1] // 4:
             self.sketch >>= 1

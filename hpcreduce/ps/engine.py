@@ -19,7 +19,7 @@ from .optimizers import Optimizer
 from .consistency import Consistency
 from .protocol import Status
 from .shard_state import ShardState
-from .updates import apply_dense, apply_rows, sum_rows
+from .updates import apply_dense, sum_rows
 
 Contribution = Tuple[int, object]
 
@@ -58,6 +58,16 @@ class ShardEngine:
             self.apply(table_id, [(slot, gradient)], table.version + 1)
         return Status.OK
 
+    def accept_many(self, slot: int, step: int, gradients: List[Tuple[int, object]]) -> Tuple[Status, int]:
+        """Take one push of several tables (table id, gradient) as ``accept`` takes each: LATE when
+        any is late (under BSP then none is taken: lateness is the same for every table), else
+        DUPLICATE when every table had it already, else OK; and how many were duplicates."""
+        statuses = [self.accept(slot, step, table_id, gradient) for table_id, gradient in gradients]
+        duplicates = statuses.count(Status.DUPLICATE)
+        if Status.LATE in statuses:
+            return Status.LATE, duplicates
+        return (Status.DUPLICATE if statuses and duplicates == len(statuses) else Status.OK), duplicates
+
     def apply(self, table_id: int, contributions: List[Contribution], step: int) -> None:
         """One optimizer update of ``table_id`` from the contributions, summed in slot order."""
         state = self.state
@@ -68,11 +78,8 @@ class ShardEngine:
                 state.update_lag[int(table.version - table.read_version[slot])] += 1
             state.applied[slot] += 1
         optimizer = self.optimizers[table_id]
-        if table.sparse:
-            local, grads = sum_rows([grad for _, grad in contributions])
-            if table.dynamic:  # ids, not positions: rows are found, admitted, evicted now
-                local, grads = table.admit(local, grads, state.row_events)
-            apply_rows(table, local, grads, optimizer, step)
+        if table.sparse:  # a row store, by id (a dynamic one finds, admits and evicts rows now)
+            table.apply(*sum_rows([grad for _, grad in contributions]), optimizer, step, state.row_events)
             return
         total = contributions[0][1]
         if len(contributions) > 1 and self.pinned(total):

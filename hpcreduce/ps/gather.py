@@ -60,8 +60,7 @@ def fetch_rows(comm: MPI.Intracomm, layout: Layout, state: Optional[ShardState],
     dtype = np.dtype(spec.dtype)
     answer = np.empty((len(incoming), width), dtype)
     if len(incoming):
-        shard = state.tables[table]
-        rows = shard.rows_at(incoming) if shard.dynamic else shard.values[shard.position[incoming]]
+        rows = state.tables[table].rows(incoming)
         answer[:] = rows.reshape(len(incoming), width)
     rows = np.empty((len(ids), width), dtype)
     comm.Alltoallv([answer, (wanted * width, _offsets(wanted) * width)],

@@ -89,21 +89,6 @@ class Handle:
         return self._finish(self.parts), None
 
 
-class Joined:
-    """Several tables' handles as one: ``wait()`` returns {table: result}, raising the first refusal
-    after every handle finished (the multi-table calls' result)."""
-
-    def __init__(self, handles: Dict[str, Handle]):
-        self.handles = handles
-
-    def wait(self) -> Dict[str, Any]:
-        return dict(zip(self.handles, wait_all(list(self.handles.values()))))
-
-    @property
-    def done(self) -> bool:
-        return all(handle.done for handle in self.handles.values())
-
-
 def push_result(parts: List[Part]) -> PushResult:
     """A finished push's result, from its parts' replies."""
     return PushResult(len(parts), sum(int(part.reply[Rep.STATUS] == Status.DUPLICATE) for part in parts))

@@ -1,27 +1,22 @@
-"""A vectorised hash index from int64 ids to row slots: no Python object per row.
+"""A hash index from int64 ids to row slots: no Python object per row.
 
 Open addressing with linear probing over two arrays (``keys`` int64, ``slots`` int64,
 -1 for an empty cell, -2 for a removed one), at most half full. ``find``, ``insert``,
-``remove`` and ``move`` take whole arrays of ids and run probe rounds on the ids still
-unresolved, so a round is a few numpy passes and the rounds shrink geometrically (about
-1.5 probes per id at half load). Ids racing for one free cell all write their key; the
-one whose key stays takes it (no sort). Removed cells are reused by inserts and dropped
-when the cells are rebuilt. Cost: 16 B per cell, at most 32 B per id (at half load).
+``remove`` and ``move`` take whole arrays of ids; the probes are compiled loops
+(``kernels.index``: about 1.5 probes per id at half load). Removed cells are reused by
+inserts and dropped when the cells are rebuilt. Cost: 16 B per cell, at most 32 B per id
+(at half load).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..arrays.hashing import GOLDEN, mix64
+from .kernels import kernel
 
+FIND, CELLS, INSERT = kernel("index", "find"), kernel("index", "cells"), kernel("index", "insert")
 MIN_CELLS = 1 << 10
 EMPTY, GONE = -1, -2
 CELL_BYTES = 16  # an int64 key and an int64 slot
-
-
-def _start_cells(ids: np.ndarray, mask: int) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return (mix64(ids.astype(np.uint64) * GOLDEN) & np.uint64(mask)).astype(np.int64)
 
 
 def cells_for(count: int) -> int:
@@ -53,26 +48,15 @@ class IdIndex:
 
     def find(self, ids: np.ndarray) -> np.ndarray:
         """The slot of each id, -1 for ids not in the index."""
-        cells = self._cells(np.asarray(ids, dtype=np.int64))
-        return np.where(cells >= 0, self.slots[np.maximum(cells, 0)], EMPTY)
+        return FIND(self.keys, self.slots, np.ascontiguousarray(ids, dtype=np.int64))
 
     def insert(self, ids: np.ndarray, slots: np.ndarray) -> None:
         """Add ``ids`` (unique, none in the index yet) at ``slots``; grows the cells to stay
         at most half full (removed cells counted)."""
-        ids = np.asarray(ids, dtype=np.int64)
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
         if 2 * (self.count + self.removed + len(ids)) > len(self.keys):
             self._rebuild(cells_for(self.count + len(ids)))
-        mask = len(self.keys) - 1
-        pending = np.arange(len(ids))
-        cells = _start_cells(ids, mask)
-        while len(pending):
-            free = self.slots[cells] < 0
-            # every id aiming at a free cell writes its key there; the one whose key stays wins
-            self.keys[cells[free]] = ids[pending[free]]
-            won = free & (self.keys[cells] == ids[pending])
-            self.removed -= int((self.slots[cells[won]] == GONE).sum())
-            self.slots[cells[won]] = slots[pending[won]]
-            pending, cells = pending[~won], (cells[~won] + 1) & mask
+        self.removed -= int(INSERT(self.keys, self.slots, ids, np.ascontiguousarray(slots, dtype=np.int64)))
         self.count += len(ids)
 
     def remove(self, ids: np.ndarray) -> None:
@@ -88,17 +72,7 @@ class IdIndex:
 
     def _cells(self, ids: np.ndarray) -> np.ndarray:
         """The cell holding each id, -1 for ids not in the index."""
-        found = np.full(len(ids), -1, dtype=np.int64)
-        mask = len(self.keys) - 1
-        pending = np.arange(len(ids))
-        cells = _start_cells(ids, mask)
-        while len(pending):
-            slots = self.slots[cells]
-            hit = (slots >= 0) & (self.keys[cells] == ids[pending])
-            found[pending[hit]] = cells[hit]
-            going = ~hit & (slots != EMPTY)
-            pending, cells = pending[going], (cells[going] + 1) & mask
-        return found
+        return CELLS(self.keys, self.slots, np.ascontiguousarray(ids, dtype=np.int64))
 
     def _rebuild(self, cells: int) -> None:
         live = self.slots >= 0

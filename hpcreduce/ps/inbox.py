@@ -17,10 +17,9 @@ from mpi4py import MPI
 from .key_cache import KnownKeys
 from .layout import Layout
 from .tables import row_width
-from .protocol import (DENSE_PUSHES, DTYPES, wire_dtype, HEADER_LEN, PAYLOADS_IN, PUSHES, SPARSE_OPS, TAG_FORWARD,
-                       TAG_FORWARD_PAYLOAD, TAG_PAYLOAD, TAG_REQUEST, WORKER_OPS, Op, Req, Status)
+from .protocol import (DENSE_PUSHES, DTYPES, wire_dtype, HEADER_LEN, MANY, PAYLOADS_IN, PUSHES, SPARSE_OPS,
+                       TAG_FORWARD, TAG_FORWARD_PAYLOAD, TAG_PAYLOAD, TAG_REQUEST, WORKER_OPS, Op, Req, Status)
 from .shard_state import ShardState
-from .updates import local_rows
 
 Refusal = Tuple[Status, int]
 """Why a server refuses a request: its status, and the offending value (an id, a size) or 0."""
@@ -33,20 +32,24 @@ TakeBuffer = Callable[[int], np.ndarray]
 @dataclass
 class Request:
     """One received request: its header (and the header's fields as ints), payloads and
-    ``refusal`` (None: none so far). ``local``: the owned-row positions of its sparse ids;
+    ``refusal`` (None: none so far). ``ids``: its sparse ids, once checked;
     ``borrowed``: the server's spare buffer its dense gradient was received into; ``pushed``: a push's
     status once the server took it (its reply may wait); ``wire``: the dtype code values
-    travel in (replies of PULL and PUSH_PULL are narrowed to it)."""
+    travel in (replies of PULL and PUSH_PULL are narrowed to it). ``tables``: a MANY op's
+    per-table requests (PULL_ROWS/PUSH_ROWS, checked), in directory order; ``duplicates``:
+    how many of a PUSH_ROWS_MANY's tables had taken this push already."""
 
     source: int
     slot: int
     header: np.ndarray
     payloads: List[np.ndarray] = field(default_factory=list)
     refusal: Optional[Refusal] = None
-    local: Optional[np.ndarray] = None
+    ids: Optional[np.ndarray] = None
     borrowed: Optional[np.ndarray] = None
     nbytes: int = 0
     pushed: Optional[Status] = None
+    tables: List["Request"] = field(default_factory=list)
+    duplicates: int = 0
 
     def __post_init__(self):
         fields = self.header.tolist()
@@ -87,6 +90,9 @@ def receive(comm: MPI.Intracomm, source: int, layout: Layout, state: ShardState,
         comm.Recv(buffer, source, payload_tag)
         request.payloads.append(buffer)
         request.nbytes += nbytes
+    if request.op in MANY:
+        request.refusal = request.refusal or split_tables(request, layout, state)
+        return request
     if request.refusal is None and skipped:
         request.refusal = _recalled(request, keys)
     if request.refusal is None and request.op in PUSHES and request.payloads[-1].dtype != \
@@ -158,8 +164,12 @@ def header_refusal(request: Request, layout: Layout, state: ShardState,
 def _expected_buffer(request: Request, index: int, nbytes: int, layout: Layout, state: ShardState,
                      take_buffer: TakeBuffer) -> Optional[np.ndarray]:
     """A buffer for payload ``index`` when its size is the one the header implies."""
-    spec = layout.specs[request.table]
     count = request.count
+    if request.op in MANY:  # the directory, the ids, the values (as bytes, checked per table later)
+        expected = (request.fields[Req.WIDTH] * DIRECTORY_WIDTH * 8, count * 8, nbytes)[index]
+        return np.empty(nbytes // 8 if index < 2 else nbytes, np.int64 if index < 2 else np.uint8) \
+            if nbytes == expected and request.fields[Req.WIDTH] >= 0 else None
+    spec = layout.specs[request.table]
     wire = DTYPES[request.fields[Req.DTYPE]]
     if request.op in DENSE_PUSHES:
         if nbytes != count * wire.itemsize:
@@ -174,6 +184,52 @@ def _expected_buffer(request: Request, index: int, nbytes: int, layout: Layout, 
     if nbytes != count * row_width(spec) * wire.itemsize:
         return None
     return np.empty((count,) + row_shape, dtype=wire)
+
+
+DIRECTORY_WIDTH = 4  # a MANY op's directory row: table, ids, row width, dtype code
+ONE_TABLE = {Op.PULL_ROWS_MANY: Op.PULL_ROWS, Op.PUSH_ROWS_MANY: Op.PUSH_ROWS}
+
+
+def split_tables(request: Request, layout: Layout, state: ShardState) -> Optional[Refusal]:
+    """A MANY op's tables as the one-table requests they stand for (``request.tables``),
+    each checked as such; the first refusal refuses the whole request."""
+    directory = request.payloads[0].reshape(-1, DIRECTORY_WIDTH)
+    ids, values = request.payloads[1], request.payloads[2] if len(request.payloads) > 2 else None
+    if len(set(directory[:, 0].tolist())) != len(directory):
+        return Status.BAD_IDS, 0  # a table named twice
+    if directory[:, 1].min(initial=0) < 0 or int(directory[:, 1].sum()) != request.count:
+        return Status.BAD_SIZE, request.count
+    start = offset = 0
+    op = ONE_TABLE[request.op]
+    for table, count, width, code in directory.tolist():
+        header = np.array([op, table, request.slot, request.clock, count, code, width, PAYLOADS_IN[op], 0], np.int64)
+        one = Request(request.source, request.slot, header, [ids[start:start + count]])
+        start += count
+        one.refusal = header_refusal(one, layout, state, ALL_OPS)
+        if one.refusal is not None:
+            return one.refusal
+        if values is not None:
+            wire = DTYPES[code]
+            stop = offset + count * width * wire.itemsize
+            if stop > values.nbytes:
+                return Status.BAD_SIZE, values.nbytes
+            row_shape = state.tables[table].values.shape[1:]
+            one.payloads.append(values[offset:stop].view(wire).reshape((count,) + row_shape))
+            offset = stop
+            if wire != layout.specs[table].dtype:
+                _widened(one, layout, lambda table: None)
+        one.refusal = content_refusal(one, layout, state)
+        if one.refusal is not None:
+            return one.refusal
+        request.tables.append(one)
+    if values is not None and offset != values.nbytes:
+        return Status.BAD_SIZE, values.nbytes
+    return None
+
+
+def table_gradients(request: Request) -> List[Tuple[int, Tuple[np.ndarray, np.ndarray]]]:
+    """A PUSH_ROWS_MANY's (table, (rows, gradients)) per table, for ``ShardEngine.accept_many``."""
+    return [(one.table, (one.ids, one.payloads[1])) for one in request.tables]
 
 
 def _widened(request: Request, layout: Layout, take_buffer: TakeBuffer) -> None:
@@ -194,8 +250,7 @@ def _widened(request: Request, layout: Layout, take_buffer: TakeBuffer) -> None:
 
 def content_refusal(request: Request, layout: Layout, state: ShardState) -> Optional[Refusal]:
     """Ids out of range or not owned here, push ids not sorted-unique, NaN/Inf gradients.
-    Sets ``request.local``: the rows' positions in a fixed table, their ids in a dynamic one
-    (whose rows are found when the push is applied)."""
+    Sets ``request.ids``: the rows' ids (checked: the row store takes ids)."""
     op = request.op
     if op in SPARSE_OPS:
         ids = request.payloads[0]
@@ -206,10 +261,9 @@ def content_refusal(request: Request, layout: Layout, state: ShardState) -> Opti
                 return Status.BAD_IDS, int(bad[0])
             if op == Op.PUSH_ROWS and not np.all(ids[1:] > ids[:-1]):
                 return Status.BAD_IDS, int(ids[np.argmin(ids[1:] > ids[:-1]) + 1])
-        if spec.dynamic is not None:
-            request.local, foreign = ids, _foreign_id(layout, request.table, state.shard, ids)
-        else:
-            request.local, foreign = local_rows(state.tables[request.table], ids)
+        request.ids = ids
+        foreign = _foreign_id(layout, request.table, state.shard, ids) if spec.dynamic is not None \
+            else state.tables[request.table].foreign(ids)
         if foreign is not None:
             return Status.NOT_OWNER, foreign
     if op in PUSHES and not all_finite(request.payloads[-1]):

@@ -21,9 +21,10 @@ from typing import Callable, Dict, Mapping, Sequence
 
 import numpy as np
 
-from ..arrays.hashing import GOLDEN, mix64, name_key, unit_uniform
 from .placement import Placement
-from .tables import ParamSpec, id_dtype, row_width
+from .tables import ParamSpec, counter_normal, id_dtype, row_width
+
+__all__ = ["CHUNK", "PartInit", "counter_normal", "owned_rows", "whole_tables"]  # counter_normal: tables'
 
 CHUNK = 1 << 20
 HASH_ROWS = 1 << 18  # ids hashed at once: K x 2 MiB of scores
@@ -62,18 +63,6 @@ def whole_tables(specs: Sequence[ParamSpec], values: Mapping[str, np.ndarray]) -
     def elements(table: int, flat: np.ndarray) -> np.ndarray:
         return np.asarray(values[specs[table].name]).reshape(-1)[flat]
     return PartInit(specs, elements)
-
-
-def counter_normal(seed: int, name: str, flat: np.ndarray, scale: float = 1.0,
-                   dtype: str = "float32") -> np.ndarray:
-    """N(0, scale**2) values for elements ``flat`` of table ``name``, each a function of
-    (seed, name, index) alone (Box-Muller on two counter-based uniforms)."""
-    with np.errstate(over="ignore"):
-        key = mix64(np.array([seed], np.uint64) * GOLDEN ^ name_key(name))
-        hashed = mix64(key ^ (np.asarray(flat).astype(np.uint64) * GOLDEN))
-        first = 1.0 - unit_uniform(hashed)  # (0, 1]: the logarithm stays finite
-        second = unit_uniform(mix64(hashed + GOLDEN))
-    return (np.sqrt(-2.0 * np.log(first)) * np.cos(2.0 * np.pi * second) * scale).astype(dtype)
 
 
 def owned_rows(placement: Placement, table: int, shards: Sequence[int]) -> Dict[int, np.ndarray]:

@@ -11,7 +11,8 @@ Shards are named by *keys*, stable integers (the server index at start), not by 
 so the placement can be recomputed for another set of shards (``place(specs,
 surviving_keys)``, the fault-tolerance layer's rebalance): dense ranges are re-cut
 over the survivors, and a sparse row moves only if its owner left (rendezvous hashing).
-Cost: O(tables + shards) to place; O(rows x shards) hash evaluations to find owners.
+Cost: O(tables + shards) to place; O(rows x shards) hash evaluations to find owners
+(compiled: ``kernels.route``).
 """
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from ..arrays.hashing import GOLDEN, mix64
+from .kernels import kernel
 from .tables import ParamSpec, numel
 
 SPLIT_BYTES = 64 * 1024
-HASH_CHUNK = 1 << 20
+OWNERS = kernel("route", "owners")
 
 
 @dataclass(frozen=True, order=True)
@@ -66,13 +68,14 @@ class Placement:
         keys = np.array(self.shards, dtype=np.int64)
         if len(keys) == 1:
             return np.full(len(ids), keys[0], dtype=np.int64)
-        owners = np.empty(len(ids), dtype=np.int64)
-        with np.errstate(over="ignore"):
-            for begin in range(0, len(ids), HASH_CHUNK):
-                chunk = np.asarray(ids[begin:begin + HASH_CHUNK]).astype(np.uint64)
-                scores = mix64(chunk[None, :] ^ salts[:, None])
-                owners[begin:begin + len(chunk)] = keys[np.argmax(scores, axis=0)]
-        return owners
+        return keys[self.owner_index(table, ids)]
+
+    def owner_index(self, table: int, ids: np.ndarray) -> np.ndarray:
+        """The position in ``shards`` of the shard owning each row id (one compiled pass:
+        each shard's score, the highest wins, the first on a tie)."""
+        if len(self.shards) == 1:
+            return np.zeros(len(ids), dtype=np.int64)
+        return OWNERS(np.ascontiguousarray(ids, dtype=np.int64), self._salts[table])
 
     def rows_on(self, table: int, shard: int) -> np.ndarray:
         """The sorted row ids of sparse table ``table`` that shard ``shard`` owns."""

@@ -18,6 +18,8 @@ receives when it sends and they match in order.
     PUSH_ROWS   ids (int64), row grads    -                 yes
     PUSH_PULL   gradient of the piece     piece values      yes (the values after the push)
     PUSH_PULL_END  as PUSH_PULL, and the worker's clock moves on here (no CLOCK follows)
+    PULL_ROWS_MANY  directory, ids (int64)           rows of every table   yes (the rows, as bytes)
+    PUSH_ROWS_MANY  directory, ids, row grads (bytes)   -                  yes
     CLOCK       -                         -                 no
     RELEASE     -                         -                 no (the worker is done)
 
@@ -26,6 +28,14 @@ backup (the next shard key) on ``TAG_FORWARD`` (the worker's header, then its pa
 ``TAG_FORWARD_PAYLOAD``), plus ``APPLY`` (BSP: the steps it applied) and ``DONE`` (it
 forwards no more); the backup answers each forwarded push with one header on
 ``TAG_FORWARD_ACK``, and only then does the primary acknowledge the worker.
+
+The two ``*_MANY`` ops carry the rows of several sparse tables in one request per
+server (``multi_table.py``): the header's ``WIDTH`` is the number of tables, ``COUNT`` the
+ids of all of them, ``TABLE`` -1; the directory is one int64 row (table, ids, width, dtype
+code) per table, the ids and values are the tables' concatenated in directory order. Each
+table's rows are checked and applied as that table's own PULL_ROWS/PUSH_ROWS would be
+(the exactly-once rule per table); a refusal of one table refuses the whole request.
+A PUSH_ROWS_MANY reply's ``COUNT`` is the number of tables that were duplicates.
 
 ``PUSH_PULL`` (ps-lite's ZPushPull) is a dense push of step t and the pull of the
 piece for step t+1 in one round trip: the reply (the push's status, then the values)
@@ -63,15 +73,19 @@ class Op(IntEnum):
     DONE = 8       # primary -> backup only: nothing more will be forwarded
     PUSH_PULL = 9  # a dense push of step CLOCK, answered with the piece's values read at CLOCK + 1
     PUSH_PULL_END = 10  # a PUSH_PULL after which the worker's clock is CLOCK + 1 (its step's last request)
+    PULL_ROWS_MANY = 11  # the rows of several sparse tables (a directory, then their ids)
+    PUSH_ROWS_MANY = 12  # the row gradients of several sparse tables
 
 
 PAYLOADS_IN = {Op.PULL: 0, Op.PUSH: 1, Op.PULL_ROWS: 1, Op.PUSH_ROWS: 2, Op.CLOCK: 0, Op.RELEASE: 0,
-               Op.APPLY: 0, Op.DONE: 0, Op.PUSH_PULL: 1, Op.PUSH_PULL_END: 1}
+               Op.APPLY: 0, Op.DONE: 0, Op.PUSH_PULL: 1, Op.PUSH_PULL_END: 1,
+               Op.PULL_ROWS_MANY: 2, Op.PUSH_ROWS_MANY: 3}
 FUSED = (Op.PUSH_PULL, Op.PUSH_PULL_END)
-WORKER_OPS = (Op.PULL, Op.PUSH, Op.PULL_ROWS, Op.PUSH_ROWS, Op.CLOCK, Op.RELEASE) + FUSED
-REPLIED = (Op.PULL, Op.PUSH, Op.PULL_ROWS, Op.PUSH_ROWS) + FUSED
-PULLS = (Op.PULL, Op.PULL_ROWS)
-PUSHES = (Op.PUSH, Op.PUSH_ROWS) + FUSED
+MANY = (Op.PULL_ROWS_MANY, Op.PUSH_ROWS_MANY)
+WORKER_OPS = (Op.PULL, Op.PUSH, Op.PULL_ROWS, Op.PUSH_ROWS, Op.CLOCK, Op.RELEASE) + FUSED + MANY
+REPLIED = (Op.PULL, Op.PUSH, Op.PULL_ROWS, Op.PUSH_ROWS) + FUSED + MANY
+PULLS = (Op.PULL, Op.PULL_ROWS, Op.PULL_ROWS_MANY)
+PUSHES = (Op.PUSH, Op.PUSH_ROWS, Op.PUSH_ROWS_MANY) + FUSED
 DENSE_PUSHES = (Op.PUSH,) + FUSED
 VALUES_BACK = PULLS + FUSED  # ops whose reply carries one payload
 SPARSE_OPS = (Op.PULL_ROWS, Op.PUSH_ROWS)
@@ -87,7 +101,7 @@ class Req(IntEnum):
     COUNT = 4      # elements (PULL, PUSH) or row ids (PULL_ROWS, PUSH_ROWS)
     DTYPE = 5      # index into DTYPES: the values' dtype on the wire (the table's, or float16:
     #                a push's gradient is widened on arrival, a pull's reply narrowed)
-    WIDTH = 6      # elements per row (sparse ops), 1 otherwise
+    WIDTH = 6      # elements per row (sparse ops), tables in the directory (MANY ops), 1 otherwise
     PAYLOADS = 7   # payload messages that follow, so a server can always drain them
     KEYS = 8       # sparse ops: the id list's number (key caching, ``key_cache``); 0: none.
     #                With one payload fewer than PAYLOADS_IN, the ids are not sent: the
@@ -102,7 +116,7 @@ class Rep(IntEnum):
     SHARD = 2      # the answering shard's key
     STATUS = 3     # a Status
     VERSION = 4    # updates the table's piece had received when answered
-    COUNT = 5      # elements in the reply payload
+    COUNT = 5      # elements in the reply payload (PUSH_ROWS_MANY: tables that were duplicates)
     DETAIL = 6     # the offending value of a refusal (an id, a size), else 0
     SLOWEST = 7    # the slowest live worker's clock when answered
     SPARE = 8      # 0

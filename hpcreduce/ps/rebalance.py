@@ -103,13 +103,10 @@ def _accept(holdings: ShardHoldings, item: Repush, optimizers: Optimizers, consi
         if item.start != table.start or item.values.size != table.values.size:
             return int(Status.BAD_SIZE)
         gradient = item.values
-    elif table.dynamic:
-        gradient = (item.ids, item.values)
+    elif table.foreign(item.ids) is not None:
+        return int(Status.NOT_OWNER)
     else:
-        local = table.position[item.ids]
-        if (local < 0).any():
-            return int(Status.NOT_OWNER)
-        gradient = (local, item.values)
+        gradient = (item.ids, item.values)
     return int(ShardEngine(state, optimizers, consistency).accept(item.slot, item.step, item.table, gradient))
 
 

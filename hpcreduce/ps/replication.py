@@ -161,8 +161,11 @@ class Replication:
         if request.refusal is not None:  # the primary checked it already: a bug if it happens
             raise RuntimeError(f"server rank {server.comm.Get_rank()}: forwarded push from rank "
                                f"{source} refused: {protocol.refusal(*request.refusal)}")
-        gradient = request.payloads[0] if request.op == Op.PUSH else (request.local, request.payloads[1])
-        status = replica.accept(request.slot, request.clock, request.table, gradient)
+        if request.op == Op.PUSH_ROWS_MANY:
+            status, _ = replica.accept_many(request.slot, request.clock, inbox.table_gradients(request))
+        else:
+            gradient = request.payloads[0] if request.op == Op.PUSH else (request.ids, request.payloads[1])
+            status = replica.accept(request.slot, request.clock, request.table, gradient)
         if status != Status.OK:
             replica.recycle(request.table, request.borrowed)
         ack = protocol.reply(request.header, replica.state.shard, status)

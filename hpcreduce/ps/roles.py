@@ -26,6 +26,7 @@ from ..runtime.context import Context
 from .consistency import Consistency
 from .dynamic_rows import budget_rows, held_bytes
 from .footprint import refuse_unfit, refuse_unfit_problems
+from .kernels import warm as warm_kernels
 from .layout import Layout
 from .optimizers import Optimizer, make_optimizer
 from .server import Server
@@ -112,6 +113,8 @@ def make_role(ctx: Context, layout: Layout, tables: Tables, shards: Callable[[in
     wire = wire_of(wire_dtype)
 
     def make() -> Union[Server, Worker]:
+        if any(spec.sparse for spec in layout.specs):
+            warm_kernels()  # now, not under a worker's deadline at the first request
         if layout.is_server(ctx.rank):
             own, *replica = shards(layout.shard_of(ctx.rank))
             return serve_shard(ctx, layout, tables, own, replica[0] if replica else None, guard=guard,

@@ -13,6 +13,8 @@ forwards of the server whose backup it is. A fused push-pull is taken when it re
 queue's head and answered with the values once a read at the next clock may be; while it
 waits, the pushes and clocks queued behind it are taken (``_run_ahead``).
 
+An idle server waits without spinning (``idle.wait_until``: polls with back-off up to 1 ms),
+and counts its CPU seconds per step (``stats.RequestLoad``).
 Cost per request: one header (72 B) each way plus the payloads; see docs/parameter-server.md.
 """
 from __future__ import annotations
@@ -29,8 +31,9 @@ from ..runtime.failures import abandon
 from .optimizers import Optimizer
 from . import inbox, protocol
 from .consistency import Consistency
+from .idle import wait_until
 from .engine import ShardEngine
-from .inbox import Request
+from .inbox import Request, table_gradients
 from .key_cache import KnownKeys
 from .layout import Layout
 from .protocol import DENSE_PUSHES, FUSED, PULLS, PUSHES, TAG_REPLY, TAG_REQUEST, VALUES_BACK, Op, Status
@@ -70,6 +73,7 @@ class Server:
         self.load = RequestLoad()
         self.known_keys = KnownKeys()
         self._slowest = NOBODY_LIVE
+        self._listening: Optional[MPI.Request] = None  # the request receive posted while idle
         self._waiting = f"server rank {comm.Get_rank()} waiting for requests"
 
     @property
@@ -95,18 +99,22 @@ class Server:
         reported = None
         while True:
             slowest = self._slowest
-            if self.on_progress is not None and slowest != reported:
+            if slowest != reported:
                 reported = slowest
-                self.on_progress(self, slowest)
+                self.load.reached(slowest)
+                if self.on_progress is not None:
+                    self.on_progress(self, slowest)
             if slowest == NOBODY_LIVE and self._finished():
                 break
             header = None
-            with self.guard(self._waiting):
+            with self.guard(self._waiting):  # polled with back-off: an idle server does not spin
                 if self.replication is None:  # one receive, no probe: only requests arrive
                     header = np.zeros(protocol.HEADER_LEN, dtype=np.int64)
-                    self.comm.Recv(header, MPI.ANY_SOURCE, TAG_REQUEST, status)
+                    self._listening = self.comm.Irecv(header, MPI.ANY_SOURCE, TAG_REQUEST)
+                    wait_until(lambda: self._listening.Test(status))
+                    self._listening = None
                 else:
-                    self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+                    wait_until(lambda: self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status))
             source = status.Get_source()
             if status.Get_tag() == TAG_REQUEST:
                 request = inbox.receive(self.comm, source, self.layout, self.state, self.engine.take_buffer,
@@ -138,7 +146,7 @@ class Server:
 
     def pending_requests(self) -> List[MPI.Request]:
         """Every send still in flight (to be abandoned after a failure)."""
-        requests = [entry[0] for entry in self.outbox]
+        requests = [entry[0] for entry in self.outbox] + ([self._listening] if self._listening is not None else [])
         if self.replication is not None:
             requests += self.replication.pending_requests()
         return requests
@@ -230,17 +238,30 @@ class Server:
     def _read(self, request: Request, slowest: int, clock: Optional[int] = None,
               status: Status = Status.OK) -> None:
         """Answer a read at ``clock`` (the request's own by default) with the values."""
-        table = self.state.tables[request.table]
         clock = request.clock if clock is None else clock
         self.state.read_staleness[max(0, clock - slowest)] += 1
+        if request.op == Op.PULL_ROWS_MANY:
+            self._reply(request, status, self._rows_of_tables(request), reads=None)
+            return
+        table = self.state.tables[request.table]
         table.read_version[request.slot] = table.version
         wire = protocol.DTYPES[request.wire]  # the table's, or narrower (float16)
         if table.sparse:
-            self._reply(request, status, table.rows_at(request.local).astype(wire, copy=False), reads=None)
+            self._reply(request, status, table.rows(request.ids).astype(wire, copy=False), reads=None)
         elif wire != table.values.dtype:
             self._reply(request, status, table.values.astype(wire), reads=None)
         else:
             self._reply(request, status, table.values, reads=request.table)
+
+    def _rows_of_tables(self, request: Request) -> np.ndarray:
+        """A PULL_ROWS_MANY's reply: each table's rows in its wire dtype, as bytes, in directory order."""
+        parts = []
+        for one in request.tables:
+            table = self.state.tables[one.table]
+            table.read_version[request.slot] = table.version
+            rows = table.rows(one.ids).astype(protocol.DTYPES[one.wire], copy=False)
+            parts.append(rows.reshape(-1).view(np.uint8))
+        return np.concatenate(parts) if parts else EMPTY
 
     def _push(self, request: Request) -> None:
         if request.pushed is None:
@@ -284,8 +305,11 @@ class Server:
         replication = self.replication
         if replication is not None:
             replication.pin(request)
-        gradient = request.payloads[0] if request.op in DENSE_PUSHES else (request.local, request.payloads[1])
-        status = self.engine.accept(request.slot, request.clock, request.table, gradient)
+        if request.op == Op.PUSH_ROWS_MANY:
+            status, request.duplicates = self.engine.accept_many(request.slot, request.clock, table_gradients(request))
+        else:
+            gradient = request.payloads[0] if request.op in DENSE_PUSHES else (request.ids, request.payloads[1])
+            status = self.engine.accept(request.slot, request.clock, request.table, gradient)
         if status == Status.LATE:
             if replication is not None:
                 replication.unpin(request)
@@ -311,9 +335,9 @@ class Server:
         ``forward`` the push goes to the backup first and the reply waits for its
         acknowledgement; a reply behind such a one waits its turn."""
         table = self.state.tables.get(request.table)
+        count = request.duplicates if request.op == Op.PUSH_ROWS_MANY else 0 if payload is None else payload.size
         header = protocol.reply(request.header, self.state.shard, status,
-                                version=table.version if table is not None else 0,
-                                count=0 if payload is None else payload.size, detail=detail,
+                                version=table.version if table is not None else 0, count=count, detail=detail,
                                 slowest=self._slowest)
         if forward:
             self.replication.forward(request, header)

@@ -1,4 +1,4 @@
-"""Everything one server shard knows, in one picklable object.
+"""Everything one server shard knows, in one picklable object, and the row-store interface.
 
 ``ShardState`` holds the shard's tables (values and optimizer state), the workers'
 clocks, the per-slot push bookkeeping that makes pushes exactly-once (the last step
@@ -7,6 +7,23 @@ gradients waiting for their step to complete, and the measured staleness. Nothin
 else on the server is state: replication ships it (or the updates applied to it) to
 the next server, and recovery resumes a dead shard from that copy.
 Per-slot arrays have ``slot_count`` entries: one per worker slot ever handed out.
+
+A sparse table's share is a *row store*, one interface for fixed and dynamic tables, by id:
+
+    store = make_row_store(table, spec, optimizer, slot_count, ids=owned, values=initial)
+    store.rows(ids)                                   -> the rows' values (a copy)
+    store.foreign(ids)                                -> the first id it holds no row for, or None
+    store.apply(ids, grads, optimizer, step, events)  one optimizer update of rows ``ids`` (unique)
+
+A fixed table's store (``TableShard``) holds the rows of the ids it owns and finds them by
+id (``tables.RowIndex``); a dynamic table's (``dynamic_rows.DynamicTable``) holds rows that
+come with their ids and go past a budget; an id without a row reads as its initial value
+and ``apply`` admits or drops it (``events`` counts seen/admitted/evicted/dropped). Both keep
+``values``/``ids``/``optimizer_state`` (the live rows: what checkpoints and exports write; a
+store pickles with its rows), ``version``, the per-slot ``last_push``/``read_version`` of the
+exactly-once rule, and ``dynamic`` (which kind). Servers, backups, recovery and trainer ranks
+holding colocated shards all use this surface; updates go through ``updates.update_rows``
+(one compiled optimizer pass).
 """
 from __future__ import annotations
 
@@ -21,7 +38,8 @@ from .dynamic_rows import ROW_EVENTS, DynamicTable
 from .init import PartInit, owned_rows, whole_tables
 from .layout import Layout
 from .optimizers import Optimizer
-from .tables import RowIndex
+from .tables import ParamSpec, RowIndex
+from .updates import gather_rows, update_rows
 
 RowGrads = Tuple[np.ndarray, np.ndarray]
 Pending = Dict[int, Dict[int, List[Tuple[int, Union[np.ndarray, RowGrads]]]]]
@@ -33,8 +51,9 @@ class TableShard:
     """One table's share on one shard.
 
     Dense: ``values`` is the flat piece ``[start, start + values.size)`` of the table.
-    Sparse: ``values[i]`` is row ``ids[i]`` (``ids`` sorted: the rows this shard owns),
-    and ``position`` finds them by id (``tables.RowIndex``).
+    Sparse (a fixed table's row store, ``row_store``): ``values[i]`` is row ``ids[i]``
+    (``ids`` sorted: the rows this shard owns), and ``position`` finds them by id
+    (``tables.RowIndex``); ``rows``/``foreign``/``apply`` take ids.
     ``optimizer_state`` holds the optimizer's arrays, shaped like ``values``. (A dynamic
     table's share is a ``dynamic_rows.DynamicTable``, with the same attributes.)
     ``version`` counts the updates applied here; ``read_version[s]`` is the version
@@ -61,14 +80,36 @@ class TableShard:
 
     dynamic = False  # a dynamic table's share is a DynamicTable
 
-    def rows_at(self, local: np.ndarray) -> np.ndarray:
-        """The values of the rows at positions ``local`` (a copy)."""
-        return self.values[local]
+    # -- the row store (``row_store``; a sparse table's): by id ---------------------------
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """The values of rows ``ids`` (all held here; a copy, gathered by a compiled loop)."""
+        return gather_rows(self.values, self.position[ids])
+
+    def foreign(self, ids: np.ndarray) -> Optional[int]:
+        """The first of ``ids`` (in range) this shard holds no row for, or None."""
+        local = self.position[ids]
+        return int(ids[np.argmax(local < 0)]) if (local < 0).any() else None
+
+    def apply(self, ids: np.ndarray, grads: np.ndarray, optimizer: Optimizer, step: int, events: Counter) -> None:
+        """One optimizer update of rows ``ids`` (unique, held here) from ``grads``."""
+        update_rows(self, self.position[ids], grads, optimizer, step)
 
     def own_rows(self, ids: np.ndarray, rows: int) -> None:
         """Make ``ids`` (sorted) the rows of this sparse shard of a ``rows``-row table."""
         self.ids = ids
         self.position = RowIndex(ids, rows)
+
+
+def make_row_store(table: int, spec: ParamSpec, optimizer: Optimizer, slot_count: int, *,
+                   ids: Optional[np.ndarray] = None, values: Optional[np.ndarray] = None
+                   ) -> Union[TableShard, DynamicTable]:
+    """The row store of sparse table number ``table`` on one shard: a dynamic table's (empty),
+    or a fixed table's rows ``ids`` (sorted, owned) with their initial ``values``."""
+    if spec.dynamic is not None:
+        return DynamicTable(table, spec, optimizer, slot_count)
+    store = TableShard(table, True, values, optimizer.init_state(values), slot_count)
+    store.own_rows(ids, spec.shape[0])
+    return store
 
 
 @dataclass
@@ -123,13 +164,11 @@ class ShardState:
         for table, spec in enumerate(layout.specs):
             if spec.dynamic is not None:
                 for shard in shards:
-                    tables[shard][table] = DynamicTable(table, spec, optimizers[table], slot_count)
+                    tables[shard][table] = make_row_store(table, spec, optimizers[table], slot_count)
             elif spec.sparse:
                 for shard, ids in owned_rows(layout.placement, table, shards).items():
-                    values = initial.rows(table, ids)
-                    made = TableShard(table, True, values, optimizers[table].init_state(values), slot_count)
-                    made.own_rows(ids, spec.shape[0])
-                    tables[shard][table] = made
+                    tables[shard][table] = make_row_store(table, spec, optimizers[table], slot_count, ids=ids,
+                                                          values=initial.rows(table, ids))
         return [cls.empty(shard, tables[shard], slot_count) for shard in shards]
 
     def grow(self, slot_count: int) -> None:

@@ -3,10 +3,12 @@
 Histograms are lists indexed by clocks: ``hist[k]`` counts the events k clocks stale.
 Read staleness: how many clocks behind the reader the slowest worker was when a read
 was answered. Update lag: how many updates a table piece received between a worker's
-read of it and that worker's push. Load: requests and bytes each server handled per step.
+read of it and that worker's push. Load: requests and bytes each server handled per step,
+and its CPU seconds per step (a server that waits without spinning spends few).
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
@@ -71,6 +73,21 @@ class RequestLoad:
 
     def __init__(self):
         self.cells: Dict[int, List[int]] = {}
+        self.cpu_at: Dict[int, float] = {}  # process CPU seconds when the slowest clock first reached a step
+
+    def reached(self, slowest: int) -> None:
+        """The slowest live worker's clock is now ``slowest`` (past the last step when none is live)."""
+        self.cpu_at.setdefault(slowest, time.process_time())
+
+    def cpu_per_step(self, steps: int) -> List[float]:
+        """This process's CPU seconds while the slowest clock was at each step 0..steps-1 (0 for
+        steps it never saw begin and end)."""
+        marks = sorted(self.cpu_at.items())
+        out = [0.0] * steps
+        for (step, begin), (_, end) in zip(marks, marks[1:]):
+            if 0 <= step < steps:
+                out[step] = round(end - begin, 6)
+        return out
 
     def request(self, step: int, nbytes: int) -> None:
         cell = self.cells.setdefault(step, [0, 0])
@@ -85,9 +102,11 @@ class RequestLoad:
         return [self.cells.get(step, [0, 0]) for step in range(steps)]
 
 
-def load_summary(per_server: Mapping[int, List[List[int]]]) -> Dict[str, Any]:
+def load_summary(per_server: Mapping[int, List[List[int]]],
+                 cpu: Optional[Mapping[int, List[float]]] = None) -> Dict[str, Any]:
     """``ps.load``: each server's requests and bytes per step (by server rank), and the
-    imbalance over the whole run: max over servers / mean over servers of the totals."""
+    imbalance over the whole run: max over servers / mean over servers of the totals;
+    with ``cpu``, each server's CPU seconds per step (``RequestLoad.cpu_per_step``)."""
     ranks = sorted(per_server)
     cells = np.array([per_server[rank] for rank in ranks], dtype=np.float64).reshape(len(ranks), -1, 2)
     totals = cells.sum(axis=1)
@@ -96,7 +115,8 @@ def load_summary(per_server: Mapping[int, List[List[int]]]) -> Dict[str, Any]:
     return {"server_ranks": ranks,
             "requests_per_step": cells[:, :, 0].astype(np.int64).tolist(),
             "bytes_per_step": cells[:, :, 1].astype(np.int64).tolist(),
-            "requests_max_mean": round(float(ratio[0]), 4), "bytes_max_mean": round(float(ratio[1]), 4)}
+            "requests_max_mean": round(float(ratio[0]), 4), "bytes_max_mean": round(float(ratio[1]), 4),
+            **({"cpu_s_per_step": [list(cpu[rank]) for rank in ranks]} if cpu else {})}
 
 
 def _values(counts: Counter) -> np.ndarray:

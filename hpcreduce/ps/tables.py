@@ -18,9 +18,14 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from ..arrays.hashing import GOLDEN, mix64, name_key
+from ..arrays.hashing import GOLDEN, mix64, name_key, unit_uniform
+from .kernels import kernel
 
 EVICTIONS = ("lru", "lfu")
+
+
+COUNTER_NORMAL = kernel("normal", "counter_normal")
+SKETCH_COUNT_MAX = int(np.iinfo(np.uint16).max)  # the admission sketch's counters are uint16
 
 
 @dataclass(frozen=True)
@@ -33,8 +38,8 @@ class Dynamic:
     the same on a replica). ``budget_bytes``: per shard, values, optimizer state and index
     included (0: unbounded); past it the coldest rows go, ``eviction`` by least recent
     (``lru``) or least frequent (``lfu``) use, and an evicted id that comes back starts
-    again. ``init_scale``: rows start uniform with standard deviation ``init_scale``, drawn
-    from (``seed``, table, id).
+    again. ``init_scale``: rows start N(0, ``init_scale``**2), as a fixed table's, drawn
+    from (``seed``, table, id, column).
     """
 
     admit_after: int = 1
@@ -49,6 +54,9 @@ class Dynamic:
         if isinstance(self.admit_after, bool) or not isinstance(self.admit_after, (int, np.integer)) \
                 or self.admit_after < 1:
             return f"admit_after must be a whole number >= 1 (pushes of an id before it gets a row), got {self.admit_after!r}"
+        if self.admit_after > SKETCH_COUNT_MAX:
+            return (f"admit_after must be at most {SKETCH_COUNT_MAX} (the admission sketch counts sightings "
+                    f"in uint16: a larger count is never reached), got {self.admit_after!r}")
         if not 0.0 < float(self.admit_probability) <= 1.0:
             return f"admit_probability must be in (0, 1], got {self.admit_probability!r}"
         if not isinstance(self.budget_bytes, (int, np.integer)) or self.budget_bytes < 0:
@@ -89,21 +97,38 @@ def dynamic_table(name: str, row_shape, dynamic: Dynamic = Dynamic(), dtype: str
 
 
 def initial_rows(spec: ParamSpec, ids: np.ndarray) -> np.ndarray:
-    """The initial values of rows ``ids`` of dynamic table ``spec``: uniform on
-    [-a, a) with a = sqrt(3) init_scale (standard deviation init_scale), each element a
-    function of (seed, table name, id, column) alone, so any shard, replica or worker makes
-    the same ones. One 64-bit hash gives four 16-bit columns: a row costs width / 4 hashes."""
+    """The initial values of rows ``ids`` of dynamic table ``spec``: N(0, init_scale**2), as a
+    fixed table's rows start, each element a function of (seed, table name, id, column) alone
+    (``counter_normal`` of element id * width + column), so any shard, replica or worker makes
+    the same ones, and a fixed table of the same name and seed starts with the same rows."""
     dynamic = spec.dynamic
     width = row_width(spec)
-    words = -(-width // 4)
+    with np.errstate(over="ignore"):  # any int64 id: the element's number wraps, as a hash key
+        flat = (np.asarray(ids, dtype=np.int64).astype(np.uint64)[:, None] * np.uint64(width)
+                + np.arange(width, dtype=np.uint64)).reshape(-1)
+    values = counter_normal(dynamic.seed, spec.name, flat, dynamic.init_scale, spec.dtype)
+    return values.reshape((len(flat) // max(width, 1),) + tuple(spec.shape[1:]))
+
+
+def counter_normal(seed: int, name: str, flat: np.ndarray, scale: float = 1.0,
+                   dtype: str = "float32") -> np.ndarray:
+    """N(0, scale**2) values for elements ``flat`` of table ``name``, each a function of
+    (seed, name, index) alone (Box-Muller on two counter-based uniforms). float32 values come
+    from one compiled loop (``kernels.normal``, 4x faster; the same float32 values: its libm may
+    differ from numpy's in the last bit of a float64, which float64 output keeps numpy's for)."""
     with np.errstate(over="ignore"):
-        key = mix64(np.array([dynamic.seed], np.uint64) * GOLDEN ^ name_key(spec.name))
-        hashed_ids = mix64(key ^ (np.asarray(ids, dtype=np.int64).astype(np.uint64) * GOLDEN))
-        hashed = mix64(hashed_ids[:, None] + np.arange(1, words + 1, dtype=np.uint64) * GOLDEN)
-    columns = hashed.view(np.uint16).reshape(len(hashed_ids), 4 * words)[:, :width]
-    scale = np.float32(np.sqrt(3.0) * dynamic.init_scale / 32768.0)
-    values = (columns.astype(np.float32) - np.float32(32767.5)) * scale
-    return values.astype(spec.dtype, copy=False).reshape((len(hashed_ids),) + tuple(spec.shape[1:]))
+        key = mix64(np.array([seed], np.uint64) * GOLDEN ^ name_key(name))
+    if np.dtype(dtype) == np.float32:
+        flat = np.asarray(flat)
+        flat = np.ascontiguousarray(flat if flat.dtype in (np.int64, np.uint64) else flat.astype(np.int64))
+        out = np.empty(flat.shape, np.float32)
+        COUNTER_NORMAL(key[0], flat.reshape(-1), float(scale), out.reshape(-1))
+        return out
+    with np.errstate(over="ignore"):
+        hashed = mix64(key ^ (np.asarray(flat).astype(np.uint64) * GOLDEN))
+        first = 1.0 - unit_uniform(hashed)  # (0, 1]: the logarithm stays finite
+        second = unit_uniform(mix64(hashed + GOLDEN))
+    return (np.sqrt(-2.0 * np.log(first)) * np.cos(2.0 * np.pi * second) * scale).astype(dtype)
 
 
 def numel(spec: ParamSpec) -> int:

@@ -2,10 +2,10 @@
 
     worker.pull(table) / push(table, grad)                 dense tables, whole tensors
     worker.pull_rows(table, ids) / push_rows(table, ids, grads)   sparse tables, some rows
-    worker.clock()                                         at the end of every step
-    worker.*_async(...) -> Handle; handle.wait()           non-blocking forms
-    worker.release()                                       done: the servers may stop
-    worker.reopen()                                        (rare) a new session after release
+    worker.pull_rows_many_async({table: ids}) / push_rows_many_async({table: (ids, grads)})
+                                                           several tables, one request per server
+    worker.clock() at the end of every step; worker.*_async(...) -> Handle; handle.wait()
+    worker.release(): done, the servers may stop; worker.reopen(): (rare) a new session after release
 
 A call is checked here first (table, shape, dtype, writable output, ids; a worker
 already released) and raises ``PSInputError`` before anything is sent, so a bad call
@@ -20,7 +20,6 @@ Cost per call: one 72 B header to each shard involved, the payload, and a 72 B r
 from __future__ import annotations
 
 from contextlib import nullcontext
-from functools import partial
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
@@ -30,14 +29,17 @@ from ..arrays import is_device_array, to_host
 from ..errors import PSInputError
 from ..runtime.context import Traffic
 from ..runtime.failures import abandon
-from . import protocol
-from .handles import Handle, Joined, Part, PushResult, issue_all, push_result
-from .client_checks import check_array, checked_ids, table_rows
+from . import multi_table, protocol
+from .kernels import kernel
+from .handles import Handle, Part, PushResult, push_result
+from .client_checks import check_array, checked_ids, sorted_push_rows, table_rows
 from .inbox import all_finite
 from .layout import Layout
 from .key_cache import SentKeys
 from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op, Req
 from .tables import ParamSpec, row_width
+
+GROUP = kernel("route", "group")  # a stable counting sort of positions by shard
 
 
 class Worker:
@@ -148,7 +150,7 @@ class Worker:
         def scatter(done: List[Part]) -> np.ndarray:
             if not direct:
                 for part, (_, where) in zip(done, groups):
-                    out[where] = part.buffers[-1]
+                    multi_table.put_rows(out, where, part.buffers[-1])
             return out
         return self._handle(f"pull_rows of table {table!r}", parts, scatter, t)
 
@@ -158,16 +160,7 @@ class Worker:
     def push_rows_async(self, table: str, ids, grads: np.ndarray) -> Handle:
         """Start sending the gradients of rows ``ids`` (unique) of sparse ``table``."""
         t, spec = self._table(table, sparse=True)
-        ids = checked_ids(f"push_rows to {table!r}", to_host(ids) if is_device_array(ids) else ids, table_rows(spec))
-        grads = to_host(grads) if is_device_array(grads) else grads
-        check_array(f"push_rows to {table!r}: gradients", grads,
-                     (len(ids),) + tuple(spec.shape[1:]), spec.dtype)
-        order = np.argsort(ids, kind="stable")
-        ids, grads = ids[order], np.ascontiguousarray(grads[order])
-        if np.any(ids[1:] == ids[:-1]):
-            raise PSInputError(f"push_rows to {table!r}: ids must be unique "
-                               f"(sum the gradients of repeated rows)")
-        grads = self._on_wire(f"push_rows to {table!r}: gradients", grads, spec)
+        ids, grads = self._sorted_rows(table, spec, ids, grads)
         parts = []
         for rank, where in self._by_shard(t, ids):
             parts.append(self._rows_request(Op.PUSH_ROWS, t, spec, rank, ids[where], [grads[where]], []))
@@ -177,18 +170,45 @@ class Worker:
     def push_rows(self, table: str, ids, grads: np.ndarray) -> PushResult:
         return self.push_rows_async(table, ids, grads).wait()
 
-    def pull_rows_many_async(self, ids_by_table: Mapping[str, np.ndarray]) -> Joined:
+    def pull_rows_many_async(self, ids_by_table: Mapping[str, np.ndarray]) -> Handle:
         """Start reading the rows of several sparse tables at once (``ids_by_table``: table ->
-        ids); ``wait()`` returns table -> rows aligned with its ids. Every table is checked
-        before anything is sent."""
-        return Joined(dict(zip(ids_by_table, issue_all(
-            partial(self.pull_rows_async, name, ids) for name, ids in ids_by_table.items()))))
+        ids), one request per server for all of them; ``wait()`` returns table -> rows
+        aligned with its ids. Every table is checked before anything is sent."""
+        names, tables, specs = self._sparse_tables(ids_by_table, "pull_rows")
+        ids = [checked_ids(f"pull_rows of {name!r}", ids_by_table[name], table_rows(spec))
+               for name, spec in zip(names, specs)]
+        outs = [np.empty((len(i),) + tuple(spec.shape[1:]), dtype=spec.dtype) for i, spec in zip(ids, specs)]
+        plan, widths, wires, codes = self._plan(tables, specs, ids)
+        parts = []
+        for rank, entries in plan.items():
+            header = self._many_header(Op.PULL_ROWS_MANY, entries)
+            payloads = [multi_table.directory(entries, tables, widths, codes), multi_table.concatenated(entries, ids)]
+            reply = np.empty(multi_table.reply_bytes(entries, widths, wires), np.uint8)
+            parts.append(self._request(rank, header, payloads, [reply]))
 
-    def push_rows_many_async(self, rows_by_table: Mapping[str, Tuple[np.ndarray, np.ndarray]]) -> Joined:
+        def scatter(done: List[Part]) -> Dict[str, np.ndarray]:
+            for part, entries in zip(done, plan.values()):
+                multi_table.scatter_rows(part.buffers[-1], entries, outs, wires)
+            return dict(zip(names, outs))
+        return self._handle(f"pull_rows of tables {', '.join(map(repr, names))}", parts, scatter, -1)
+
+    def push_rows_many_async(self, rows_by_table: Mapping[str, Tuple[np.ndarray, np.ndarray]]) -> Handle:
         """Start sending the row gradients of several sparse tables at once (``rows_by_table``:
-        table -> (unique ids, gradients)); ``wait()`` returns table -> ``PushResult``."""
-        return Joined(dict(zip(rows_by_table, issue_all(
-            partial(self.push_rows_async, name, ids, grads) for name, (ids, grads) in rows_by_table.items()))))
+        table -> (unique ids, gradients)), one request per server for all of them; ``wait()``
+        returns table -> ``PushResult``. Every table is checked before anything is sent."""
+        names, tables, specs = self._sparse_tables(rows_by_table, "push_rows")
+        ids, grads = map(list, zip(*(self._sorted_rows(name, spec, *rows_by_table[name])
+                                     for name, spec in zip(names, specs)))) if names else ([], [])
+        plan, widths, _, codes = self._plan(tables, specs, ids)
+        parts = []
+        for rank, entries in plan.items():
+            header = self._many_header(Op.PUSH_ROWS_MANY, entries)
+            payloads = [multi_table.directory(entries, tables, widths, codes), multi_table.concatenated(entries, ids),
+                        multi_table.concatenated(entries, grads, raw=True)]
+            parts.append(self._request(rank, header, payloads, []))
+        plans = list(plan.values())
+        return self._handle(f"push_rows to tables {', '.join(map(repr, names))} at step {self.clock_value}", parts,
+                            lambda done: multi_table.push_results(done, plans, names), -1)
 
     # -- clock and end -----------------------------------------------------------------
     def clock(self) -> int:
@@ -242,6 +262,28 @@ class Worker:
             use = "pull_rows/push_rows" if spec.sparse else "pull/push"
             raise PSInputError(f"table {name!r} is {'sparse' if spec.sparse else 'dense'}: use {use}")
         return t, spec
+
+    def _sorted_rows(self, table: str, spec: ParamSpec, ids, grads) -> Tuple[np.ndarray, np.ndarray]:
+        """A push's ids and gradients checked and sorted by id, the gradients in the wire dtype."""
+        ids, grads = sorted_push_rows(table, spec, ids, grads)
+        return ids, self._on_wire(f"push_rows to {table!r}: gradients", grads, spec)
+
+    def _sparse_tables(self, by_table: Mapping[str, object], call: str) -> Tuple[List[str], List[int],
+                                                                                  List[ParamSpec]]:
+        """The names, ids and specs of a multi-table call's sparse tables (checked)."""
+        if not isinstance(by_table, Mapping):
+            raise PSInputError(f"{call}_many takes a mapping of table name -> rows, not {type(by_table).__name__}")
+        checked = [self._table(name, sparse=True) for name in by_table]
+        return list(by_table), [t for t, _ in checked], [spec for _, spec in checked]
+
+    def _many_header(self, op: Op, entries: List[multi_table.Entry]) -> np.ndarray:
+        return protocol.request(op, -1, self.slot, self.clock_value, sum(len(e.where) for e in entries), 0, len(entries))
+
+    def _plan(self, tables: List[int], specs: List[ParamSpec], ids: List[np.ndarray]):
+        """Each table's rows grouped per server; per table its row width, wire dtype and its code."""
+        wires = [self._wire(spec) for spec in specs]
+        plan = multi_table.by_server([self._by_shard(t, i) for t, i in zip(tables, ids)])
+        return (plan, [row_width(spec) for spec in specs], wires, [protocol.dtype_code(w) for w in wires])
 
     def _handle(self, what: str, parts: List[Part], finish, table: int) -> Handle:
         handle = Handle(what, parts, finish, self.traffic, self.guard, table)
@@ -354,11 +396,10 @@ class Worker:
         """(server rank, positions in ids) for each shard owning some of ``ids``."""
         if not len(ids):
             return []
-        owners = self.layout.placement.row_owners(table, ids)
-        order = np.argsort(owners, kind="stable")
-        keys, starts = np.unique(owners[order], return_index=True)
-        groups = np.split(order, starts[1:])
-        return [(self.layout.shard_ranks[int(k)], g) for k, g in zip(keys, groups)]
+        placement = self.layout.placement
+        order, starts = GROUP(placement.owner_index(table, ids), len(placement.shards))
+        return [(self.layout.shard_ranks[key], order[starts[k]:starts[k + 1]])
+                for k, key in sorted(enumerate(placement.shards), key=lambda pair: pair[1]) if starts[k + 1] > starts[k]]
 
     def _tell_servers(self, op: Op, skip: Set[int] = frozenset()) -> None:
         self._retire_unanswered()

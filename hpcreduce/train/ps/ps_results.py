@@ -85,11 +85,13 @@ def ps_result(ctx: Context, setup: PSSetup, layout: Layout, state: Optional[Shar
 
 
 def _load(ctx: Context, load: Optional[RequestLoad], steps: int, first_step: int) -> Dict[str, Any]:
-    """``ps.load`` (the servers' requests and bytes per step from ``first_step`` on,
-    ``ps.stats.load_summary``) when the servers counted it."""
-    mine = (ctx.rank, load.per_step(steps)[first_step:]) if load is not None else None
+    """``ps.load`` (the servers' requests, bytes and CPU seconds per step from ``first_step``
+    on, ``ps.stats.load_summary``) when the servers counted it."""
+    mine = (ctx.rank, (load.per_step(steps)[first_step:], load.cpu_per_step(steps)[first_step:])) \
+        if load is not None else None
     per_server = dict(filter(None, ctx.comm.allgather(mine)))
-    return {"load": load_summary(per_server)} if per_server else {}
+    return {"load": load_summary({rank: cells for rank, (cells, _) in per_server.items()},
+                                 {rank: cpu for rank, (_, cpu) in per_server.items()})} if per_server else {}
 
 
 def _worker_traffic_and_wall(log: StepLog, steps: int, first_step: int) -> Tuple[List[List[int]], np.ndarray]:

@@ -1,0 +1,59 @@
+"""Compiled kernels of the rows path (numba ``@njit(nogil=True, cache=True)``), loaded lazily.
+
+``index``: the id index's probe, insert, remove and move; ``sketch``: the admission
+sketch's count-min sighting; ``rows``: summing duplicate ids' gradients and the row
+optimizers (SGD, momentum, Adagrad, Adam) fused with the gather and scatter; ``route``:
+a worker's shard routing (rendezvous owners and the group-by); ``normal``: counter-based
+normal initial values. Each kernel computes what
+the numpy code it replaced computed, bit for bit (float32 arithmetic stays float32).
+
+``kernel(module, name)`` gives a function that imports numba and the module on its first
+call, so a process that never touches a sparse row never imports numba. Compiled code is
+cached next to the modules (``__pycache__``), or, when the package is not writable, in
+numba's user-wide cache (or ``NUMBA_CACHE_DIR``); the first call in a fresh environment
+compiles (about a second a kernel), later processes load it (milliseconds).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+import numpy as np
+
+
+def kernel(module: str, name: str) -> Callable[..., Any]:
+    """Kernel ``name`` of submodule ``module``, imported (and compiled or loaded) on first call."""
+    compiled = None
+
+    def call(*args):
+        nonlocal compiled
+        if compiled is None:
+            compiled = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        return compiled(*args)
+    call.__name__ = name
+    return call
+
+
+def warm() -> None:
+    """Import numba and load (or compile) the kernels' usual signatures now: a PS role with
+    sparse tables calls it while it is set up, so no worker's guarded wait (the watchdog's
+    deadline) ever covers a server loading its kernels on its first request."""
+    index, normal, rows, route, sketch = (importlib.import_module(f"{__name__}.{name}")
+                                          for name in ("index", "normal", "rows", "route", "sketch"))
+    ids, cells = np.zeros(1, np.int64), np.full(2, -1, np.int64)
+    index.find(np.zeros(2, np.int64), cells, ids)
+    index.cells(np.zeros(2, np.int64), cells, ids)
+    sketch.sighting(np.zeros((1, 2), np.uint16), ids, np.uint64(1), 65535)
+    route.owners(ids, np.ones(2, np.uint64))
+    route.group(ids, 1)
+    normal.counter_normal(np.uint64(1), ids, 1.0, np.zeros(1, np.float32))
+    normal.counter_normal(np.uint64(1), ids.view(np.uint64), 1.0, np.zeros(1, np.float32))
+    for dtype in (np.float32, np.float64):
+        values, one = np.zeros((1, 1), dtype), dtype(1)
+        rows.gather(values, ids)
+        rows.scatter(values, ids, values.copy())
+        rows.sum_into(values.copy(), ids, values)
+        rows.sgd(values, ids, values.copy(), one)
+        rows.momentum(values, values.copy(), ids, values.copy(), one, one)
+        rows.adagrad(values, values.copy(), ids, values.copy(), one, one)
+        rows.adam(values, values.copy(), values.copy(), ids, values.copy(), *[one] * 8)

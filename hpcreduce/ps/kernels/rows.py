@@ -1,0 +1,85 @@
+"""Row kernels: summing duplicate ids' gradients, and the row optimizers fused with the gather
+and scatter. Arrays are 2-d (rows x row width); scalars come in the table's dtype, so float32
+tables compute in float32, as numpy does with Python scalars (bit for bit the same)."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(nogil=True, cache=True)
+def sum_into(total, inverse, grads):
+    """``total[inverse[k]] += grads[k]`` for k in order (``np.add.at``'s sums)."""
+    for k in range(len(inverse)):
+        row = inverse[k]
+        for j in range(grads.shape[1]):
+            total[row, j] += grads[k, j]
+
+
+@njit(nogil=True, cache=True)
+def gather(values, local):
+    """The rows at ``local`` (a copy)."""
+    out = np.empty((len(local), values.shape[1]), values.dtype)
+    for i in range(len(local)):
+        row = local[i]
+        for j in range(values.shape[1]):
+            out[i, j] = values[row, j]
+    return out
+
+
+@njit(nogil=True, cache=True)
+def scatter(out, where, rows):
+    """``out[where[i]] = rows[i]`` (a pull's reply put in place)."""
+    for i in range(len(where)):
+        row = where[i]
+        for j in range(rows.shape[1]):
+            out[row, j] = rows[i, j]
+
+
+@njit(nogil=True, cache=True)
+def sgd(values, local, grads, lr):
+    """p -= lr * g on the rows at ``local``."""
+    for i in range(len(local)):
+        row = local[i]
+        for j in range(values.shape[1]):
+            values[row, j] -= lr * grads[i, j]
+
+
+@njit(nogil=True, cache=True)
+def momentum(values, velocity, local, grads, lr, mu):
+    """v = mu * v + g;  p -= lr * v on the rows at ``local``."""
+    for i in range(len(local)):
+        row = local[i]
+        for j in range(values.shape[1]):
+            v = velocity[row, j] * mu
+            v += grads[i, j]
+            velocity[row, j] = v
+            values[row, j] -= lr * v
+
+
+@njit(nogil=True, cache=True)
+def adagrad(values, accumulator, local, grads, lr, eps):
+    """a += g^2;  p -= lr * g / (sqrt(a) + eps) on the rows at ``local``."""
+    for i in range(len(local)):
+        row = local[i]
+        for j in range(values.shape[1]):
+            g = grads[i, j]
+            a = accumulator[row, j] + g * g
+            accumulator[row, j] = a
+            values[row, j] -= lr * g / (np.sqrt(a) + eps)
+
+
+@njit(nogil=True, cache=True)
+def adam(values, m, v, local, grads, lr, beta1, beta2, one_minus1, one_minus2, correction1, correction2, eps):
+    """Adam on the rows at ``local`` (``correction``: 1 - beta ** step)."""
+    for i in range(len(local)):
+        row = local[i]
+        for j in range(values.shape[1]):
+            g = grads[i, j]
+            mm = m[row, j] * beta1
+            mm += one_minus1 * g
+            vv = v[row, j] * beta2
+            vv += one_minus2 * g * g
+            m[row, j] = mm
+            v[row, j] = vv
+            values[row, j] -= lr * (mm / correction1) / (np.sqrt(vv / correction2) + eps)

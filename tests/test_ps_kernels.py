@@ -1,0 +1,99 @@
+"""The compiled kernels of the rows path (hpcreduce/ps/kernels) compute what numpy computes, bit for bit."""
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from hpcreduce.arrays.hashing import GOLDEN, mix64
+from hpcreduce.ps.dynamic_rows import SKETCH_CAP, DynamicTable
+from hpcreduce.ps.id_index import IdIndex
+from hpcreduce.ps.multi_table import put_rows
+from hpcreduce.ps.optimizers import OPTIMIZERS, make_optimizer
+from hpcreduce.ps.placement import Placement
+from hpcreduce.ps.tables import Dynamic, ParamSpec, counter_normal, dynamic_table
+from hpcreduce.ps.updates import gather_rows, sum_rows
+
+RNG = np.random.default_rng(7)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_fused_row_optimizers_equal_gather_update_scatter(name, dtype):
+    optimizer = make_optimizer(name, 0.05)
+    values = RNG.standard_normal((40, 6)).astype(dtype)
+    state = {key: np.abs(RNG.standard_normal((40, 6))).astype(dtype) for key in optimizer.state_names}
+    expected, expected_state = values.copy(), {key: array.copy() for key, array in state.items()}
+    local, grads = np.array([3, 17, 0, 39]), RNG.standard_normal((4, 6)).astype(dtype)
+    for step in (1, 2, 9):
+        optimizer.update_rows(values, state, local, grads, step)
+        rows, gathered = expected[local], {key: array[local] for key, array in expected_state.items()}
+        optimizer.update(rows, grads, gathered, step)
+        expected[local] = rows
+        for key, array in gathered.items():
+            expected_state[key][local] = array
+    assert np.array_equal(values, expected)
+    assert all(np.array_equal(state[key], expected_state[key]) for key in state)
+
+
+def test_summed_duplicates_gathers_and_scatters_equal_numpy():
+    ids, grads = RNG.integers(0, 30, 500), RNG.standard_normal((500, 5)).astype(np.float32)
+    unique, total = sum_rows([(ids[:200], grads[:200]), (ids[200:], grads[200:])])
+    expected_ids, inverse = np.unique(ids, return_inverse=True)
+    expected = np.zeros((len(expected_ids), 5), np.float32)
+    np.add.at(expected, inverse, grads)
+    assert np.array_equal(unique, expected_ids) and np.array_equal(total, expected)
+    values, where = RNG.standard_normal((50, 2, 3)).astype(np.float32), RNG.integers(0, 50, 80)
+    assert np.array_equal(gather_rows(values, where), values[where])
+    out, rows = np.zeros((50, 2, 3), np.float32), RNG.standard_normal((10, 2, 3)).astype(np.float32)
+    put_rows(out, np.arange(0, 50, 5), rows)
+    assert np.array_equal(out[::5], rows) and not out[1::5].any()
+
+
+def test_id_index_probe_insert_remove_move_with_any_int64():
+    held = np.unique(RNG.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, 5000, dtype=np.int64))
+    index = IdIndex.of(held[:100])
+    index.insert(held[100:], np.arange(100, len(held)))  # grows on the way
+    assert np.array_equal(index.find(held), np.arange(len(held)))
+    index.remove(held[:10])
+    index.move(held[10:12], np.array([7, 8]))
+    index.insert(held[:3], np.array([0, 1, 2]))  # removed cells reused
+    assert index.find(held[:12]).tolist() == [0, 1, 2] + [-1] * 7 + [7, 8]
+    absent = np.setdiff1d(np.arange(-50, 50), held)
+    assert (index.find(absent) == -1).all()
+
+
+def test_rendezvous_owners_equal_the_vectorised_scores():
+    placement = Placement([ParamSpec("e", (10 ** 6, 4), sparse=True)], [0, 5, 2])
+    ids = RNG.integers(0, 10 ** 6, 20000)
+    with np.errstate(over="ignore"):
+        scores = mix64(ids.astype(np.uint64)[None, :] ^ placement._salts[0][:, None])
+    assert np.array_equal(placement.row_owners(0, ids), np.array([0, 5, 2])[np.argmax(scores, axis=0)])
+
+
+def test_sketch_sighting_equals_the_vectorised_update():
+    spec = dynamic_table("e", 2, Dynamic(admit_after=3, seed=4, budget_bytes=1 << 16))
+    table = DynamicTable(0, spec, make_optimizer("sgd", 1.0), 2)
+    sketch = table.sketch.copy()
+    for _ in range(4):
+        ids = np.unique(RNG.integers(0, 3000, 700))
+        got = table._sighting(ids)
+        with np.errstate(over="ignore"):  # the numpy code the kernel replaced
+            hashed = ids.astype(np.uint64) * GOLDEN ^ table._salt
+            width = np.uint64(sketch.shape[1])
+            cells = [(mix64(hashed + np.uint64(d + 1) * GOLDEN) % width).astype(np.int64) for d in range(len(sketch))]
+        counts = np.minimum(np.min([sketch[d, c] for d, c in enumerate(cells)], axis=0).astype(np.int64) + 1, SKETCH_CAP)
+        for d, cell in enumerate(cells):
+            sketch[d, cell] = np.maximum(sketch[d, cell], counts.astype(np.uint16))
+        if table.sightings == 0:
+            sketch >>= 1
+        assert np.array_equal(got, counts) and np.array_equal(table.sketch, sketch)
+    events = Counter()
+    table.apply(np.array([10 ** 9]), np.ones((1, 2), np.float32), make_optimizer("sgd", 1.0), 1, events)
+    assert events["seen"] == 1 and events["dropped"] == 1 and table.count == 0  # a first sighting: no row yet
+
+
+def test_counter_normal_float32_from_the_kernel_equals_numpy():
+    flat = np.arange(1 << 18, dtype=np.int64) * 3
+    exact = counter_normal(5, "t", flat, 0.2, dtype="float64")  # numpy's formula
+    assert np.array_equal(counter_normal(5, "t", flat, 0.2), exact.astype(np.float32))
+    assert abs(exact.std() - 0.2) < 0.002
