@@ -26,9 +26,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..collectives.validate import InputProblem, ProblemKind, agree, stable_hash
 from ..errors import PSInputError
 from ..ps import ParamSpec
+from .batch_check import BatchCheck
 from .embedding_configs import EmbeddingBagConfig
 from .jagged import KeyedJaggedTensor, KeyedTensor
 from .routing import BatchPlan, plan, problem
@@ -60,6 +60,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         self._keys = features
         self._dims = [config.embedding_dim for config in self._configs for _ in config.feature_names]
         self.store, self.scale, self.context = None, 1.0, None
+        self._check = BatchCheck(None, self._keys)
         self._pending: List[Tuple[BatchPlan, Rows]] = []
         self._prefetched: Optional[Tuple[BatchPlan, object]] = None
         self._given: Optional[Rows] = None
@@ -76,13 +77,27 @@ class EmbeddingBagCollection(torch.nn.Module):
         """Pull from and push to ``store`` (a ``ps.Worker`` or ``ps.colocated.ColocatedTables``);
         pushes are scaled by 1/``trainers``; ``context``: the trainers', over which each batch's
         check is agreed (a bad batch raises on every trainer, before any pull)."""
+        self._check.free()
         self.store, self.scale, self.context = store, 1.0 / trainers, context
+        self._check = BatchCheck(context, self._keys)
         return self
+
+    def unbind(self) -> None:
+        """Forget the store (collective over the trainers: frees the checks' communicator)."""
+        self._check.free()
+        self.store, self.scale, self.context = None, 1.0, None
+        self._check = BatchCheck(None, self._keys)
 
     # -- a step ------------------------------------------------------------------------
     def plan(self, features: KeyedJaggedTensor) -> BatchPlan:
         """The checked, per-table deduplicated batch (bad batch: ``PSInputError``, on every
         trainer when bound)."""
+        return self._settled(self.start_plan(features))
+
+    def start_plan(self, features: KeyedJaggedTensor) -> BatchPlan:
+        """The batch deduplicated, its check by every trainer started (``batch_check``: a
+        nonblocking allreduce); ``start_pull`` (or ``plan``) finishes the check before anything
+        moves. A bad batch gives a plan with no tables, refused there on every trainer."""
         why = problem(self._configs, features, self.is_weighted)
         routed = None
         if why is None:
@@ -90,11 +105,17 @@ class EmbeddingBagCollection(torch.nn.Module):
                 routed = plan(self._configs, features, self.is_weighted)
             except ValueError as err:
                 why = str(err)
-        if self.context is not None:
-            agree(self.context, "EmbeddingBagCollection batch", [("tables", stable_hash(self._keys), self._keys)],
-                  InputProblem(ProblemKind.UNUSABLE_ARRAY, why) if why else None)
-        elif why:
-            raise PSInputError(f"EmbeddingBagCollection: {why}")
+        if routed is None:
+            routed = BatchPlan(features, 0, {})
+        routed.verdict = self._check.start(why)
+        return routed
+
+    @staticmethod
+    def _settled(routed: BatchPlan) -> BatchPlan:
+        """``routed`` once every trainer found its batch good (else the same error everywhere)."""
+        if routed.verdict is not None:
+            routed.verdict.wait()  # a bad batch raises (again, if retried) on every trainer
+            routed.verdict = None
         return routed
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
@@ -106,7 +127,9 @@ class EmbeddingBagCollection(torch.nn.Module):
 
     def start_pull(self, routed: BatchPlan) -> None:
         """Start pulling a planned batch's rows (one request for all tables); the next forward
-        on that batch uses them."""
+        on that batch uses them (its check is finished first: a bad batch raises on every
+        trainer, nothing sent)."""
+        self._settled(routed)
         self._drop_prefetched()
         self._prefetched = (routed, self._bound().pull_rows_many_async(
             {name: table.unique.numpy() for name, table in routed.tables.items()}))

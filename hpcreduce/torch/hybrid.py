@@ -74,6 +74,7 @@ class HybridWorker:
 
     def release(self) -> None:
         """Done: the servers stop once every trainer released them."""
+        self.collection.unbind()
         self.store.release()
 
 

@@ -12,14 +12,17 @@ the dense part goes through the job's ``DistributedDataParallel``.
             break
     job.release()
 
-The model's forward takes a batch and returns ``(loss, output)``. Step i: forward on batch i
-(its rows already asked for), then batch i+1 is taken from the iterator and planned (ids
-checked, deduplicated per table), backward, push (one request for all tables), the dense
-optimizer's step, ``clock()``. Staleness: under BSP (and SSP with staleness 0) the pull of
-batch i+1 leaves right after step i's clock, so it reads exactly what an unpipelined run reads
-(same result, bit for bit); under SSP(s >= 1) or ASP it leaves before step i's backward, so
-the rows of batch i+1 may miss step i's updates as well: a read up to s + 1 steps stale
-(the pipeline's ``extra_staleness`` is that 1). Colocated tables pull collectively: after the clock.
+The model's forward takes a batch and returns ``(loss, output)``. Step i: batch i's pull is in
+flight; batch i+1 is taken from the iterator and planned (ids deduplicated per table, its check
+by every trainer started as a nonblocking allreduce: ``batch_check``) while that pull travels;
+forward on batch i, backward, push (one request for all tables), the dense optimizer's step,
+``clock()``. Batch i+1's check is finished just before its pull is sent: a bad batch raises
+on every trainer there, after step i, with nothing of it sent. Staleness: under BSP (and SSP
+with staleness 0) the pull of batch i+1 leaves right after step i's clock, so it reads exactly
+what an unpipelined run reads (same result, bit for bit); under SSP(s >= 1) or ASP it leaves
+after step i's forward, before its backward, so the rows of batch i+1 may miss step i's updates
+as well: a read up to s + 1 steps stale (the pipeline's ``extra_staleness`` is that 1).
+Colocated tables pull collectively: after the clock.
 """
 from __future__ import annotations
 
@@ -43,28 +46,35 @@ class TrainPipeline:
     def progress(self, batches: Iterator[Any]) -> Any:
         """One training step on the next batch; its ``output``. ``StopIteration`` when
         ``batches`` is exhausted (after the last step)."""
-        collection = self.job.collection
         if self._next is None:
             self._next = self._planned(next(batches))
             self._pulled = False
         batch, routed = self._next
         if not self._pulled:
-            collection.start_pull(routed)
-        self.optimizer.zero_grad()
-        loss, output = self.job.module(batch)
+            self._pull(routed)
         following = next(batches, None)
         self._next = None if following is None else self._planned(following)
+        self.optimizer.zero_grad()
+        loss, output = self.job.module(batch)
         self._pulled = self._next is not None and self.job.early_pull
         if self._pulled:
-            collection.start_pull(self._next[1])
+            self._pull(self._next[1])
         loss.backward()
         self.job.push()
         self.optimizer.step()
         self.job.clock()
         if self._next is not None and not self._pulled:
-            collection.start_pull(self._next[1])
+            self._pull(self._next[1])
             self._pulled = True
         return output
 
+    def _pull(self, routed: BatchPlan) -> None:
+        """Start a planned batch's pull; a bad batch (refused on every trainer) is dropped."""
+        try:
+            self.job.collection.start_pull(routed)
+        except Exception:
+            self._next = None
+            raise
+
     def _planned(self, batch: Any) -> Tuple[Any, BatchPlan]:
-        return batch, self.job.collection.plan(getattr(batch, "sparse_features", None))
+        return batch, self.job.collection.start_plan(getattr(batch, "sparse_features", None))

@@ -11,7 +11,7 @@ rows of the tables before it), else one per table; the rest are views and concat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -49,12 +49,14 @@ class Fused:
 @dataclass
 class BatchPlan:
     """A checked batch: ``tables`` by name, ``stride`` examples, ``features`` the batch it came
-    from, ``fused`` the one-lookup form (None when the tables' dims or poolings differ)."""
+    from, ``fused`` the one-lookup form (None when the tables' dims or poolings differ),
+    ``verdict`` the trainers' check of it while in flight (``batch_check.Verdict``; None once settled)."""
 
     features: KeyedJaggedTensor
     stride: int
     tables: Dict[str, TableBatch]
     fused: Optional[Fused] = None
+    verdict: Optional[Any] = None
 
 
 def problem(configs: Sequence[EmbeddingBagConfig], features: KeyedJaggedTensor, weighted: bool) -> Optional[str]:
