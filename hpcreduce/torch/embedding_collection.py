@@ -82,12 +82,6 @@ class EmbeddingBagCollection(torch.nn.Module):
         self._check = BatchCheck(context, self._keys)
         return self
 
-    def unbind(self) -> None:
-        """Forget the store (collective over the trainers: frees the checks' communicator)."""
-        self._check.free()
-        self.store, self.scale, self.context = None, 1.0, None
-        self._check = BatchCheck(None, self._keys)
-
     # -- a step ------------------------------------------------------------------------
     def plan(self, features: KeyedJaggedTensor) -> BatchPlan:
         """The checked, per-table deduplicated batch (bad batch: ``PSInputError``, on every

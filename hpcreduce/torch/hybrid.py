@@ -74,7 +74,6 @@ class HybridWorker:
 
     def release(self) -> None:
         """Done: the servers stop once every trainer released them."""
-        self.collection.unbind()
         self.store.release()
 
 
