@@ -186,14 +186,15 @@ class EmbeddingBagCollection(torch.nn.Module):
             for name, leaf in rows.items():
                 if leaf.grad is None:
                     continue
+                grad = leaf.grad if self.scale == 1.0 else leaf.grad * self.scale  # every table's at once
                 if name:
-                    grads[name].append((routed.tables[name].unique, leaf.grad))
+                    grads[name].append((routed.tables[name].unique, grad))
                     continue
                 for start, (table, part) in zip(routed.fused.starts, routed.tables.items()):  # fused: views
-                    grads[table].append((part.unique, leaf.grad[start:start + len(part.unique)]))
+                    grads[table].append((part.unique, grad[start:start + len(part.unique)]))
         empty = {c.name: (np.empty(0, np.int64), np.empty((0, c.embedding_dim), np.float32)) for c in self._configs}
         return self._bound().push_rows_many_async(
-            {name: _summed(done, self.scale) if done else empty[name] for name, done in grads.items()})
+            {name: _summed(done) if done else empty[name] for name, done in grads.items()})
 
     # -- rows given by a trainer that pulls and pushes itself ----------------------------
     @contextmanager
@@ -263,12 +264,12 @@ class PooledRows(torch.autograd.Function):
         return grad.new_zeros(ctx.rows_shape).index_add_(0, inverse, per_lookup), None, None, None, None
 
 
-def _summed(done: List[Tuple[torch.Tensor, torch.Tensor]], scale: float) -> Tuple[np.ndarray, np.ndarray]:
-    """(sorted unique ids, their gradients summed and scaled) from several forwards'."""
+def _summed(done: List[Tuple[torch.Tensor, torch.Tensor]]) -> Tuple[np.ndarray, np.ndarray]:
+    """(sorted unique ids, their gradients summed) from several forwards' (one: no copy)."""
     if len(done) == 1:
         ids, grad = done[0]
     else:
         joined = torch.cat([ids for ids, _ in done])
         ids, inverse = torch.unique(joined, sorted=True, return_inverse=True)
         grad = torch.zeros(len(ids), done[0][1].shape[1]).index_add_(0, inverse, torch.cat([g for _, g in done]))
-    return ids.numpy(), (grad * scale).detach().numpy()
+    return ids.numpy(), grad.detach().numpy()

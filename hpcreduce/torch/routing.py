@@ -11,6 +11,7 @@ rows of the tables before it), else one per table; the rest are views and concat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -91,8 +92,8 @@ def plan(configs: Sequence[EmbeddingBagConfig], features: KeyedJaggedTensor, wei
     lengths = features.lengths().to(torch.int64)
     starts = torch.cumsum(torch.cat([lengths.new_zeros(1), lengths.view(len(keys), stride).sum(1)]), 0).tolist()
     weights = features.weights_or_none() if weighted else None
-    joined = [_joined(values, lengths, weights, starts, [index[name] for name in config.feature_names], stride)
-              for config in configs]
+    slots = [[index[name] for name in config.feature_names] for config in configs]
+    joined = [_joined(values, lengths, weights, starts, table_slots, stride) for table_slots in slots]
     fixed = all(config.num_embeddings is not None for config in configs)
     deduplicated = _unique_fixed(configs, joined) if fixed else \
         [(*torch.unique(ids, sorted=True, return_inverse=True), None) for ids, _, _ in joined]
@@ -103,8 +104,12 @@ def plan(configs: Sequence[EmbeddingBagConfig], features: KeyedJaggedTensor, wei
         offsets = torch.cumsum(torch.cat([bag_lengths.new_zeros(1), bag_lengths[:-1]]), 0)
         tables[config.name] = TableBatch(unique, inverse, offsets, bag_weights, len(config.feature_names))
     fusable = len({(c.embedding_dim, c.mode) for c in configs}) == 1 and len(configs) > 1
-    return BatchPlan(features, stride, tables, _fused(list(tables.values()), deduplicated[0][2], configs[0].mode)
-                     if fusable else None)
+    if not fusable:
+        return BatchPlan(features, stride, tables)
+    in_key_order = [k for table_slots in slots for k in table_slots] == list(range(len(keys)))
+    all_lengths = lengths if in_key_order else torch.cat([bag_lengths for _, bag_lengths, _ in joined])
+    return BatchPlan(features, stride, tables, _fused(list(tables.values()), all_lengths, deduplicated[0][2],
+                                                      configs[0].mode))
 
 
 def _unique_fixed(configs: Sequence[EmbeddingBagConfig], joined) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -117,12 +122,14 @@ def _unique_fixed(configs: Sequence[EmbeddingBagConfig], joined) -> List[Tuple[t
             if low < 0 or high >= config.num_embeddings:
                 _check_range(config, torch.unique(ids))
     bases = torch.tensor([0] + [c.num_embeddings for c in configs]).cumsum(0)
-    keys = torch.cat([ids + int(base) for (ids, _, _), base in zip(joined, bases)])
+    counts = torch.tensor([len(ids) for ids, _, _ in joined])
+    keys = torch.cat([ids for ids, _, _ in joined]) + torch.repeat_interleave(bases[:-1], counts)
     unique, inverse = torch.unique(keys, sorted=True, return_inverse=True)
-    row_starts = torch.searchsorted(unique, bases).tolist()
-    value_starts = torch.tensor([0] + [len(ids) for ids, _, _ in joined]).cumsum(0).tolist()
-    return [(unique[row_starts[t]:row_starts[t + 1]] - int(bases[t]),
-             inverse[value_starts[t]:value_starts[t + 1]] - row_starts[t], inverse) for t in range(len(configs))]
+    row_starts = torch.searchsorted(unique, bases)
+    local = unique - torch.repeat_interleave(bases[:-1], torch.diff(row_starts))  # each table's own ids, one pass
+    rows, values = row_starts.tolist(), [0] + counts.cumsum(0).tolist()
+    return [(local[rows[t]:rows[t + 1]], inverse[values[t]:values[t + 1]] - rows[t], inverse)
+            for t in range(len(configs))]
 
 
 def _check_range(config: EmbeddingBagConfig, unique: torch.Tensor) -> None:
@@ -133,15 +140,13 @@ def _check_range(config: EmbeddingBagConfig, unique: torch.Tensor) -> None:
         raise ValueError(f"table {config.name!r} has {rows} rows, the batch looks up ids {outside}")
 
 
-def _fused(tables: List[TableBatch], inverse: Optional[torch.Tensor], mode: str) -> Fused:
-    """One lookup for all tables: each table's ids shifted past the rows (and values) before it
-    (``inverse``: already so, from one deduplication of every table)."""
-    rows = torch.tensor([0] + [len(t.unique) for t in tables]).cumsum(0).tolist()
-    values = torch.tensor([0] + [len(t.inverse) for t in tables]).cumsum(0).tolist()
+def _fused(tables: List[TableBatch], lengths: torch.Tensor, inverse: Optional[torch.Tensor], mode: str) -> Fused:
+    """One lookup for all tables (``lengths``: every bag's, in table order): each table's ids
+    shifted past the rows before it (``inverse``: already so, from one deduplication of every table)."""
+    rows = list(accumulate([0] + [len(t.unique) for t in tables]))
     if inverse is None:
         inverse = torch.cat([t.inverse + base for t, base in zip(tables, rows)])
-    offsets = torch.cat([t.offsets + base for t, base in zip(tables, values)])
-    lengths = torch.diff(offsets, append=offsets.new_tensor([len(inverse)]))
+    offsets = torch.cumsum(lengths, 0) - lengths  # every bag's start, in table order
     bag_of = torch.repeat_interleave(torch.arange(len(offsets)), lengths)
     scale = None if tables[0].weights is None else torch.cat([t.weights for t in tables])
     if mode == "mean":
