@@ -7,7 +7,7 @@
    steps end (rows and dense parameters); the dense parameters are identical on every trainer.
 3. saved tables: fixed tables saved by the trainers after two steps start a job of another
    number of servers and trainers with the same rows; another table layout is refused.
-4. bad input, on every rank, before anything moves: a feature naming no table (on one trainer
+4. bad input, on every rank, before anything moves (also a pipeline's next batch): a feature naming no table (on one trainer
    only), lengths that do not add up, ids outside a fixed table, a batch without
    sparse_features, tables declared differently on two ranks, an init_fn changing the shape.
 Arguments: the layout (``dedicated`` or ``colocated``), the number of servers (dedicated).
@@ -251,6 +251,13 @@ else:
             check(False, f"{what}: accepted")
         except HpcreduceError as err:
             check(expected in str(err), f"{what}: {err}")
+    pipeline = hpt.TrainPipeline(job, torch.optim.SGD(job.module.parameters(), lr=0.1))
+    try:  # the next batch's check travels during this step; it is refused before its pull leaves
+        pipeline.progress(iter([good, Batch(good.dense, stray if first else kjt, good.labels)]))
+        check(False, "pipeline: a next batch naming no table (one trainer) accepted")
+    except HpcreduceError as err:
+        check("name no table" in str(err), f"pipeline: {err}")
+    check(pipeline.progress(iter([good])).shape == (BATCH,), "pipeline: no step after a refused batch")
     pooled = job.collection(kjt)  # nothing moved: a good batch still goes
     check(pooled.values().shape == (BATCH, 3 * DIM), "a good batch after the bad ones failed")
     before = rows_of(job, EVERY)
