@@ -7,7 +7,6 @@ with the primary's shard); a duplicate push applies nothing; bad requests are re
 """
 
 import numpy as np
-from mpi4py import MPI
 
 import hpcreduce
 from hpcreduce.ps import Consistency, PSInputError, PSRefusedError, ParamSpec, Server
@@ -68,6 +67,10 @@ def session(consistency: Consistency, replicated: bool):
         worker.clock()
     if consistency.kind == "asp":
         bad_requests(worker)
+        for turn in range(2):
+            workers_comm.Barrier()
+            if turn == worker.slot:
+                float16_wire(worker)
     workers_comm.Barrier()
     ids = {name: np.arange(TWINS.get(name, (64,))[0]) for name in ("a", "b", "c")}
     final = worker.pull_rows_many_async(ids).wait()
@@ -75,6 +78,21 @@ def session(consistency: Consistency, replicated: bool):
         assert np.array_equal(final[name], worker.pull_rows(name + "2", ids[name])), name
     worker.release()
     return None
+
+
+def float16_wire(worker):
+    """Values travel as float16 in a MANY request as in a one-table one (widened on arrival)."""
+    worker.wire_dtype = np.dtype(np.float16)
+    ids = {"a": np.arange(10 * worker.slot, 10 * worker.slot + 10), "c": np.array([5 + worker.slot, 900])}
+    grads = {name: np.full((len(i), TWINS[name][1]), 0.25 + worker.slot, np.float32) for name, i in ids.items()}
+    for name in ids:
+        worker.push_rows(name + "2", ids[name], grads[name])
+    worker.push_rows_many_async({name: (ids[name], grads[name]) for name in ids}).wait()
+    pulled = worker.pull_rows_many_async(ids).wait()
+    for name in ids:
+        assert np.array_equal(pulled[name], worker.pull_rows(name + "2", ids[name])), name
+        assert pulled[name].dtype == np.float32
+    worker.wire_dtype = None
 
 
 def bad_requests(worker):
