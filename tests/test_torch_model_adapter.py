@@ -193,6 +193,8 @@ def test_fixed_tables_deduplicated_together_read_their_own_rows():
     routed = tables.plan(features)
     assert routed.tables["s"].unique.tolist() == [4] and routed.tables["t"].unique.tolist() == [0, 6]
     assert routed.fused.inverse.tolist() == [0, 0, 2, 1, 2, 1]  # x's ids, then y's and z's, into [s4, t0, t6]
+    assert routed.fused.offsets.tolist() == [0, 1, 2, 3, 4, 6]  # bags in table order: x's, y's, z's
+    assert routed.fused.bag_of.tolist() == [0, 1, 2, 3, 4, 4]
     s_rows, t_rows = np.arange(10, dtype=np.float32).reshape(5, 2), 100 + np.arange(14, dtype=np.float32).reshape(7, 2)
     with tables.given_rows({"s": (np.arange(5), s_rows), "t": (np.arange(7), t_rows)}):
         pooled = tables(features).to_dict()
