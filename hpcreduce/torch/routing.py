@@ -116,14 +116,16 @@ def _unique_fixed(configs: Sequence[EmbeddingBagConfig], joined) -> List[Tuple[t
     """Fixed tables deduplicated in one ``torch.unique``: table t's ids shifted by the rows of
     the tables before it (after checking they are inside it). Per table (unique ids, inverse,
     the inverse into every table's unique ids together: the fused lookup's)."""
-    for config, (ids, _, _) in zip(configs, joined):
-        if len(ids):
-            low, high = torch.aminmax(ids)
-            if low < 0 or high >= config.num_embeddings:
-                _check_range(config, torch.unique(ids))
-    bases = torch.tensor([0] + [c.num_embeddings for c in configs]).cumsum(0)
+    sizes = torch.tensor([c.num_embeddings for c in configs])
+    bases = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
     counts = torch.tensor([len(ids) for ids, _, _ in joined])
-    keys = torch.cat([ids for ids, _, _ in joined]) + torch.repeat_interleave(bases[:-1], counts)
+    table_of = torch.repeat_interleave(torch.arange(len(configs)), counts)
+    ids = torch.cat([ids for ids, _, _ in joined])
+    outside = (ids < 0) | (ids >= sizes[table_of])  # every table's range checked in one pass
+    if bool(outside.any()):
+        first = int(table_of[outside][0])
+        _check_range(configs[first], torch.unique(joined[first][0]))
+    keys = ids + bases[table_of]
     unique, inverse = torch.unique(keys, sorted=True, return_inverse=True)
     row_starts = torch.searchsorted(unique, bases)
     local = unique - torch.repeat_interleave(bases[:-1], torch.diff(row_starts))  # each table's own ids, one pass
