@@ -48,7 +48,7 @@ class BatchCheck:
     a bad batch raises locally)."""
 
     def __init__(self, context: Optional[Context], keys: list):
-        self.context, self.keys = context, keys
+        self.context = context
         self.fields = [("tables", stable_hash(keys), keys)]
         self.vector = check_vector(field_values(self.fields))
         self.expected = self.vector.tobytes()
