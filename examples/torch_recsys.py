@@ -4,10 +4,11 @@
     hpcreduce launch -n 6 -- python examples/torch_recsys.py --servers 2 --consistency bsp
 
 Each example has a few dense features and ``--hot`` ids in each of ``--fields`` categorical
-fields. The model (DLRM's shape): a bottom MLP embeds the dense features, one
-``PSEmbeddingBag`` per field pools its ids (the tables live on the servers, which train them
-with Adagrad; dynamic tables, a row made when its id first arrives, or ``--fixed`` ones), the pairwise dot products of those vectors and the bottom's output go to a
-top MLP that gives the click logit. ``hpcreduce.torch.start_hybrid`` puts the tables on
+fields. The model (DLRM's shape): a bottom MLP embeds the dense features, an
+``EmbeddingBagCollection`` with a table per field pools its ids (TorchRec's names; the tables
+live on the servers, which train them with ``RowOptimizer("adagrad", --lr)``; dynamic tables,
+a row made when its id first arrives, or ``--fixed`` ones), the pairwise dot products of those
+vectors and the bottom's output go to a top MLP that gives the click logit. ``hpcreduce.torch.start_hybrid`` puts the tables on
 ranks 0..servers-1 and wraps the rest in ``DistributedDataParallel`` over the workers, as
 PERSIA trains. The clicks come from ``Clicks``: a known factorisation-machine truth over
 Zipf-popular ids, so the truth's own held-out loss is printed as the floor; any data with
@@ -89,25 +90,33 @@ def mlp(*widths: int) -> torch.nn.Sequential:
     return torch.nn.Sequential(*layers[:-1])
 
 
+def features(ids: torch.Tensor) -> hpt.KeyedJaggedTensor:
+    """ids (b, fields, hot) as a KeyedJaggedTensor: feature ``field{f}``'s bags, key-major."""
+    batch, fields, hot = ids.shape
+    return hpt.KeyedJaggedTensor([f"field{f}" for f in range(fields)], ids.permute(1, 0, 2).reshape(-1),
+                                 lengths=torch.full((fields * batch,), hot, dtype=torch.int64))
+
+
 class DLRM(torch.nn.Module):
-    """Bottom MLP, one PSEmbeddingBag per field (``rows`` None: dynamic tables, keyed by any
-    int64 id; else fixed tables of ``rows`` rows), dot interactions, top MLP."""
+    """Bottom MLP, an EmbeddingBagCollection of one table per field (``rows`` None: dynamic
+    tables, keyed by any int64 id; else fixed tables of ``rows`` rows), dot interactions, top MLP."""
 
     def __init__(self, fields: int, rows: Optional[int], dim: int, hidden: int):
         super().__init__()
+        self.fields, self.dim = fields, dim
         self.bottom = mlp(DENSE_FEATURES, hidden, dim)
-        self.bags = torch.nn.ModuleList(hpt.PSEmbeddingBag(f"field{f}", dim, rows, mode="sum", init_scale=0.1)
-                                        for f in range(fields))
+        bound = 0.1 * 3 ** 0.5  # rows start with standard deviation 0.1
+        self.sparse = hpt.EmbeddingBagCollection([hpt.EmbeddingBagConfig(
+            rows, dim, name=f"field{f}", feature_names=[f"field{f}"], weight_init_min=-bound, weight_init_max=bound)
+            for f in range(fields)])
         pairs = (fields + 1) * fields // 2
         self.top = mlp(dim + pairs, hidden, 1)
         self.upper = torch.triu_indices(fields + 1, fields + 1, offset=1)
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        fields = ids.unbind(dim=1)                 # (b, hot) per field
-        for bag, field_ids in zip(self.bags, fields):
-            bag.prefetch(field_ids)                # every table's pull in flight at once
         bottom = self.bottom(dense)
-        vectors = torch.stack([bottom] + [bag(field_ids) for bag, field_ids in zip(self.bags, fields)], dim=1)
+        pooled = self.sparse(features(ids)).values().view(-1, self.fields, self.dim)  # one pull for every table
+        vectors = torch.cat([bottom.unsqueeze(1), pooled], dim=1)
         dots = torch.bmm(vectors, vectors.transpose(1, 2))[:, self.upper[0], self.upper[1]]
         return self.top(torch.cat([bottom, dots], dim=1)).squeeze(1)
 
@@ -123,9 +132,8 @@ def click_loss(model: DLRM, batch) -> Tuple[torch.Tensor, int, int]:
 def train_fault_tolerant(args: argparse.Namespace, model: DLRM, ctx) -> None:
     """``--ft-trainer``: the module trained by ``hpcreduce.train``'s hybrid trainer (recovers from kills)."""
     data = Clicks(args)
-    fields = range(args.fields)
-    adapted = hpt.TorchModel(model, click_loss, lambda batch: {f"field{f}": batch["ids"][:, f] for f in fields},
-                             name="dlrm")
+    adapted = hpt.TorchModel(model, click_loss, lambda batch: features(torch.from_numpy(batch["ids"])),
+                             name="dlrm", seed=args.seed)
     workers = ctx.size - args.servers
     config = TrainConfig(model="dlrm", steps=args.steps, batch=args.batch * workers, lr=args.lr,
                          optimizer="adagrad", seed=args.seed, progress="none", json_path=args.json,
@@ -174,9 +182,9 @@ def main() -> None:
     if args.ft_trainer:
         train_fault_tolerant(args, model, ctx)
         return
-    job = hpt.start_hybrid(model, servers=args.servers, consistency=args.consistency,
-                           staleness=args.staleness if args.consistency == "ssp" else 0,
-                           optimizer="adagrad", lr=args.lr, seed=args.seed)
+    job = hpt.start_hybrid(model, sparse_optimizer=hpt.RowOptimizer("adagrad", lr=args.lr), servers=args.servers,
+                           consistency=args.consistency, staleness=args.staleness if args.consistency == "ssp" else 0,
+                           seed=args.seed)
     if isinstance(job, Server):
         job.serve()
         return
@@ -193,7 +201,7 @@ def main() -> None:
     for step, (dense, ids, labels) in zip(range(args.steps), data.batches(job.comm.Get_rank(), args.batch)):
         optimizer.zero_grad()
         loss_fn(job.module(dense, ids), labels).backward()    # dense gradients averaged over workers
-        job.push()                                            # row gradients to the servers
+        job.push()                                            # one push of every table's row gradients
         optimizer.step()
         job.clock()
     after = held_out_loss()

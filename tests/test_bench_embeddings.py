@@ -47,7 +47,7 @@ def test_scale_streams_distinct_ids_through_replicated_budgeted_servers(tmp_path
 
 def test_peers_time_torch_ddp_and_account_for_every_candidate(tmp_path):
     pytest.importorskip("torch")
-    peers = ("torch_ddp", "torchrec", "hpcreduce")
+    peers = ("torch_ddp", "torchrec", "hpcreduce", "hpcreduce_colocated")
     result = bench(tmp_path, "-n", "3", "--servers", "1", "--parts", "peers", "--fields", "3", "--field-rows", "1000",
                    "--batch", "32", "--warmup", "1", "--iterations", "2", "--peers", ",".join(peers))["peers"]
     ran, left_out = result["candidates"], result["left_out"]
@@ -55,10 +55,11 @@ def test_peers_time_torch_ddp_and_account_for_every_candidate(tmp_path):
     assert all((name in ran) != (name in left_out) for name in peers), result
     for name, row in ran.items():
         assert row["examples_per_s"] > 0 and row["bytes_per_step"] > 0, (name, row)
+        assert 0.0 < row["loss"] < 1.0, (name, row)  # log-loss of a learnable batch after a few SGD steps
         assert len(row["added_rss_bytes"]) == 3, (name, row)
-    assert ran["torch_ddp"]["trainers"] == 3, ran
-    if importlib.util.find_spec("hpcreduce.torch.embedding_bag") is not None:
-        assert ran["hpcreduce"]["trainers"] == 2, ran
+    assert ran["torch_ddp"]["trainers"] == 3 and ran["hpcreduce"]["trainers"] == 2, ran
+    if importlib.util.find_spec("hpcreduce.ps.colocated") is not None:
+        assert ran["hpcreduce_colocated"]["trainers"] == 3, ran
     assert len(result["peak_rss_bytes"]) == 3 and min(result["peak_rss_bytes"]) > 0, result
 
 

@@ -1,7 +1,9 @@
-"""hpcreduce.torch's PSEmbeddingBag and start_hybrid under real mpirun: pooled rows and the
-servers' row updates equal a local nn.EmbeddingBag's, the dense part stays identical on every
-worker, bad input raises on every rank (tests/mpi/torch_embedding.py), and the DLRM-like
-example (examples/torch_recsys.py) lowers its held-out loss."""
+"""hpcreduce.torch's EmbeddingBagCollection, start_hybrid and TrainPipeline under real mpirun:
+pooled rows and the servers' row updates equal local nn.EmbeddingBags', a pipelined BSP run
+ends bit for bit where the unpipelined one ends, bad input raises on every rank
+(tests/mpi/torch_embedding.py), and the DLRM-like example (examples/torch_recsys.py) lowers
+its held-out loss."""
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,11 +14,17 @@ pytest.importorskip("torch")
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "torch_recsys.py"
 
 
-@pytest.mark.parametrize("table, servers", [("fixed", 1), ("dynamic", 2)])
-def test_embedding_bag_equals_torch_and_hybrid_keeps_workers_equal(table, servers):
-    job = mpirun(servers + 2, "torch_embedding.py", table, str(servers), timeout=60)
+@pytest.mark.parametrize("layout, servers", [("dedicated", 1), ("dedicated", 2), ("colocated", 0)])
+def test_collection_equals_torch_and_the_pipeline_equals_plain_steps(layout, servers):
+    if layout == "colocated" and importlib.util.find_spec("hpcreduce.ps.colocated") is None:
+        pytest.skip("hpcreduce.ps.colocated (ColocatedTables) is not in this tree")
+    job = mpirun(servers + 2, "torch_embedding.py", layout, str(servers), timeout=90)
     assert job.returncode == 0, job
-    assert "PSEmbeddingBag equals nn.EmbeddingBag on 2 workers; dense parameters identical" in job.output, job
+    for pooling in ("mean", "sum"):
+        assert f"EmbeddingBagCollection equals nn.EmbeddingBag on 2 trainers ({layout}, {pooling})" in job.output, job
+    assert "TrainPipeline under BSP ends bit for bit" in job.output, job
+    loaded = 1 if layout == "colocated" else servers + 1
+    assert f"tables saved by 2 trainers load on {loaded} servers" in job.output, job
     assert "torch embedding: all checks passed" in job.output, job
 
 
@@ -28,3 +36,9 @@ def test_recsys_example_lowers_the_held_out_loss(tables):
     words = line.split()
     before, after = float(words[words.index("->") - 1]), float(words[words.index("->") + 1])
     assert after < before - 0.01, line
+
+
+def test_a_pipelined_ssp_run_reads_a_step_earlier_and_learns_as_the_unpipelined_one():
+    job = mpirun(3, "torch_pipeline_ssp.py", timeout=90)
+    assert job.returncode == 0, job
+    assert "pipeline ssp: all checks passed" in job.output, job

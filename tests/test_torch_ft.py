@@ -4,7 +4,7 @@ real mpirun with ULFM, 2 servers and 3 workers, one rank SIGKILLed at step 10: t
 with exit 0, the recovery recorded, every live worker's dense replica identical and all steps in,
 and the held-out loss lower than the start's. A BSP run that loses a server ends where the same
 run without a kill ends (the interrupted step is redone: summation order only); a replacement
-for a killed worker (--replace) joins with the dense replica the others hold. An ``ids_of`` that
+for a killed worker (--replace) joins with the dense replica the others hold. A ``features_of`` that
 misreports the ids stops every rank with a PSTrainingError naming it (tests/mpi/torch_model_errors.py)."""
 import json
 from pathlib import Path
@@ -61,7 +61,7 @@ def test_a_replacement_for_a_killed_worker_gets_the_dense_replica(tmp_path):
     assert data["final"]["loss"] < data["start"]["loss"] - 0.015, (data["start"], data["final"])
 
 
-def test_ids_of_that_misreports_the_ids_stops_every_rank_by_name():
+def test_features_of_that_misreports_the_ids_stops_every_rank_by_name():
     job = mpirun(4, "torch_model_errors.py", timeout=60)
     assert job.returncode == 0, job
     assert "torch model errors: all checks passed" in job.output, job

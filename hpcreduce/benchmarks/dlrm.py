@@ -2,15 +2,17 @@
 
 ``DLRM``: a bottom MLP turns the dense features into a ``dim`` vector; the sparse module pools
 each field's bag of ids into one ``dim`` vector (``EmbeddingBags``: a replicated
-``nn.EmbeddingBag(sparse=True)`` per field; TorchRec and hpcreduce's PS-backed bags plug in the
-same way); the pairwise dot products of those F + 1 vectors, with the bottom's output, feed a
-top MLP that gives one logit. ``batch_of``: a rank's fixed batch, ids skewed towards low rows
-(a few hot rows per field, as real features are).
+``nn.EmbeddingBag(sparse=True)`` per field; TorchRec's and hpcreduce's ``EmbeddingBagCollection``
+plug in the same way, fed a ``KeyedJaggedTensor``); the pairwise dot products of those F + 1
+vectors, with the bottom's output, feed a top MLP that gives one logit. ``batch_of``: a rank's
+fixed batch, ids skewed towards low rows (a few hot rows per field, as real features are).
+``Pipelined``: the DLRM as ``TrainPipeline`` runs a model (a batch with ``sparse_features`` in,
+``(loss, loss detached)`` out: the output the benchmark reports).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Any, Tuple
 
 import torch
 
@@ -42,22 +44,51 @@ class EmbeddingBags(torch.nn.Module):
         return torch.stack([bag(ids[:, field]) for field, bag in enumerate(self.bags)], dim=1)
 
 
-class PSBags(torch.nn.Module):
-    """``EmbeddingBags`` whose tables the parameter servers hold (``hpcreduce.torch.PSEmbeddingBag``,
-    table ``field{f}``, dynamic: a row exists once its id is pushed, so a table of ``rows`` ids
-    costs the servers only the rows trained): every field's pull in flight together, then the
-    pooling."""
+class CollectionBags(torch.nn.Module):
+    """The tables as one ``EmbeddingBagCollection`` (table ``t{f}`` for feature ``f{f}``, SUM
+    pooling; TorchRec's or hpcreduce's, by ``module``): a ``KeyedJaggedTensor`` -> (B, F, dim).
+    ``dynamic``: hpcreduce's dynamic tables (a row made when its id is first pushed)."""
 
-    def __init__(self, shape: Shape):
+    def __init__(self, shape: Shape, module: Any, dynamic: bool = False, **options):
         super().__init__()
-        from ..torch.embedding_bag import PSEmbeddingBag  # where hpcreduce has it (issue 25)
-        self.bags = torch.nn.ModuleList(PSEmbeddingBag(f"field{field}", shape.dim, mode="sum") for field in range(shape.fields))
+        self.shape = shape
+        rows = None if dynamic else shape.rows
+        self.collection = module.EmbeddingBagCollection(
+            tables=[module.EmbeddingBagConfig(num_embeddings=rows, embedding_dim=shape.dim, name=f"t{field}",
+                                              feature_names=[f"f{field}"]) for field in range(shape.fields)], **options)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        columns = ids.unbind(1)
-        for bag, column in zip(self.bags, columns):
-            bag.prefetch(column)
-        return torch.stack([bag(column) for bag, column in zip(self.bags, columns)], dim=1)
+    def forward(self, features) -> torch.Tensor:
+        return self.collection(features).values().view(-1, self.shape.fields, self.shape.dim)
+
+
+def jagged(ids: torch.Tensor, module: Any):
+    """ids (B, F, L) as ``module``'s ``KeyedJaggedTensor``: per feature, every example's bag of L ids."""
+    batch, fields, bag = ids.shape
+    return module.KeyedJaggedTensor.from_lengths_sync(keys=[f"f{field}" for field in range(fields)],
+                                                      values=ids.permute(1, 0, 2).reshape(-1),
+                                                      lengths=torch.full((fields * batch,), bag, dtype=torch.int32))
+
+
+@dataclass
+class SparseBatch:
+    """A batch as a pipeline takes it."""
+
+    dense: torch.Tensor
+    sparse_features: Any
+    labels: torch.Tensor
+
+
+class Pipelined(torch.nn.Module):
+    """``model`` (a ``DLRM``) taking a ``SparseBatch``, giving (mean log-loss, it detached)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: SparseBatch) -> Tuple[torch.Tensor, torch.Tensor]:
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(self.model(batch.dense, batch.sparse_features),
+                                                                    batch.labels)
+        return loss, loss.detach()
 
 
 class DLRM(torch.nn.Module):

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from .dlrm import DLRM, Shape
+from .dlrm import DLRM, CollectionBags, Shape, jagged
 
 
 def import_problem() -> Optional[str]:
@@ -27,35 +27,9 @@ def import_problem() -> Optional[str]:
     return None
 
 
-class CollectionBags(torch.nn.Module):
-    """The tables as one ``EmbeddingBagCollection`` (table ``t{f}`` for feature ``f{f}``):
-    a ``KeyedJaggedTensor`` -> (B, F, dim)."""
-
-    def __init__(self, shape: Shape):
-        super().__init__()
-        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
-        self.shape = shape
-        self.collection = EmbeddingBagCollection(
-            tables=[EmbeddingBagConfig(name=f"t{field}", embedding_dim=shape.dim, num_embeddings=shape.rows,
-                                       feature_names=[f"f{field}"]) for field in range(shape.fields)],
-            device=torch.device("meta"))
-
-    def forward(self, features) -> torch.Tensor:
-        pooled = self.collection(features).values()
-        return pooled.view(-1, self.shape.fields, self.shape.dim)
-
-
-def jagged(ids: torch.Tensor):
-    """ids (B, F, L) as a ``KeyedJaggedTensor``: per feature, every example's bag of L ids."""
-    from torchrec import KeyedJaggedTensor
-    batch, fields, bag = ids.shape
-    return KeyedJaggedTensor.from_lengths_sync(keys=[f"f{field}" for field in range(fields)],
-                                               values=ids.permute(1, 0, 2).reshape(-1),
-                                               lengths=torch.full((fields * batch,), bag, dtype=torch.int32))
-
-
-def build(shape: Shape, batch, lr: float) -> Tuple[Callable[[int], None], int]:
-    """``steps(n)`` of the sharded model on ``batch``, and the dense parameters' element count."""
+def build(shape: Shape, batch, lr: float) -> Tuple[Callable[[int], None], int, Callable[[], float]]:
+    """``steps(n)`` of the sharded model on ``batch``, the dense parameters' element count, and
+    the last step's loss."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
@@ -63,7 +37,8 @@ def build(shape: Shape, batch, lr: float) -> Tuple[Callable[[int], None], int]:
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
-    model = DLRM(CollectionBags(shape), shape)
+    import torchrec
+    model = DLRM(CollectionBags(shape, torchrec, device=torch.device("meta")), shape)
     apply_optimizer_in_backward(torch.optim.SGD, model.sparse.parameters(), {"lr": lr})
     world = torch.distributed.get_world_size()
     constraints = {f"t{field}": ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value])
@@ -76,11 +51,14 @@ def build(shape: Shape, batch, lr: float) -> Tuple[Callable[[int], None], int]:
     dense_params = dict(in_backward_optimizer_filter(sharded.named_parameters()))
     optimizer = KeyedOptimizerWrapper(dense_params, lambda params: torch.optim.SGD(params, lr=lr))
     dense, ids, labels = batch
-    features = jagged(ids)
+    features = jagged(ids, torchrec)
+    losses = [float("nan")]
 
     def steps(count: int) -> None:
         for _ in range(count):
             optimizer.zero_grad()
-            torch.nn.functional.binary_cross_entropy_with_logits(sharded(dense, features), labels).backward()
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(sharded(dense, features), labels)
+            loss.backward()
             optimizer.step()
-    return steps, sum(p.numel() for p in dense_params.values())
+            losses[0] = float(loss.detach())
+    return steps, sum(p.numel() for p in dense_params.values()), lambda: losses[0]

@@ -150,13 +150,16 @@ def embeddings_flags(parser: argparse.ArgumentParser) -> None:
                        help="each server also holds its predecessor's shard (as --ft training does; K >= 2)")
     scale.add_argument("--rss-points", type=int, default=5, help="worker RSS samples along the stream (default 5)")
     peers = parser.add_argument_group("peers")
-    peers.add_argument("--peers", default="torch_ddp,torchrec,hpcreduce",
+    peers.add_argument("--peers", default="torch_ddp,torchrec,hpcreduce,hpcreduce_colocated",
                        help="candidates, comma-separated (default %(default)s; one that cannot run is reported why)")
     peers.add_argument("--fields", type=int, default=8, help="sparse fields, one embedding table each (default 8)")
     peers.add_argument("--field-rows", type=count, default=100_000, help="rows of each field's table (default 100000)")
     peers.add_argument("--dim", type=int, default=16, help="embedding dimension (default %(default)s)")
     peers.add_argument("--bag", type=int, default=4, help="ids per field per example (default %(default)s)")
     peers.add_argument("--batch", type=int, default=256, help="examples per rank per step (default %(default)s)")
+    peers.add_argument("--dynamic-tables", action="store_true",
+                       help="hpcreduce's tables dynamic (a row made when its id is first pushed; default: fixed, "
+                            "as TorchRec's)")
     peers.add_argument("--warmup", type=int, default=3, help="untimed steps of each candidate (default 3)")
     peers.add_argument("--iterations", type=int, default=20, help="timed steps of each candidate (default 20)")
 
@@ -173,9 +176,10 @@ def embeddings_problems(args: argparse.Namespace) -> List[str]:
         found.append(f"--budget {args.budget} is smaller than one push's rows "
                      f"({args.push_rows} x {args.width} float32)")
     if "peers" in args.parts:
-        unknown = sorted(set(args.peers.split(",")) - {"torch_ddp", "torchrec", "hpcreduce"})
+        known = ("torch_ddp", "torchrec", "hpcreduce", "hpcreduce_colocated")
+        unknown = sorted(set(args.peers.split(",")) - set(known))
         if unknown:
-            found.append(f"--peers: unknown {', '.join(unknown)} (known: torch_ddp, torchrec, hpcreduce)")
+            found.append(f"--peers: unknown {', '.join(unknown)} (known: {', '.join(known)})")
         if importlib.util.find_spec("torch") is None:
             found.append("bench embeddings --parts peers needs torch: pip install 'hpcreduce[torch]'")
     return found

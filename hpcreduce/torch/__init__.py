@@ -28,24 +28,34 @@ reduce, sparse or non-finite gradients) raises on every rank, naming the paramet
 For ``hpcreduce.elastic`` (docs/torch.md, "Elastic torch training"): ``ElasticSampler``
 (``sampler``: DistributedSampler's shares, resharded when the ranks change) and
 ``save_checkpoint``/``load_checkpoint`` (``checkpoints``: files plain ``torch.load`` reads).
-Recommendation models: ``PSEmbeddingBag`` (``embedding_bag``: an embedding bag whose table the
-parameter servers hold; forward pulls the batch's rows, ``push()`` sends their gradients) and
-``start_hybrid`` (``hybrid``: the bags' tables on K servers, the dense rest averaged among the
-workers by ``DistributedDataParallel``, as PERSIA trains; no fault tolerance) or ``TorchModel``
-(``model_adapter``: the same module as a ``hpcreduce.train`` model, which the hybrid trainer runs
-with fault tolerance: a worker or server SIGKILLed and the run goes on).
+Recommendation models, with TorchRec's names: ``EmbeddingBagCollection`` of ``EmbeddingBagConfig``
+tables (``embedding_collection``, ``embedding_configs``) over a ``KeyedJaggedTensor`` batch, giving
+a ``KeyedTensor`` (``jagged``); ``start_hybrid`` (``hybrid``, ``layouts``: the tables on K dedicated
+servers or a shard on every trainer, the dense rest averaged by ``DistributedDataParallel``, the
+rows updated by ``sparse_optimizer``) and ``TrainPipeline`` (``pipeline``: the next batch routed
+while this one computes; ``save_tables`` and ``start_hybrid(tables_from=...)``: fixed tables saved
+sharded, loaded at any number of ranks); or ``TorchModel`` (``model_adapter``: the same module as a
+``hpcreduce.train`` model, which the hybrid trainer runs with fault tolerance).
 """
 from .checkpoints import load_checkpoint, save_checkpoint
 from .ddp import DistributedDataParallel
-from .embedding_bag import PSEmbeddingBag
+from .embedding_collection import EmbeddingBagCollection
+from .embedding_configs import (EmbeddingBagConfig, LFUEviction, LRUEviction, PoolingType, ProbabilisticAdmission,
+                                RowOptimizer, ThresholdAdmission)
 from .gradients import allreduce_gradients, bucket_gradients
 from .hybrid import HybridWorker, start_hybrid
+from .jagged import KeyedJaggedTensor, KeyedTensor
 from .model_adapter import TorchModel
 from .parameters import broadcast_parameters
+from .pipeline import TrainPipeline
+from .table_files import save_tables
 from .ps_worker import TorchPSWorker, start_parameter_server
 from .sampler import ElasticSampler
 from .zero import ZeroRedundancyOptimizer
 
-__all__ = ["DistributedDataParallel", "ElasticSampler", "HybridWorker", "PSEmbeddingBag", "allreduce_gradients",
+__all__ = ["DistributedDataParallel", "ElasticSampler", "HybridWorker", "allreduce_gradients",
            "bucket_gradients", "broadcast_parameters", "load_checkpoint", "save_checkpoint", "start_hybrid",
-           "start_parameter_server", "TorchModel", "TorchPSWorker", "ZeroRedundancyOptimizer"]
+           "start_parameter_server", "TorchModel", "TorchPSWorker", "ZeroRedundancyOptimizer",
+           "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedJaggedTensor", "KeyedTensor", "LFUEviction",
+           "LRUEviction", "PoolingType", "ProbabilisticAdmission", "RowOptimizer", "ThresholdAdmission",
+           "TrainPipeline", "save_tables"]

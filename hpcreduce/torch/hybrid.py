@@ -1,113 +1,126 @@
-"""Hybrid training as PERSIA runs it: embedding tables on K servers, the dense rest allreduced.
+"""Hybrid training: a model's ``EmbeddingBagCollection`` tables on parameter-server shards, the
+dense rest averaged among the trainers by ``DistributedDataParallel`` (as PERSIA and TorchRec train).
 
-    model = MyRecModel()                      # holds PSEmbeddingBag(s) and dense layers
-    job = hpcreduce.torch.start_hybrid(model, servers=2, consistency="ssp", staleness=2,
-                                       optimizer="adagrad", lr=0.05)
+    model = MyRecModel()                      # holds an EmbeddingBagCollection and dense layers
+    job = hpcreduce.torch.start_hybrid(model, sparse_optimizer=RowOptimizer("sgd", lr=0.01),
+                                       layout="dedicated", servers=2, consistency="bsp")
     if isinstance(job, hpcreduce.ps.Server):
-        job.serve()                           # until every worker released it
+        job.serve()                           # until every trainer released it
     else:
-        dense_optimizer = torch.optim.Adam(job.module.parameters())
-        for batch, labels in my_shard:
+        dense_optimizer = torch.optim.SGD(job.module.parameters(), lr=0.01)
+        for batch in my_shard:
             dense_optimizer.zero_grad()
-            loss_fn(job.module(batch), labels).backward()   # dense gradients averaged over workers
-            job.push()                        # the bags' row gradients to the servers (async)
+            loss_fn(job.module(batch)).backward()   # dense gradients averaged over the trainers
+            job.push()                        # one push of every table's row gradients (async)
             dense_optimizer.step()
-            job.clock()                       # waits for the pushes, ends the step
+            job.clock()                       # waits for the push, ends the step
         job.release()
 
-The job's ranks 0..K-1 serve the bags' tables (``PSEmbeddingBag.spec``; the servers run
-``optimizer`` on the rows: SGD, Adagrad, ...); the other ranks are workers, split into their
-own communicator, over which ``DistributedDataParallel`` averages the dense gradients
-(synchronous, every step). A pushed row gradient is scaled by 1/workers, so the sparse and
-the dense parts both follow the gradient of the mean loss over the global batch.
-Fault tolerance (a worker or server SIGKILLed) is not handled here: a lost rank stops the job;
-``model_adapter.TorchModel`` runs the same module under ``hpcreduce.train``'s hybrid trainer, which recovers.
+Layouts (``layouts``): ``dedicated``, ranks 0..K-1 serve the tables and the others train;
+``colocated``, every rank trains and holds a shard (``hpcreduce.ps.colocated.ColocatedTables``;
+its pulls and pushes are collective: every trainer steps alike). The tables' optimizer and
+learning rate are ``sparse_optimizer``'s, nothing hidden; ``consistency``/``staleness``: when
+the dedicated servers answer pulls (``ps.Consistency``; BSP by default). A pushed row gradient
+is scaled by 1/trainers, so the sparse and the dense parts both follow the gradient of the mean
+loss over the global batch. Fault tolerance: ``model_adapter.TorchModel`` runs the same module
+under ``hpcreduce.train``'s hybrid trainer, which survives a SIGKILLed worker or server.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Union
+from typing import List, Optional, Union
 
 import torch
-from mpi4py import MPI
 
 from ..collectives.validate import InputProblem, ProblemKind, agree, stable_hash
-from ..ps import Consistency, Server, start
-from ..ps.handles import Handle
-from ..ps.init import PartInit, counter_normal
+from ..ps import Consistency, Server
 from ..runtime.context import resolve
 from .ddp import DistributedDataParallel
-from .embedding_bag import PSEmbeddingBag
+from .embedding_collection import EmbeddingBagCollection
+from .embedding_configs import RowOptimizer, init_fn_problem
+from .layouts import LAYOUTS, start_tables
+from .table_files import SavedTables, saved_problem
 
 
 class HybridWorker:
-    """A worker of a hybrid job: ``module`` (the model wrapped in ``DistributedDataParallel``
-    over the workers' communicator ``comm``; the model itself when it has no dense parameter),
-    ``bags`` (its bound ``PSEmbeddingBag``s by table) and ``worker`` (the ``hpcreduce.ps.Worker``
-    they pull and push through)."""
+    """A trainer of a hybrid job: ``module`` (the model wrapped in ``DistributedDataParallel``
+    over the trainers' communicator ``comm``; the model itself when it has no dense parameter),
+    ``collection`` (its bound ``EmbeddingBagCollection``) and ``store`` (the ``ps.Worker`` or
+    ``ColocatedTables`` it pulls and pushes through); ``early_pull``: whether a pull may
+    leave before this step's push is applied (dedicated SSP with staleness >= 1, or ASP)."""
 
-    def __init__(self, module: DistributedDataParallel, bags: Dict[str, PSEmbeddingBag], worker, comm: MPI.Intracomm):
-        self.module, self.bags, self.worker, self.comm = module, bags, worker, comm
-        self._pushes: List[Handle] = []
+    def __init__(self, module: torch.nn.Module, collection: EmbeddingBagCollection, store, comm, early_pull: bool):
+        self.module, self.collection, self.store, self.comm = module, collection, store, comm
+        self.early_pull = early_pull
+        self._pushes: List[object] = []
 
     def push(self) -> None:
-        """Start every bag's push of this step's row gradients (one per table; a bag with no
-        new gradient sends nothing). Call after ``backward()``; ``clock()`` waits for them."""
-        for bag in self.bags.values():
-            handle = bag.push()
-            if handle is not None:
-                self._pushes.append(handle)
+        """Start the push of this step's row gradients (one for all tables). Call after
+        ``backward()``; ``clock()`` waits for it."""
+        handle = self.collection.push()
+        if handle is not None:
+            self._pushes.append(handle)
 
-    def clock(self) -> int:
-        """End the step: push what ``push()`` has not yet, wait for every push, tell the servers."""
-        self.push()
+    def wait_pushes(self) -> None:
+        """Wait for every push started."""
         pushes, self._pushes = self._pushes, []
         for handle in pushes:
             handle.wait()
-        return self.worker.clock()
+
+    def clock(self) -> int:
+        """End the step: push what ``push()`` has not yet, wait for the pushes, tell the servers."""
+        self.push()
+        self.wait_pushes()
+        return self.store.clock()
 
     def release(self) -> None:
-        """Done: the servers stop once every worker released them."""
-        self.worker.release()
+        """Done: the servers stop once every trainer released them."""
+        self.store.release()
 
 
-def start_hybrid(module: torch.nn.Module, *, servers: int = 1, consistency: str = "ssp", staleness: int = 0,
-                 optimizer: str = "adagrad", lr: float = 0.05, seed: int = 0, comm=None,
-                 **ddp_options) -> Union[Server, HybridWorker]:
+def start_hybrid(module: torch.nn.Module, *, sparse_optimizer: RowOptimizer, layout: str = "dedicated",
+                 servers: int = 1, consistency: str = "bsp", staleness: int = 0, seed: int = 0,
+                 tables_from: Optional[str] = None, comm=None, **ddp_options) -> Union[Server, HybridWorker]:
     """Start a hybrid job for ``module`` (collective over ``comm``'s ranks; build the module the
-    same way everywhere): a ``Server`` on ranks 0..servers-1 (call ``serve()``) holding the
-    tables of ``module``'s ``PSEmbeddingBag``s (fixed tables initialised from ``seed``), a
-    ``HybridWorker`` elsewhere. ``consistency``/``staleness``: when the servers answer pulls
-    (``ps.Consistency``); ``optimizer``/``lr``: the servers' update of the rows; ``ddp_options``:
-    ``DistributedDataParallel``'s (bucket_cap_mb, compression, ...) for the dense part (a module
-    with no dense parameter is not wrapped). A dynamic table starts from its ``Dynamic``'s seed.
-    Bad input (no bag, two bags naming one table, ranks whose bags differ) raises on every rank;
-    a dense part the wrapper refuses raises on every worker, which release the servers first."""
+    same way everywhere): with ``layout="dedicated"`` a ``Server`` on ranks 0..servers-1 (call
+    ``serve()``) and a ``HybridWorker`` elsewhere; with ``"colocated"`` a ``HybridWorker`` on
+    every rank. The tables are the module's ``EmbeddingBagCollection``'s (exactly one), fixed
+    ones initialised from ``seed`` or read from ``tables_from`` (a ``save_tables`` directory, of
+    any number of trainers: resharded by id); ``ddp_options``: ``DistributedDataParallel``'s for the dense
+    part (a module with no dense parameter is not wrapped). Bad input (no collection or two,
+    tables declared differently on two ranks, an ``init_fn`` that changes the shape or dtype, an
+    unknown layout or optimizer, saved tables of another layout) raises on every rank before anything is made; a dense part the
+    wrapper refuses raises on every trainer, which release the servers first."""
     context = resolve(comm)
-    bags = [bag for bag in module.modules() if isinstance(bag, PSEmbeddingBag)]
-    specs = [bag.spec for bag in bags]
-    names = [spec.name for spec in specs]
-    doubled = sorted({name for name in names if names.count(name) > 1})
-    problem = ("the module has no PSEmbeddingBag (use DistributedDataParallel alone)" if not bags else
-               f"tables {doubled} are named by more than one PSEmbeddingBag (use one bag for a shared table)"
-               if doubled else None)
-    agree(context, "start_hybrid", [("tables", stable_hash(specs), lambda: specs)],
-          InputProblem(ProblemKind.UNUSABLE_ARRAY, problem) if problem else None)
-    scales = {t: bag.init_scale for t, bag in enumerate(bags)}
-
-    def elements(table: int, flat):
-        return counter_normal(seed, names[table], flat, scales[table])
-    role = start(specs, PartInit(specs, elements), servers=servers, consistency=Consistency(consistency, staleness),
-                 optimizer=optimizer, lr=lr, comm=context)
-    serving = isinstance(role, Server)
-    workers = context.comm.Split(MPI.UNDEFINED if serving else 0, context.rank)
-    if serving:
+    collections = [m for m in module.modules() if isinstance(m, EmbeddingBagCollection)]
+    configs = collections[0].embedding_bag_configs() if len(collections) == 1 else []
+    signature = [config.signature() for config in configs]
+    problems = [] if len(collections) == 1 else [f"the module holds {len(collections)} EmbeddingBagCollections "
+                                                 f"(start_hybrid takes exactly one; put every table in it)"]
+    problems += [p for p in (init_fn_problem(config) for config in configs) if p]
+    saved = saved_problem(tables_from, configs)
+    if saved:
+        problems.append(saved)
+    if layout not in LAYOUTS:
+        problems.append(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if not isinstance(sparse_optimizer, RowOptimizer):
+        problems.append(f"sparse_optimizer must be a RowOptimizer(name, lr), got {sparse_optimizer!r}")
+    elif sparse_optimizer.problem():
+        problems.append(sparse_optimizer.problem())
+    agree(context, "start_hybrid", [("tables", stable_hash(signature), lambda: signature),
+                                    ("layout", stable_hash((layout, servers, consistency, staleness, seed)),
+                                     (layout, servers, consistency, staleness, seed))],
+          InputProblem(ProblemKind.UNUSABLE_ARRAY, "; ".join(problems)) if problems else None)
+    consistency_model = Consistency(consistency, staleness)
+    role, trainers_comm, trainers = start_tables(configs, layout, servers, consistency_model, sparse_optimizer,
+                                                 seed, context, SavedTables(tables_from) if tables_from else None)
+    if isinstance(role, Server):
         return role
-    for bag in bags:
-        bag.bind(role)
+    collection = collections[0].bind(role, trainers, resolve(trainers_comm))
     try:
-        wrapped = DistributedDataParallel(module, comm=workers, **ddp_options) \
+        wrapped = DistributedDataParallel(module, comm=trainers_comm, **ddp_options) \
             if any(param.requires_grad for param in module.parameters()) else module
     except Exception:
-        role.release()  # every worker raised (the wrapper's checks agree): the servers' serve() returns
+        role.release()  # every trainer raised (the wrapper's checks agree): the servers' serve() returns
         raise
-    return HybridWorker(wrapped, dict(zip(names, bags)), role, workers)
+    early = layout == "dedicated" and (consistency_model.kind == "asp" or consistency_model.staleness >= 1)
+    return HybridWorker(wrapped, collection, role, trainers_comm, early)

@@ -1,8 +1,8 @@
-"""A TorchModel whose ids_of misreports the ids, under the hybrid trainer (1 server, 3 workers):
+"""A TorchModel whose features_of misreports the ids, under the hybrid trainer (1 server, 3 workers):
 every rank raises PSTrainingError naming the problem, none hangs.
 
-1. ids_of names too few ids (one field's for every table): the bag's forward finds ids not given;
-2. ids_of leaves a table out: ``rows`` says which.
+1. features_of names too few ids (field 0's for both): the collection's forward finds ids not given;
+2. features_of leaves a feature out: ``rows`` says which.
 """
 import sys
 import time
@@ -20,18 +20,26 @@ assert ctx.size == 4, "run with 4 ranks"
 torch.set_num_threads(1)
 
 
+def features(columns, keys=("f0", "f1")):
+    """One id a bag per key, from the given columns of ids."""
+    return hpt.KeyedJaggedTensor(list(keys), torch.cat([torch.from_numpy(c) for c in columns]),
+                                 lengths=torch.ones(sum(len(c) for c in columns), dtype=torch.int64))
+
+
 class TwoFields(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.bags = torch.nn.ModuleList(hpt.PSEmbeddingBag(f"f{f}", 2, mode="sum") for f in range(2))
+        self.sparse = hpt.EmbeddingBagCollection([hpt.EmbeddingBagConfig(None, 2, name=f"t{f}", feature_names=[f"f{f}"])
+                                                  for f in range(2)])
         self.head = torch.nn.Linear(2, 1)
 
     def forward(self, ids):
-        return self.head(self.bags[0](ids[:, :1]) * self.bags[1](ids[:, 1:])).squeeze(1)
+        pooled = self.sparse(features([ids[:, 0], ids[:, 1]])).to_dict()
+        return self.head(pooled["f0"] * pooled["f1"]).squeeze(1)
 
 
 def loss_fn(module, batch):
-    logits = module(torch.from_numpy(batch["ids"]))
+    logits = module(batch["ids"])
     labels = torch.from_numpy(batch["label"])
     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
     return loss, 0, len(labels)
@@ -42,12 +50,13 @@ split = {"ids": rng.integers(0, 50, (600, 2)), "label": rng.integers(0, 2, 600).
 data = ArrayDataset("pairs", split, split)
 config = TrainConfig(steps=5, batch=60, progress="none", topology=Hybrid(servers=1))
 started = time.perf_counter()
-for ids_of, expected in [(lambda batch: {"f0": batch["ids"][:, 0], "f1": batch["ids"][:, 0]},
-                          "are not among the rows given"),
-                         (lambda batch: {"f0": batch["ids"][:, 0]}, "ids_of(batch) gave no ids for table(s) ['f1']")]:
+for features_of, expected in [(lambda batch: features([batch["ids"][:, 0], batch["ids"][:, 0]]),
+                               "are not among the rows given"),
+                              (lambda batch: features([batch["ids"][:, 0]], keys=("f0",)),
+                               "the batch has no features ['f1']")]:
     torch.manual_seed(0)
     try:
-        train(hpt.TorchModel(TwoFields(), loss_fn, ids_of), data, config, comm=ctx, verbose=False)
+        train(hpt.TorchModel(TwoFields(), loss_fn, features_of), data, config, comm=ctx, verbose=False)
     except PSTrainingError as err:
         assert expected in str(err), err
     else:
