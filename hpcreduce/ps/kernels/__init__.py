@@ -1,10 +1,10 @@
 """Compiled kernels of the rows path (numba ``@njit(nogil=True, cache=True)``), loaded lazily.
 
-``index``: the id index's probe, insert, remove and move; ``sketch``: the admission
-sketch's count-min sighting; ``rows``: summing duplicate ids' gradients and the row
-optimizers (SGD, momentum, Adagrad, Adam) fused with the gather and scatter; ``route``:
-a worker's shard routing (rendezvous owners and the group-by); ``normal``: counter-based
-normal initial values. Each kernel computes what
+``index``: the id index's probes (``find``; ``cells``, which ``IdIndex.remove`` and ``move``
+use) and ``insert``; ``sketch``: the admission sketch's count-min sighting; ``rows``: summing
+duplicate ids' gradients and the row optimizers (SGD, momentum, Adagrad, Adam) fused with the
+gather and scatter; ``route``: a worker's shard routing (rendezvous owners and the group-by);
+``normal``: counter-based normal initial values. Each kernel computes what
 the numpy code it replaced computed, bit for bit (float32 arithmetic stays float32).
 
 ``kernel(module, name)`` gives a function that imports numba and the module on its first
