@@ -32,7 +32,7 @@ from ..updates import gather_rows
 
 Exported = Tuple[np.ndarray, np.ndarray, Dict[str, np.ndarray]]
 HEAT = ("last_used", "uses")  # a dynamic row's use counters, carried beside its optimizer state
-INIT_SCALE = 0.01  # lazy fixed tables' rows start N(0, INIT_SCALE**2), as a dynamic table's default (tables.Dynamic.init_scale)
+INIT_SCALE = 0.01  # lazy fixed tables' rows start N(0, INIT_SCALE**2), as dynamic tables' (Dynamic.init_scale)
 
 
 def stored_spec(spec: ParamSpec, lazy: Optional[int]) -> ParamSpec:
