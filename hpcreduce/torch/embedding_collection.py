@@ -177,10 +177,9 @@ class EmbeddingBagCollection(torch.nn.Module):
     def push(self):
         """Start one push of every forward's row gradients since the last push (every table,
         summed by id, times 1/trainers; a table no loss reached sends no rows); its handle
-        (``wait()`` -> {table: PushResult}), or None when there was no forward to push."""
+        (``wait()`` -> {table: PushResult}). A step without a forward still pushes (no rows):
+        in the colocated layout a push is collective, and a rank that skipped it would hang the others."""
         pending, self._pending = self._pending, []
-        if not pending:
-            return None
         grads: Dict[str, List[Tuple[torch.Tensor, torch.Tensor]]] = {c.name: [] for c in self._configs}
         for routed, rows in pending:
             for name, leaf in rows.items():

@@ -22,7 +22,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import PSInputError
+from ..errors import OutputFileError, PSInputError
+from ..runtime.files import write_json
 from .embedding_configs import EmbeddingBagConfig
 
 CHUNK = 1 << 18
@@ -37,10 +38,20 @@ def save_tables(job, directory: str) -> None:
     if dynamic:
         raise PSInputError(f"save_tables: tables {dynamic} are dynamic; only fixed tables are saved here")
     rank, trainers = job.comm.Get_rank(), job.comm.Get_size()
-    os.makedirs(directory, exist_ok=True)
-    files = {c.name: np.lib.format.open_memmap(_path(directory, c.name, rank, trainers), mode="w+", dtype=np.float32,
-                                               shape=(len(range(rank, c.num_embeddings, trainers)), c.embedding_dim))
-             for c in configs}
+    problem = None
+    try:  # a folder or file one rank cannot write is agreed, so no rank waits in the pulls below
+        os.makedirs(directory, exist_ok=True)
+        if rank == 0 and os.path.exists(os.path.join(directory, META)):
+            os.remove(os.path.join(directory, META))  # until it is written again, the save is unfinished
+        files = {c.name: np.lib.format.open_memmap(_path(directory, c.name, rank, trainers), mode="w+",
+                                                   dtype=np.float32, shape=(len(range(rank, c.num_embeddings,
+                                                                                      trainers)), c.embedding_dim))
+                 for c in configs}
+    except OSError as error:
+        problem = f"rank {rank}: {error}"
+    problems = [p for p in job.comm.allgather(problem) if p]
+    if problems:
+        raise OutputFileError(f"save_tables into {directory}: " + "; ".join(problems))
     most = max(-(-c.num_embeddings // trainers) for c in configs)
     for begin in range(0, most, CHUNK):
         ids = {c.name: np.arange(rank + begin * trainers, c.num_embeddings, trainers, dtype=np.int64)[:CHUNK]
@@ -49,11 +60,17 @@ def save_tables(job, directory: str) -> None:
             files[name][begin:begin + len(rows)] = rows
     for out in files.values():
         out.flush()
-    job.comm.Barrier()
+    job.comm.Barrier()  # every shard file written before the description that completes the save
+    problem = None
     if rank == 0:
         meta = {"trainers": trainers, "tables": {c.name: [c.num_embeddings, c.embedding_dim] for c in configs}}
-        with open(os.path.join(directory, META), "w") as out:
-            json.dump(meta, out)
+        try:
+            write_json(os.path.join(directory, META), meta)
+        except OSError as error:
+            problem = str(error)
+    problem = job.comm.bcast(problem, root=0)
+    if problem:
+        raise OutputFileError(f"save_tables into {directory}: rank 0 could not write {META}: {problem}")
 
 
 class SavedTables:

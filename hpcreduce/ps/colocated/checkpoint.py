@@ -44,17 +44,23 @@ def save(tables, directory: str) -> None:
         arrays.update({f"{t}/{name}": array for name, array in state.items()})
     problem = None
     try:
+        if tables.rank == 0 and os.path.exists(os.path.join(directory, DESCRIPTION)):
+            os.remove(os.path.join(directory, DESCRIPTION))  # until written again, the save is unfinished
         with atomic_file(os.path.join(directory, f"shard-{tables.key}.npz"), "wb") as out:
             np.savez(out, **arrays)
     except OSError as error:
         problem = f"rank {tables.rank}: {error}"
     keys = tables.comm.allgather((tables.key, problem))
     problems = [p for _, p in keys if p]
+    if not problems and tables.rank == 0:
+        try:
+            write_json(os.path.join(directory, DESCRIPTION), {**description(tables),
+                                                               "shards": sorted(k for k, _ in keys)})
+        except OSError as error:  # every rank learns of it below: none is left waiting
+            problems = [f"rank 0 ({DESCRIPTION}): {error}"]
+    problems = tables.comm.bcast(problems, root=0)
     if problems:
         raise PSConfigError("colocated checkpoint not written: " + "; ".join(problems))
-    if tables.rank == 0:
-        write_json(os.path.join(directory, DESCRIPTION), {**description(tables), "shards": sorted(k for k, _ in keys)})
-    tables.comm.Barrier()
 
 
 def load(tables, directory: str) -> None:
