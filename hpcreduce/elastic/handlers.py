@@ -47,6 +47,11 @@ class Handler:
         """``value`` as a checkpoint stores it (tensors not copied)."""
         return value
 
+    def whole(self, value: Any) -> Any:
+        """``value``'s whole state on this rank (``exported``, but a sharded one gathered:
+        collective)."""
+        return self.exported(value)
+
     def snapshot(self, value: Any) -> Any:
         """A copy of ``value`` that later changes to it do not touch."""
         return clone_tree(self.exported(value))
@@ -135,6 +140,9 @@ class Sharded(Handler):
 
     def exported(self, value: Any) -> Any:
         return value.state_dict()
+
+    def whole(self, value: Any) -> Any:
+        return value.full_state_dict()
 
     def snapshot(self, value: Any) -> Any:
         return value.shard_snapshot()

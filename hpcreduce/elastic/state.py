@@ -125,6 +125,11 @@ class State:
         tensors and arrays themselves, scalars), by name; nothing is copied."""
         return {name: self._handlers[name].exported(value) for name, value in self._values.items()}
 
+    def whole_state_dict(self) -> Dict[str, Any]:
+        """``state_dict()`` with a sharded value's whole state on every rank (collective): what
+        each rank can ``load_state_dict`` back, whatever the others hold."""
+        return {name: self._handlers[name].whole(value) for name, value in self._values.items()}
+
     def load_state_dict(self, values: Dict[str, Any]) -> None:
         """Every value from ``values`` (a ``state_dict()``, as a checkpoint stored it), in place
         (local: ``sync`` then gives rank 0's to every rank). ``InputMismatchError`` naming the

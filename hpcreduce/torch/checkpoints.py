@@ -124,7 +124,7 @@ def _load_everywhere(state: State, values: Any) -> Optional[str]:
     """``values`` (rank 0's, on every rank) loaded into ``state`` on every rank (collective: one
     allgather), or, when any rank's objects refuse them, every rank's objects put back as they
     were and the refusals named."""
-    kept = clone_tree(state.state_dict())
+    kept = clone_tree(state.whole_state_dict())  # a sharded optimizer's too, without consolidating first
     try:
         state.load_state_dict(values)
         refused = None

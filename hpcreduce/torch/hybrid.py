@@ -56,9 +56,7 @@ class HybridWorker:
     def push(self) -> None:
         """Start the push of this step's row gradients (one for all tables). Call after
         ``backward()``; ``clock()`` waits for it."""
-        handle = self.collection.push()
-        if handle is not None:
-            self._pushes.append(handle)
+        self._pushes.append(self.collection.push())
 
     def wait_pushes(self) -> None:
         """Wait for every push started."""
@@ -67,8 +65,11 @@ class HybridWorker:
             handle.wait()
 
     def clock(self) -> int:
-        """End the step: push what ``push()`` has not yet, wait for the pushes, tell the servers."""
-        self.push()
+        """End the step: push (unless ``push()`` already did this step), wait for the pushes,
+        tell the servers. Every trainer pushes once a step, with rows or without (the colocated
+        layout's push is collective)."""
+        if not self._pushes:
+            self.push()
         self.wait_pushes()
         return self.store.clock()
 
