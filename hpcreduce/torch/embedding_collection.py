@@ -177,8 +177,8 @@ class EmbeddingBagCollection(torch.nn.Module):
     def push(self):
         """Start one push of every forward's row gradients since the last push (every table,
         summed by id, times 1/trainers; a table no loss reached sends no rows); its handle
-        (``wait()`` -> {table: PushResult}). A step without a forward still pushes (no rows):
-        in the colocated layout a push is collective, and a rank that skipped it would hang the others."""
+        (``wait()`` -> {table: PushResult}). A step whose forwards left no gradient (evaluation
+        under ``no_grad``) still pushes, no rows, on every trainer alike (a colocated push is collective)."""
         pending, self._pending = self._pending, []
         grads: Dict[str, List[Tuple[torch.Tensor, torch.Tensor]]] = {c.name: [] for c in self._configs}
         for routed, rows in pending:
