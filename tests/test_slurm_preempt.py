@@ -21,8 +21,9 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 def signal_when_under_way(cluster, name: str, metrics: Path, sent: list) -> None:
     """``scancel --signal=USR1 --batch`` the job named ``name`` once ``metrics`` has 3 steps; once
-    it is requeued, let it start at once (Slurm holds a requeued job back for about two minutes)."""
-    deadline = time.monotonic() + 180
+    it is requeued, let it start at once (Slurm holds a requeued job back for about two minutes;
+    the deadline covers a slow start of both jobs on a loaded machine)."""
+    deadline = time.monotonic() + 360
     while time.monotonic() < deadline and not sent:
         if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
             job = cluster.command(["squeue", "-h", "-n", name, "-o", "%i"]).stdout.split()
