@@ -33,7 +33,7 @@ from .resizing import request_resize
 from .state_dicts import Layout, layout_difference
 
 OWN_NAMES = frozenset({"commit", "restore", "sync", "register_reset_callbacks", "context", "events", "members", "names",
-                       "job", "commits", "state_dict", "load_state_dict"})
+                       "job", "commits", "state_dict", "whole_state_dict", "load_state_dict"})
 
 
 class State:
