@@ -36,21 +36,11 @@ def cells(keys, slots, ids):
 
 @njit(nogil=True, cache=True)
 def find(keys, slots, ids):
-    """The slot of each id, -1 for ids not in the index."""
-    mask = len(keys) - 1
-    out = np.empty(len(ids), np.int64)
-    for i in range(len(ids)):
-        key = ids[i]
-        cell = _start(key, mask)
-        while True:
-            slot = slots[cell]
-            if slot == EMPTY:
-                out[i] = -1
-                break
-            if slot >= 0 and keys[cell] == key:
-                out[i] = slot
-                break
-            cell = (cell + 1) & mask
+    """The slot of each id, -1 for ids not in the index (``cells``' probe, each cell read)."""
+    out = cells(keys, slots, ids)
+    for i in range(len(out)):
+        if out[i] >= 0:
+            out[i] = slots[out[i]]
     return out
 
 
