@@ -58,10 +58,20 @@ def test_bsp_rows_survive_a_server_dying_joining_or_leaving_bit_for_bit(tmp_path
     assert_rows_add_up(data)
 
 
+@pytest.fixture(scope="module")
+def trained_reference(tmp_path_factory):
+    """The reference trained long enough (40 steps) that an SSP run's order of updates, which
+    changes with the timing of a kill, no longer moves its accuracy by more than 0.01 (at 20
+    steps, 2 runs in 26 ended 0.03-0.05 below the rest)."""
+    return train(tmp_path_factory.mktemp("trained"), "reference", "--mode", "ps", "--servers", "2",
+                 "--steps", "40", ft=False)
+
+
 @pytest.mark.parametrize("mode, killed", [("ps", "1@8"), ("hybrid", "3@8")])
-def test_admission_and_eviction_through_a_kill_train_like_the_reference(tmp_path, reference, mode, killed):
+def test_admission_and_eviction_through_a_kill_train_like_the_reference(tmp_path, trained_reference, mode, killed):
+    reference = trained_reference
     data = train(tmp_path, f"{mode}-budget", "--mode", mode, "--servers", "2", "--consistency", "ssp",
-                 "--staleness", "1", "--admit-after", "2", "--row-budget", "40K", "--kill", killed)
+                 "--staleness", "1", "--admit-after", "2", "--row-budget", "40K", "--kill", killed, "--steps", "40")
     assert [e for e in data["recovery"] if e["kind"] == "failure"], data["recovery"]
     assert_exactly_once(data)
     assert_rows_add_up(data)

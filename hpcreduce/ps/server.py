@@ -27,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.context import Traffic
-from ..runtime.failures import abandon
+from ..runtime.failures import abandon, wait_all
 from .optimizers import Optimizer
 from . import inbox, protocol
 from .consistency import Consistency
@@ -132,7 +132,7 @@ class Server:
             if len(self.outbox) >= RETIRE_AT:
                 self._retire_sends()
         with self.guard(f"server rank {self.comm.Get_rank()} finishing its replies"):
-            MPI.Request.Waitall([entry[0] for entry in self.outbox])
+            wait_all([entry[0] for entry in self.outbox])
         self.outbox.clear()
 
     def slowest(self) -> int:
@@ -373,7 +373,7 @@ class Server:
         waiting = [entry for entry in self.outbox if entry[2] == table_id]
         if waiting:
             with self.guard(f"server rank {self.comm.Get_rank()} finishing reads of table {table_id}"):
-                MPI.Request.Waitall([entry[0] for entry in waiting])
+                wait_all([entry[0] for entry in waiting])
             self.outbox = [entry for entry in self.outbox if entry[2] != table_id]
 
     def _pinned(self, buffer: np.ndarray) -> bool:

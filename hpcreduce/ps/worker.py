@@ -28,7 +28,7 @@ from mpi4py import MPI
 from ..arrays import is_device_array, to_host
 from ..errors import PSInputError
 from ..runtime.context import Traffic
-from ..runtime.failures import abandon
+from ..runtime.failures import abandon, wait_all
 from ..arrays.finite import all_finite
 from . import multi_table, protocol
 from .kernels import kernel
@@ -233,7 +233,7 @@ class Worker:
         self.released = True
         self._tell_servers(protocol.request(Op.RELEASE, 0, self.slot, self.clock_value))
         with self.guard(f"worker slot {self.slot} releasing the servers"):
-            MPI.Request.Waitall([request for request, _ in self._unanswered])
+            wait_all([request for request, _ in self._unanswered])
         self._unanswered.clear()
 
     def reopen(self) -> None:

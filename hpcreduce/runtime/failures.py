@@ -37,15 +37,14 @@ def is_process_failure(error: BaseException, comm: Optional[MPI.Comm] = None) ->
 
 
 def wait_all(requests: List[MPI.Request]) -> None:
-    """``MPI_Waitall``, reporting a failed request's own error class (not ``ERR_IN_STATUS``)."""
-    statuses = [MPI.Status() for _ in requests]
-    try:
-        MPI.Request.Waitall(requests, statuses)
-    except MPI.Exception as error:
-        if error.Get_error_class() != MPI.ERR_IN_STATUS:
-            raise
-        codes = [s.Get_error() for s in statuses if s.Get_error() not in (MPI.SUCCESS, MPI.ERR_PENDING)]
-        raise MPI.Exception(codes[0] if codes else error.Get_error_code()) from None
+    """Complete ``requests``, one ``MPI_Wait`` each (the first failure raised with its own error).
+
+    Not ``MPI_Waitall``: after a process failure Open MPI 5.0.11's ``MPI_Waitall`` returns the
+    requests still in flight as ``ERR_PENDING`` yet sets their handles to null; one completed
+    later (with an error) then ends the whole job ("Recv error after request freed"). A
+    failed ``MPI_Wait`` leaves its request, and those after it, live for ``abandon``."""
+    for request in requests:
+        request.Wait()
 
 
 def revoke(comm: MPI.Comm) -> None:
@@ -59,13 +58,21 @@ def revoke(comm: MPI.Comm) -> None:
 
 def abandon(comm: MPI.Comm, requests: Iterable[MPI.Request]) -> None:
     """After a process failure: revoke ``comm`` so every pending request completes (with an
-    error), then complete them, so no receive can later write into a reused buffer."""
+    error), then complete them, so no receive can later write into a reused buffer.
+
+    Open MPI returns a failed request's error from ``MPI_Wait`` without freeing it; mpi4py
+    frees a request object it drops, and an error that reaches a freed request ends the
+    whole job ("Recv error after request freed"). So a request still live after its wait is
+    kept, with its buffer, for the life of the process, as ``release`` keeps a revoked
+    communicator."""
     revoke(comm)
     for request in requests:
         try:
             request.Wait()
         except MPI.Exception:
             pass
+        if request:
+            _ABANDONED.append(request)
 
 
 def release(comm: MPI.Comm) -> None:
@@ -92,6 +99,9 @@ def _is_revoked(comm: MPI.Comm) -> bool:
 
 _REVOKED: List[MPI.Comm] = []
 """The revoked communicators ``release`` kept (a few per recovery)."""
+
+_ABANDONED: List[MPI.Request] = []
+"""The requests ``abandon`` could not complete (a few per recovery)."""
 
 
 def abort_job(code: int) -> NoReturn:

@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 from ...errors import OutputFileError
 from ...ps.server import Server
+from ...runtime.failures import wait_all
 from ...runtime.stop import StoppedEarly, requests
 from ..config import TrainConfig
 from .dense_checkpoints import save_dense
@@ -81,7 +82,7 @@ class StopPoint:
         """Every rank (collective): the step the servers checkpoint (the fewest steps a stopped
         worker did; ``done``: this worker's, None on a server), or None when no worker stopped
         or some worker ``failed`` (the failure is reported, not a stop)."""
-        MPI.Request.Waitall(self._sends)
+        wait_all(self._sends)
         mine = -1 if failed else done if self.stopped and done is not None else NOT_STOPPED
         step = self.comm.allreduce(mine, op=MPI.MIN)
         return None if step in (NOT_STOPPED, -1) else step
