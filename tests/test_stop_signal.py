@@ -1,7 +1,7 @@
 """Stop signals outside Slurm (issue 37): a SIGUSR1 to ``hpcreduce train``'s launcher stops the
 ring at a step boundary on every rank, checkpoints and exits 75; started again over the folder
 the run goes on and ends with the same checksum as one never stopped (also with 3 ranks); so do PS-BSP and hybrid-BSP runs
-(stopped at a step boundary, checkpointed, resumed without --ft and then with --ft); a torch loop
+(stopped at a step boundary twice, with --ft and without, checkpointed, resumed); a torch loop
 in ``elastic.run(on_stop=...)`` stopped by one rank's signal resumes like one process. Bad input:
 no checkpoint folder, a folder that cannot take the checkpoint, --stop-signals where it would do nothing.
 """
@@ -158,31 +158,33 @@ def test_an_elastic_torch_loop_stopped_by_one_rank_resumes_like_one_process(tmp_
     assert "ok every_sample_once" in resumed.output and "ok equals_one_process_run" in resumed.output
 
 
-@pytest.mark.parametrize("mode", ["ps", "hybrid"])
-def test_a_bsp_run_stopped_at_a_step_resumes_to_the_same_checksum_with_ft_or_without(tmp_path, mode):
-    run = ("train", "-n", "3", "--mode", mode, "--servers", "1", "--steps", "16", "--batch", "256",
+@pytest.mark.parametrize("mode,ft", [("ps", (False, True, True)), ("hybrid", (True, False, False))])
+def test_a_bsp_run_stopped_twice_with_ft_or_without_resumes_to_the_same_checksum(tmp_path, mode, ft):
+    """Stopped, resumed and stopped again, then finished: each launch with ``--ft`` or not as ``ft``
+    says (ps: first without, then with; hybrid: the other way round)."""
+    run = ("train", "-n", "3", "--mode", mode, "--servers", "1", "--steps", "20", "--batch", "256",
            "--table-rows", "4096", "--quiet")
     whole = hpcreduce_cli(*run, "--json", str(tmp_path / "whole.json"), timeout=TIMEOUT)
     assert whole.returncode == 0, whole.output
     reference = json.loads((tmp_path / "whole.json").read_text())["final"]
     folder, out = tmp_path / "ckpt", tmp_path / "resumed.json"
     saving = (*run, "--checkpoint-dir", str(folder), "--checkpoint-every", "5", "--json", str(out))
-    first = stopped_at(*stopped_run([*saving, "--slow", "1:50"], tmp_path / "m.jsonl"))  # the signal lands mid-run
-    assert 3 <= first < 16 and not out.exists()
+    flag = lambda launch: ("--ft",) if ft[launch] else ()  # noqa: E731
+    first = stopped_at(*stopped_run([*saving, *flag(0), "--slow", "1:50"], tmp_path / "m0.jsonl"))
+    assert 3 <= first < 14 and not out.exists()
     assert f"ckpt-{first:09d}.npz" in os.listdir(folder / "ps-shard-0")  # the servers' shards, at the stop
     if mode == "hybrid":
         assert f"ckpt-{first:09d}.npz" in os.listdir(folder / "dense-replica")  # the workers' dense parameters
-    again = hpcreduce_cli(*saving, timeout=TIMEOUT)
-    assert again.returncode == 0 and f"resumed from the checkpoint of step {first} " in again.output, again.output
+    stopped = stopped_run([*saving, *flag(1), "--slow", "1:50"], tmp_path / "m1.jsonl")
+    assert f"resumed from the checkpoint of step {first} " in stopped[1], stopped[1]
+    second = stopped_at(*stopped)
+    assert first < second < 20 and not out.exists()
+    again = hpcreduce_cli(*saving, *flag(2), timeout=TIMEOUT)
+    assert again.returncode == 0 and f"resumed from the checkpoint of step {second} " in again.output, again.output
     assert "0 acknowledged updates lost" in again.output, again.output
-    assert json.loads(out.read_text())["final"] == reference
-    # issue 36 item 5: with --ft over its own folder it resumes too, from the latest checkpoint (15 or the stop's)
-    ft = hpcreduce_cli(*saving, "--ft", timeout=TIMEOUT)
-    latest = max(first, 15)
-    assert ft.returncode == 0 and f"resumed from the checkpoint of step {latest} " in ft.output, ft.output
     assert json.loads(out.read_text())["final"] == reference
     if mode == "ps":  # a flag that would do nothing: refused by the launcher, before any rank starts
         refused = hpcreduce_cli(*run[:3], "--mode", "sandblaster", "--stop-signals", "USR1", timeout=TIMEOUT)
         assert refused.returncode == 2, refused.output
-        assert "--stop-signals only applies to --mode ring, and to ps and hybrid without --ft (--mode sandblaster " \
-               "ends at once" in refused.output, refused.output
+        assert "--stop-signals only applies to --mode ring, ps and hybrid (--mode sandblaster ends at once" \
+            in refused.output, refused.output

@@ -7,9 +7,9 @@ and accuracy; --json writes the whole result, --metrics one JSON line per step,
 --timeline a Chrome trace of every rank's phases.
 Flag errors are printed by rank 0 and every rank exits with status 2; a run that ends with a
 model worse than the one it started from (diverged: see the final line's warning) exits 5
-(3 is the deadline watchdog's abort). --mode ring (and ps, hybrid without --ft) stops at the next step boundary on SIGUSR1 or
-SIGTERM (--stop-signals), writes its checkpoint into --checkpoint-dir and exits 75: started again
-over the folder it goes on (docs/slurm.md).
+(3 is the deadline watchdog's abort). --mode ring, ps and hybrid (with --ft or not) stop at the next step boundary on
+SIGUSR1 or SIGTERM (--stop-signals), write their checkpoint into --checkpoint-dir and exit 75: started again
+over the folder they go on (docs/slurm.md).
 Each model brings the --steps, --batch, --lr and --optimizer it trains well with;
 flags override them. --mode sandblaster minimises the batch objective with --optimizer
 lbfgs (default) or gd over K servers, one coordinator and the other ranks as workers,
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     config, problems = build_config(args)
     from ..runtime.stop import STOP_SIGNALS, StoppedEarly, requests
     from ..train.api import stops_at_step
-    if stops_at_step(config.mode, bool(args.ft)):  # other modes end at once on the signal, resumed from their last checkpoint
+    if stops_at_step(config.mode):  # sandblaster ends at once on the signal
         requests.install(STOP_SIGNALS.value() if config.fault.stop_signals is None else config.fault.stop_signals)
     from mpi4py import MPI
     from ..errors import FaultToleranceUnavailableError, HpcreduceError
@@ -157,11 +157,9 @@ def build_config(args: argparse.Namespace) -> Tuple["TrainConfig", List[Problem]
     part = {**{name: value for name, value in batch_method.items() if name in own}, **part}
     config = TrainConfig(**chosen, topology=topology(**part), fault=FaultConfig(**fault, hostfile=args.hostfile))
     from ..train.api import stops_at_step
-    if config.fault.stop_signals is not None and not stops_at_step(mode, bool(getattr(args, "ft", False))):
-        why = "ends at once on a signal and does not resume across launches" if mode == "sandblaster" else \
-            "with --ft ends at once on a signal; started again over its checkpoint folder it resumes"
-        problems.append(f"--stop-signals only applies to --mode ring, and to ps and hybrid without --ft "
-                        f"(--mode {mode} {why})")
+    if config.fault.stop_signals is not None and not stops_at_step(mode):
+        problems.append(f"--stop-signals only applies to --mode ring, ps and hybrid (--mode {mode} ends at once on "
+                        "a signal and does not resume across launches)")
     return config, problems
 
 

@@ -30,13 +30,12 @@ from .sandblaster.sandblaster_training import run_sandblaster_training
 DYNAMIC_MODES = ("ps", "hybrid")
 STOPS_AT_STEP = ("ring", "ps", "hybrid")
 """The modes that take a stop signal at a step boundary, checkpoint and exit 75 (``runtime.stop``;
-ps and hybrid without ``--ft``: ``train.ps.stop_point``)."""
+ps and hybrid: ``train.ps.stop_point``)."""
 
 
-def stops_at_step(mode: str, ft: bool) -> bool:
-    """Whether ``--mode mode`` (with ``--ft`` or not) stops at a step boundary on a stop signal
-    (else the signal ends it at once and it resumes from its last ``--checkpoint-every`` checkpoint)."""
-    return mode == "ring" or (mode in STOPS_AT_STEP and not ft)
+def stops_at_step(mode: str) -> bool:
+    """Whether ``--mode mode`` (with ``--ft`` or not) stops at a step boundary on a stop signal."""
+    return mode in STOPS_AT_STEP
 RUNNERS = {"ring": run_ring_training, "ps": run_ps_training, "hybrid": run_ps_training,
            "sandblaster": run_sandblaster_training}
 

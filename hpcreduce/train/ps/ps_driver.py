@@ -16,6 +16,9 @@ Cost while nothing fails: the replication of every push, a checkpoint of each sh
 folder holding a complete checkpoint of this run resumes from it as one without ULFM does
 (``resume_point``: shards and replicas from it, every worker at its step; hybrid: the workers'
 dense replica too, which the first worker checkpoints with the servers, ``dense_checkpoints``).
+A stop signal stops every worker after the same step as without ULFM (``stop_point``): each epoch
+has its own ``StopPoint`` over its communicator, so a signal before or during a recovery is acted
+on in the epoch after it; the run then ends as usual and ``ps_training`` writes the checkpoint.
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ from .ps_resizing import carry_out
 from .dense_checkpoints import load_dense, save_when_due, saved as dense_saved
 from .fallback import resumed_event
 from .resume_point import Resume
+from .stop_point import StopPoint
 
 if TYPE_CHECKING:
     from ...ps.server import Server
@@ -107,6 +111,9 @@ class PSDriver:
             server = serve_shard(self.ctx, layout, self.setup.tables, epoch.holdings.own, epoch.holdings.replica,
                                  guard=watchdog.guard, on_progress=self._server_progress)
         self.server = server
+        self.stop = StopPoint(self.ctx.comm, layout.worker_ranks)  # a stop signal, in this epoch's ranks
+        if epoch.worker.loop is not None:
+            epoch.worker.loop.stop = self.stop
         self.observer.reporter = layout.worker_ranks[0]
         if self.observer.lines_rank is not None:  # ps mode: the first live server writes the metrics lines
             self.observer.lines_rank = min(layout.shard_ranks.values())
@@ -155,6 +162,7 @@ class PSDriver:
         """The slowest live clock moved: kills, checkpoints, events; rank 0 asks for the growth
         and leaves due before the next step by revoking (everyone recovers, then resizes)."""
         epoch = self.epoch
+        self.stop.tell()
         if not self.progress.server_progress(server, slowest, epoch.resume_mark, epoch.members):
             return
         if self.ctx.rank == 0 and self.requests.due(slowest + 1, epoch.resized_before, epoch.members.ids,

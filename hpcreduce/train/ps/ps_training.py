@@ -21,7 +21,7 @@ events (rank 0's, a server: it times the next step). Without ULFM but with a che
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Union
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -55,9 +55,9 @@ def run_ps_training(ctx: Context, config: TrainConfig, model: Model, dataset: Da
     before anything starts; a failure during training raises ``PSTrainingError`` on every
     rank after the servers stopped. With fault tolerance (``ctx.ft``) the run survives
     dead ranks and grows (``ps_driver``); the result then also has ``recovery``. Without it, a
-    checkpoint folder makes the run resume from its checkpoints when relaunched (``fallback``),
-    and a stop signal stops every worker after the same step, checkpoints it and raises
-    ``StoppedEarly`` on every rank (``stop_point``).
+    checkpoint folder makes the run resume from its checkpoints when relaunched (``fallback``).
+    With or without it a stop signal stops every worker after the same step, checkpoints it and
+    raises ``StoppedEarly`` on every rank (``stop_point``).
     """
     setup = PSSetup.of(config, model, dataset, ctx.size, ctx.ft)
     started = time.perf_counter()
@@ -91,11 +91,11 @@ def run_ps_training(ctx: Context, config: TrainConfig, model: Model, dataset: Da
     loop.before_step = lambda step: hangs.strike("step", step, ctx.rank, range(ctx.size))
     loop.stop = stop
     loop.run(ctx, observer)
-    _stop_here(ctx, setup, stop, role, loop)
+    _stop_here(ctx, setup, stop, None, loop)
     return ps_result(ctx, setup, role.layout, None, loop.result, started, placement=placement)
 
 
-def _stop_here(ctx: Context, setup: PSSetup, stop: StopPoint, role: Union[Server, Worker],
+def _stop_here(ctx: Context, setup: PSSetup, stop: StopPoint, server: Optional[Server],
                loop: Optional[WorkerLoop]) -> None:
     """Collective: when a stop signal stopped the workers, the servers checkpoint the step they
     stopped after and every rank raises ``StoppedEarly`` (``stop_point``); else nothing."""
@@ -103,7 +103,7 @@ def _stop_here(ctx: Context, setup: PSSetup, stop: StopPoint, role: Union[Server
     step = stop.agree(done, failed=loop is not None and loop.result.failure is not None)
     if step is not None:
         first = loop is not None and loop.worker.index == 0
-        save_stop(ctx.comm, setup.config, role if isinstance(role, Server) else None, step, setup.identity,
+        save_stop(ctx.comm, setup.config, server, step, setup.identity,
                   setup.tables.consistency.aggregates, loop.replica if first else None)
 
 
@@ -126,7 +126,7 @@ def _run_fallback(ctx: Context, setup: PSSetup, observer: Observer, started: flo
         progress = role.on_progress
         role.on_progress = lambda server, slowest: (stop.tell(), progress(server, slowest))
         role.serve()
-    _stop_here(ctx, setup, stop, role, loop)
+    _stop_here(ctx, setup, stop, None if loop else role, loop)
     mine = (loop.worker.slot, len(loop.pushed)) if loop else None
     made = np.full(role.layout.slot_count, -1, np.int64)
     for slot, count in filter(None, ctx.comm.allgather(mine)):
@@ -138,9 +138,10 @@ def _run_fallback(ctx: Context, setup: PSSetup, observer: Observer, started: flo
 
 def _run_elastic(ctx: Context, setup: PSSetup, observer: Observer, started: float) -> TrainResult:
     driver = PSDriver(ctx, setup, observer)
-    driver.progress.on_server = _lines(observer, setup.config.steps)
+    driver.progress.on_server = _lines(observer, setup.config.steps, driver.epoch.resume_mark)  # from a resume's step
     driver.run()
     epoch = driver.epoch
+    _stop_here(ctx, setup, driver.stop, driver.server, epoch.worker.loop)
     loop = epoch.worker.loop_or_former
     mine = None if loop is None else (loop.worker.slot, len(loop.pushed), epoch.worker.lost_updates)
     layout = epoch.layout
