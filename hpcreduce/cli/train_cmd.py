@@ -62,8 +62,9 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     config, problems = build_config(args)
     from ..runtime.stop import STOP_SIGNALS, StoppedEarly, requests
     from ..train.api import stops_at_step
-    if stops_at_step(config.mode):  # sandblaster ends at once on the signal
-        requests.install(STOP_SIGNALS.value() if config.fault.stop_signals is None else config.fault.stop_signals)
+    wanted = () if not stops_at_step(config.mode) else \
+        STOP_SIGNALS.value() if config.fault.stop_signals is None else config.fault.stop_signals
+    requests.install(wanted)  # a signal held since the start (``hold_early``) stays, or acts as without it
     from mpi4py import MPI
     from ..errors import FaultToleranceUnavailableError, HpcreduceError
     from ..runtime.context import init

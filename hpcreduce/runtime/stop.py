@@ -6,14 +6,20 @@ turned into a request that the run stops at its next step boundary, saves and ex
 so a second one changes nothing. The trainers read ``requests.seen`` (a Python attribute: no
 system call, no message) and fold it into an exchange each step already makes, so every rank
 stops after the same step; then they checkpoint and exit ``RESUMABLE_EXIT``.
+A rank of ``hpcreduce train`` catches them from the first lines of ``python -m hpcreduce``
+(``hold_early``, before the heavy imports and MPI's start) and holds a signal that comes then
+until the trainer looks; once the mode is known ``install`` keeps it, or gives it back to the
+signal's own handler (a mode that does not stop at a step boundary, a signal not in the list).
 ``hpcreduce launch`` passes a stop signal on to mpirun as SIGUSR1 (Open MPI 5's mpirun relays
 SIGUSR1 and SIGUSR2 to every rank; a SIGTERM would end them), srun's ``--signal`` reaches every task.
 """
 from __future__ import annotations
 
+import os
 import signal
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from .environment import detect_launcher
 from .settings import Setting
 
 RESUMABLE_EXIT = 75
@@ -55,10 +61,14 @@ class StopRequests:
         self._previous: Dict[int, object] = {}
 
     def install(self, signals: Tuple[signal.Signals, ...]) -> None:
-        """Catch ``signals`` from now on (those caught before and not in ``signals`` go back)."""
+        """Catch ``signals`` from now on (those caught before and not in ``signals`` go back); a
+        signal seen before and not in ``signals`` is raised again, to its own handler."""
         self.uninstall()
         self.signals = tuple(signals)
         self._previous = {sig: signal.signal(sig, self._record) for sig in self.signals}
+        if self.seen is not None and self.seen not in self.signals:
+            seen, self.seen = self.seen, None
+            signal.raise_signal(seen)
 
     def uninstall(self) -> None:
         """Back to the handlers there were before ``install``; what was seen is kept."""
@@ -77,6 +87,19 @@ class StopRequests:
 
 requests = StopRequests()
 """This process's stop requests: the only place they are kept."""
+
+
+def hold_early(argv: List[str]) -> None:
+    """The first lines of ``python -m hpcreduce``: a rank of ``train`` (under mpirun or srun)
+    catches the stop signals of ``HPCREDUCE_STOP_SIGNALS`` (set by the launcher from
+    ``--stop-signals``; the default when unset or unreadable, which the run reports later)."""
+    if argv[:1] != ["train"] or detect_launcher() == "none":
+        return
+    try:
+        signals = STOP_SIGNALS.value(os.environ)
+    except ValueError:
+        signals = STOP_SIGNALS.default
+    requests.install(signals)
 
 
 class StoppedEarly(SystemExit):

@@ -1,0 +1,110 @@
+"""Stop signals at awkward moments (issue 37), outside Slurm: a signal to the ranks in their first
+second (before the trainer, before the first checkpoint could be written) is held and the run
+stops resumable after its first step (the handlers come before ``python -m hpcreduce``'s heavy
+imports; a held signal the mode does not take acts as without them); the other edges are in
+tests/test_stop_signal.py.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpcreduce.runtime import stop
+from hpcreduce.runtime.jobs import stop_job
+from hpcreduce.runtime.stop import RESUMABLE_EXIT, StopRequests, hold_early
+
+RING = ("train", "-n", "2", "--steps", "30", "--batch", "512", "--table-rows", "4096", "--quiet")
+TIMEOUT = 120
+
+
+def ranks_of(launcher: int) -> list:
+    """The pids of the ranks (``python -m hpcreduce train`` under mpirun) in ``launcher``'s session."""
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != launcher):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if os.getsid(pid) == launcher and b"hpcreduce" in argv and b"python" in argv[0]:
+                found.append(pid)
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (its /proc status's SigCgt mask)."""
+    try:
+        mask = next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("SigCgt:"))
+    except OSError:
+        return False
+    return bool(int(mask, 16) >> (sig - 1) & 1)
+
+
+def signal_ranks_at_start(args, ranks: int, sig=signal.SIGUSR1):
+    """Run ``hpcreduce train``, send ``sig`` to each of its ``ranks`` ranks as soon as all catch it
+    (the first lines of ``python -m hpcreduce``); (exit code, output, seconds from start to signal)."""
+    child = subprocess.Popen([sys.executable, "-m", "hpcreduce", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                             env={**os.environ, "OMPI_MCA_mpi_yield_when_idle": "1"})
+    started = time.monotonic()
+    try:
+        while time.monotonic() < started + TIMEOUT and child.poll() is None:
+            pids = ranks_of(child.pid)
+            if len(pids) == ranks and all(catches(pid, sig) for pid in pids):
+                break
+            time.sleep(0.002)
+        sent = time.monotonic() - started
+        for pid in pids:
+            os.kill(pid, sig)
+        output, _ = child.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        stop_job(child, 0)
+        raise AssertionError(f"hpcreduce train did not end within {TIMEOUT} s (a hang is a bug)")
+    return child.returncode, output, sent
+
+
+def test_a_signal_in_the_ranks_first_second_is_held_until_the_first_step_is_checkpointed(tmp_path):
+    folder = tmp_path / "ckpt"
+    code, output, _ = signal_ranks_at_start([*RING, "--checkpoint-dir", str(folder)], 2)
+    assert code == RESUMABLE_EXIT and "stopped by SIGUSR1 after step 1;" in output, output
+    assert os.listdir(folder) == ["ckpt-000000001.npz"]
+
+
+def test_a_rank_of_train_holds_a_signal_from_its_first_lines_and_gives_back_one_its_mode_does_not_take(monkeypatch):
+    monkeypatch.setattr(stop, "requests", StopRequests())
+    monkeypatch.setenv("HPCREDUCE_STOP_SIGNALS", "USR2")
+    monkeypatch.delenv("OMPI_COMM_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("PMI_SIZE", raising=False)
+    monkeypatch.delenv("PMIX_RANK", raising=False)
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    got = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, _frame: got.append(signum))
+    try:
+        hold_early(["train"])  # the launcher (outside MPI): nothing caught
+        assert stop.requests.signals == ()
+        monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+        hold_early(["info"])  # another command: nothing
+        assert stop.requests.signals == ()
+        hold_early(["train"])
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.01)
+        assert stop.requests.seen == signal.SIGUSR2 and not got  # held
+        stop.requests.install((signal.SIGUSR2,))  # a mode that stops at a step boundary: still held
+        assert stop.requests.seen == signal.SIGUSR2 and not got
+        stop.requests.install(())  # sandblaster: the signal goes to its own handler, as if never held
+        time.sleep(0.01)
+        assert got == [signal.SIGUSR2] and stop.requests.seen is None
+    finally:
+        stop.requests.uninstall()
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_python_m_hpcreduce_catches_the_signals_before_its_heavy_imports():
+    shown = subprocess.run([sys.executable, "-X", "importtime", "-m", "hpcreduce", "train", "--help"],
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "OMPI_COMM_WORLD_SIZE": "1"})
+    assert shown.returncode == 0, shown.stderr
+    order = [line.split("|")[-1].strip() for line in shown.stderr.splitlines() if line.startswith("import time:")]
+    assert order.index("hpcreduce.runtime.stop") < min(order.index(name) for name in ("numpy", "hpcreduce.cli"))
