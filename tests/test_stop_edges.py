@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from hpcreduce.runtime import stop
 from hpcreduce.runtime.jobs import stop_job
 from hpcreduce.runtime.stop import RESUMABLE_EXIT, StopRequests, hold_early
@@ -108,3 +110,38 @@ def test_python_m_hpcreduce_catches_the_signals_before_its_heavy_imports():
     assert shown.returncode == 0, shown.stderr
     order = [line.split("|")[-1].strip() for line in shown.stderr.splitlines() if line.startswith("import time:")]
     assert order.index("hpcreduce.runtime.stop") < min(order.index(name) for name in ("numpy", "hpcreduce.cli"))
+
+
+JOBS = Path(__file__).resolve().parent.parent / "jobs"
+STUB = '#!/bin/sh\necho "$(basename "$0") $*" >> "$CALLS"\nexit ${STUB_EXIT:-0}\n'  # records, starts nothing
+
+
+@pytest.mark.parametrize("script,extra", [("train_ring.sbatch", {}), ("train_ps.sbatch", {}),
+                                          ("train_ft.sbatch", {"MODE": "ps"})])
+def test_every_training_script_checkpoints_without_ckpt_dir_and_requeues_on_75_only(script, extra, tmp_path):
+    """Each script sources jobs/requeue.sh (the copy Slurm runs lies in its spool: found from the
+    job's Command), defaults CKPT_DIR by job id and requeues on exit 75, not on another code."""
+    for name in ("srun", "mpirun", "scontrol"):
+        (tmp_path / name).write_text(STUB)
+        (tmp_path / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    copy = tmp_path / "spool" / "slurm_script"  # as slurmd runs it: not next to jobs/requeue.sh
+    copy.parent.mkdir()
+    copy.write_text((JOBS / script).read_text())
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_NTASKS": "3", "CALLS": str(calls),
+           "OUT": str(tmp_path / "out.json"), "STUB_EXIT": "75", **extra}
+    # scontrol show job: the stub says nothing, so the script falls back to its own folder (jobs/)
+    stopped = subprocess.run(["bash", str(JOBS / script)], capture_output=True, text=True, timeout=30, env=env,
+                             cwd=tmp_path)
+    assert stopped.returncode == 75, stopped
+    assert "CKPT_DIR is unset: checkpointing into hpcreduce-ckpt-7" in stopped.stderr, stopped.stderr
+    assert "--checkpoint-dir hpcreduce-ckpt-7" in calls.read_text() and "scontrol requeue 7" in calls.read_text()
+    assert "requeueing job 7 (requeued 0 time(s) before)" in stopped.stderr, stopped.stderr
+    (tmp_path / "scontrol").write_text(  # the job's Command names the script submitted, in jobs/
+        f'#!/bin/sh\nif [ "$1" = show ]; then echo "   Command={JOBS / script} x"; exit 0; fi\n'
+        'echo "scontrol $*" >> "$CALLS"\n')
+    calls.unlink()
+    failed = subprocess.run(["bash", str(copy)], capture_output=True, text=True, timeout=30, cwd=tmp_path,
+                            env={**env, "STUB_EXIT": "1", "CKPT_DIR": str(tmp_path / "ckpt")})
+    assert failed.returncode == 1 and "CKPT_DIR is unset" not in failed.stderr, failed
+    assert f"--checkpoint-dir {tmp_path / 'ckpt'}" in calls.read_text() and "requeue" not in calls.read_text()
