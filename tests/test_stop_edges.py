@@ -1,8 +1,9 @@
 """Stop signals at awkward moments (issue 37), outside Slurm: a signal to the ranks in their first
 second (before the trainer, before the first checkpoint could be written) is held and the run
 stops resumable after its first step (the handlers come before ``python -m hpcreduce``'s heavy
-imports; a held signal the mode does not take acts as without them); the other edges are in
-tests/test_stop_signal.py.
+imports; a held signal the mode does not take acts as without them); a sandblaster run ends at
+once on it, saying so; each training script in jobs/ sources the shared requeue helper. The
+other edges are in tests/test_stop_signal.py.
 """
 import os
 import signal
@@ -110,6 +111,15 @@ def test_python_m_hpcreduce_catches_the_signals_before_its_heavy_imports():
     assert shown.returncode == 0, shown.stderr
     order = [line.split("|")[-1].strip() for line in shown.stderr.splitlines() if line.startswith("import time:")]
     assert order.index("hpcreduce.runtime.stop") < min(order.index(name) for name in ("numpy", "hpcreduce.cli"))
+
+
+def test_a_sandblaster_run_given_a_stop_signal_ends_at_once_saying_so(tmp_path):
+    # held since the ranks' first lines, then acted on: the rank ends by the signal, no hang, exit 128 + 10
+    code, output, _ = signal_ranks_at_start(["train", "-n", "3", "--mode", "sandblaster", "--servers", "1",
+                                             "--steps", "30", "--quiet"], 3)
+    assert code == 128 + signal.SIGUSR1, output
+    assert output.count("hpcreduce train: ended by SIGUSR1 (exit 138): --mode sandblaster does not stop at a step "
+                        "boundary nor resume across launches") == 1, output
 
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"

@@ -62,9 +62,12 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
     config, problems = build_config(args)
     from ..runtime.stop import STOP_SIGNALS, StoppedEarly, requests
     from ..train.api import stops_at_step
-    wanted = () if not stops_at_step(config.mode) else \
-        STOP_SIGNALS.value() if config.fault.stop_signals is None else config.fault.stop_signals
-    requests.install(wanted)  # a signal held since the start (``hold_early``) stays, or acts as without it
+    wanted = STOP_SIGNALS.value() if config.fault.stop_signals is None else config.fault.stop_signals
+    if stops_at_step(config.mode):
+        requests.install(wanted)  # a signal held since the start (``hold_early``) stays
+    else:
+        requests.end_at_once(wanted, f"--mode {config.mode} does not stop at a step boundary nor resume across "
+                             "launches: nothing saved; start it again from the beginning")
     from mpi4py import MPI
     from ..errors import FaultToleranceUnavailableError, HpcreduceError
     from ..runtime.context import init

@@ -262,7 +262,8 @@ class _Stop:
             self.stopping = signum if first else self.stopping
             if first:
                 _say(f"stopped by {signal.Signals(signum).name}: passed on to the ranks as "
-                     f"{signal.Signals(relay).name} (they stop at the next step boundary)")
+                     f"{signal.Signals(relay).name} (ring, ps and hybrid stop at the next step boundary; "
+                     "sandblaster ends at once)")
             signum = relay
         else:
             self.signum = signum if self.signum is None else self.signum
