@@ -5,6 +5,7 @@ imports; a held signal the mode does not take acts as without them); a sandblast
 once on it, saying so; each training script in jobs/ sources the shared requeue helper. The
 other edges are in tests/test_stop_signal.py.
 """
+import json
 import os
 import signal
 import subprocess
@@ -15,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from hpcreduce.runtime import stop
+from hpcreduce.runtime.files import TEMPORARY
 from hpcreduce.runtime.jobs import stop_job
 from hpcreduce.runtime.stop import RESUMABLE_EXIT, StopRequests, hold_early
+
+from mpi_run import hpcreduce_cli
 
 RING = ("train", "-n", "2", "--steps", "30", "--batch", "512", "--table-rows", "4096", "--quiet")
 TIMEOUT = 120
@@ -120,6 +124,42 @@ def test_a_sandblaster_run_given_a_stop_signal_ends_at_once_saying_so(tmp_path):
     assert code == 128 + signal.SIGUSR1, output
     assert output.count("hpcreduce train: ended by SIGUSR1 (exit 138): --mode sandblaster does not stop at a step "
                         "boundary nor resume across launches") == 1, output
+
+
+def test_a_signal_to_the_writer_during_a_checkpoint_write_lets_it_complete_and_the_resume_is_exact(tmp_path):
+    """A checkpoint every step, big enough to take a while; SIGUSR1 goes to the rank writing one
+    (named by its temporary file) while it writes: the write completes (atomically), the run stops
+    at the next step boundary with its own checkpoint, and the resume ends like a run never stopped."""
+    run = ("train", "-n", "2", "--steps", "14", "--batch", "512", "--table-rows", str(1 << 20), "--quiet")
+    whole = hpcreduce_cli(*run, "--json", str(tmp_path / "whole.json"), timeout=TIMEOUT)
+    assert whole.returncode == 0, whole.output
+    folder, out = tmp_path / "ckpt", tmp_path / "out.json"
+    saving = (*run, "--checkpoint-dir", str(folder), "--checkpoint-every", "1", "--json", str(out))
+    child = subprocess.Popen([sys.executable, "-m", "hpcreduce", *saving], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                             env={**os.environ, "OMPI_MCA_mpi_yield_when_idle": "1"})
+    writing = None
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while writing is None and time.monotonic() < deadline and child.poll() is None:
+            names = os.listdir(folder) if folder.is_dir() else []
+            writing = next((TEMPORARY.match(name) for name in names
+                            if TEMPORARY.match(name) and name.startswith(".ckpt-00000000")), None)
+        if writing is not None:  # the checkpoint of step 1 to 9 being written
+            os.kill(int(writing.group("pid")), signal.SIGUSR1)
+        output, _ = child.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        stop_job(child, 0)
+        raise AssertionError(f"hpcreduce train did not end within {TIMEOUT} s (a hang is a bug)")
+    assert writing is not None, output
+    during = int(writing.group("name")[5:14])
+    assert child.returncode == RESUMABLE_EXIT and "stopped by SIGUSR1 after step " in output, output
+    stopped = int(output.split("stopped by SIGUSR1 after step ")[1].split(";")[0])
+    assert during <= stopped <= during + 1, (during, output)  # the step being checkpointed, or the next
+    assert sorted(os.listdir(folder)) == [f"ckpt-{step:09d}.npz" for step in sorted({stopped - 1, stopped})]
+    again = hpcreduce_cli(*saving, timeout=TIMEOUT)
+    assert again.returncode == 0 and f"resumed from the checkpoint of step {stopped} " in again.output, again.output
+    assert json.loads(out.read_text())["final"] == json.loads((tmp_path / "whole.json").read_text())["final"]
 
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
