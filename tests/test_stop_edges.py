@@ -162,6 +162,48 @@ def test_a_signal_to_the_writer_during_a_checkpoint_write_lets_it_complete_and_t
     assert json.loads(out.read_text())["final"] == json.loads((tmp_path / "whole.json").read_text())["final"]
 
 
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_signal_in_a_recovery_stops_after_it_and_resumes_on_more_ranks(tmp_path):
+    """--ft ps: a worker is killed at step 4 and the signal comes as soon as it is gone (the others
+    detect and recover meanwhile): the run recovers, then stops at a step boundary, checkpointed;
+    started again on 4 ranks instead of 3 it resumes from there and ends like a run never stopped
+    (up to the order of the sums: a different split of the batch)."""
+    run = ("train", "--mode", "ps", "--servers", "1", "--steps", "12", "--batch", "256", "--table-rows", "4096",
+           "--quiet")
+    whole = hpcreduce_cli(*run, "-n", "3", "--json", str(tmp_path / "whole.json"), timeout=TIMEOUT)
+    assert whole.returncode == 0, whole.output
+    folder, out = tmp_path / "ckpt", tmp_path / "out.json"
+    saving = (*run, "--checkpoint-dir", str(folder), "--json", str(out), "--ft")
+    child = subprocess.Popen([sys.executable, "-m", "hpcreduce", *saving, "-n", "3", "--kill", "2@4", "--slow", "1:50"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                             env={**os.environ, "OMPI_MCA_mpi_yield_when_idle": "1"})
+    try:
+        deadline, pids = time.monotonic() + TIMEOUT, []
+        while len(pids) < 3 and time.monotonic() < deadline and child.poll() is None:
+            pids = ranks_of(child.pid)
+        while all(alive(pid) for pid in pids) and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.001)
+        child.send_signal(signal.SIGUSR1)
+        output, _ = child.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        stop_job(child, 0)
+        raise AssertionError(f"hpcreduce train did not end within {TIMEOUT} s (a hang is a bug)")
+    assert child.returncode == RESUMABLE_EXIT and "workers lost [2]" in output, output
+    stopped = int(output.split("stopped by SIGUSR1 after step ")[1].split(";")[0])
+    assert 3 <= stopped < 12 and f"ckpt-{stopped:09d}.npz" in os.listdir(folder / "ps-shard-0"), output
+    again = hpcreduce_cli(*saving, "-n", "4", timeout=TIMEOUT)
+    assert again.returncode == 0 and f"resumed from the checkpoint of step {stopped} " in again.output, again.output
+    assert "now 1 and 3" in again.output, again.output
+    reference = json.loads((tmp_path / "whole.json").read_text())["final"]["checksum"]
+    assert json.loads(out.read_text())["final"]["checksum"] == pytest.approx(reference, rel=1e-6)
+
+
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 STUB = '#!/bin/sh\necho "$(basename "$0") $*" >> "$CALLS"\nexit ${STUB_EXIT:-0}\n'  # records, starts nothing
 
