@@ -1,9 +1,10 @@
 """Stop signals at awkward moments (issue 37), outside Slurm: a signal to the ranks in their first
 second (before the trainer, before the first checkpoint could be written) is held and the run
 stops resumable after its first step (the handlers come before ``python -m hpcreduce``'s heavy
-imports; a held signal the mode does not take acts as without them); a sandblaster run ends at
-once on it, saying so; each training script in jobs/ sources the shared requeue helper. The
-other edges are in tests/test_stop_signal.py.
+imports; a held signal not in --stop-signals acts as without them); a signal during a checkpoint
+write and during a recovery; a sandblaster run stops after an iteration and resumes to the same
+objective; each training script in jobs/ sources the shared requeue helper and defaults CKPT_DIR.
+The other edges are in tests/test_stop_signal.py.
 """
 import json
 import os
@@ -21,6 +22,7 @@ from hpcreduce.runtime.jobs import stop_job
 from hpcreduce.runtime.stop import RESUMABLE_EXIT, StopRequests, hold_early
 
 from mpi_run import hpcreduce_cli
+from test_stop_signal import stopped_run
 
 RING = ("train", "-n", "2", "--steps", "30", "--batch", "512", "--table-rows", "4096", "--quiet")
 TIMEOUT = 120
@@ -79,7 +81,7 @@ def test_a_signal_in_the_ranks_first_second_is_held_until_the_first_step_is_chec
     assert os.listdir(folder) == ["ckpt-000000001.npz"]
 
 
-def test_a_rank_of_train_holds_a_signal_from_its_first_lines_and_gives_back_one_its_mode_does_not_take(monkeypatch):
+def test_a_rank_of_train_holds_a_signal_from_its_first_lines_and_gives_back_one_not_in_its_list(monkeypatch):
     monkeypatch.setattr(stop, "requests", StopRequests())
     monkeypatch.setenv("HPCREDUCE_STOP_SIGNALS", "USR2")
     monkeypatch.delenv("OMPI_COMM_WORLD_SIZE", raising=False)
@@ -98,9 +100,9 @@ def test_a_rank_of_train_holds_a_signal_from_its_first_lines_and_gives_back_one_
         os.kill(os.getpid(), signal.SIGUSR2)
         time.sleep(0.01)
         assert stop.requests.seen == signal.SIGUSR2 and not got  # held
-        stop.requests.install((signal.SIGUSR2,))  # a mode that stops at a step boundary: still held
+        stop.requests.install((signal.SIGUSR2,))  # --stop-signals USR2: still held
         assert stop.requests.seen == signal.SIGUSR2 and not got
-        stop.requests.install(())  # sandblaster: the signal goes to its own handler, as if never held
+        stop.requests.install((signal.SIGUSR1,))  # not in --stop-signals: to its own handler, as if never held
         time.sleep(0.01)
         assert got == [signal.SIGUSR2] and stop.requests.seen is None
     finally:
@@ -117,13 +119,27 @@ def test_python_m_hpcreduce_catches_the_signals_before_its_heavy_imports():
     assert order.index("hpcreduce.runtime.stop") < min(order.index(name) for name in ("numpy", "hpcreduce.cli"))
 
 
-def test_a_sandblaster_run_given_a_stop_signal_ends_at_once_saying_so(tmp_path):
-    # held since the ranks' first lines, then acted on: the rank ends by the signal, no hang, exit 128 + 10
-    code, output, _ = signal_ranks_at_start(["train", "-n", "3", "--mode", "sandblaster", "--servers", "1",
-                                             "--steps", "30", "--quiet"], 3)
-    assert code == 128 + signal.SIGUSR1, output
-    assert output.count("hpcreduce train: ended by SIGUSR1 (exit 138): --mode sandblaster does not stop at a step "
-                        "boundary nor resume across launches") == 1, output
+def test_a_sandblaster_run_stopped_after_an_iteration_resumes_to_the_same_objective(tmp_path):
+    run = ("train", "-n", "4", "--mode", "sandblaster", "--servers", "1", "--steps", "12", "--batch", "4096",
+           "--table-rows", "4096", "--quiet")
+    whole = hpcreduce_cli(*run, "--json", str(tmp_path / "whole.json"), timeout=TIMEOUT)
+    assert whole.returncode == 0, whole.output
+    folder, out = tmp_path / "ckpt", tmp_path / "out.json"
+    saving = (*run, "--checkpoint-dir", str(folder), "--json", str(out))
+    code, output = stopped_run([*saving, "--slow", "3:20"], tmp_path / "m.jsonl", after_steps=2)
+    assert code == RESUMABLE_EXIT and "stopped by SIGUSR1 after iteration " in output, output
+    stopped = int(output.split("stopped by SIGUSR1 after iteration ")[1].split(";")[0])
+    assert 2 <= stopped < 12 and os.listdir(folder / "sandblaster-slice-0") == [f"ckpt-{stopped:09d}.npz"]
+    again = hpcreduce_cli(*saving, timeout=TIMEOUT)
+    assert again.returncode == 0 and f"resumed from the checkpoint of iteration {stopped} " in again.output, again.output
+    resumed, reference = json.loads(out.read_text()), json.loads((tmp_path / "whole.json").read_text())
+    assert resumed["recovery"][0]["kind"] == "resume" and resumed["recovery"][0]["step"] == stopped + 1
+    assert len(resumed["steps"]) == 12 and resumed["final"] == reference["final"]
+    assert resumed["sandblaster"]["objective"] == reference["sandblaster"]["objective"]
+    other = hpcreduce_cli(*run[:6], "2", *run[7:], "--checkpoint-dir", str(folder),  # another K: refused by name
+                          timeout=TIMEOUT)
+    assert other.returncode == 1 and "checkpoints of 1 slice(s), not this sandblaster run's checkpoint of 2" \
+        in other.output, other.output
 
 
 def test_a_signal_to_the_writer_during_a_checkpoint_write_lets_it_complete_and_the_resume_is_exact(tmp_path):

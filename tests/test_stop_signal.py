@@ -3,7 +3,7 @@ ring at a step boundary on every rank, checkpoints and exits 75; started again o
 the run goes on and ends with the same checksum as one never stopped (also with 3 ranks); so do PS-BSP and hybrid-BSP runs
 (stopped at a step boundary twice, with --ft and without, checkpointed, resumed); a torch loop
 in ``elastic.run(on_stop=...)`` stopped by one rank's signal resumes like one process. Bad input:
-no checkpoint folder, a folder that cannot take the checkpoint, --stop-signals where it would do nothing.
+no checkpoint folder, a folder that cannot take the checkpoint.
 """
 import json
 import os
@@ -183,8 +183,3 @@ def test_a_bsp_run_stopped_twice_with_ft_or_without_resumes_to_the_same_checksum
     assert again.returncode == 0 and f"resumed from the checkpoint of step {second} " in again.output, again.output
     assert "0 acknowledged updates lost" in again.output, again.output
     assert json.loads(out.read_text())["final"] == reference
-    if mode == "ps":  # a flag that would do nothing: refused by the launcher, before any rank starts
-        refused = hpcreduce_cli(*run[:3], "--mode", "sandblaster", "--stop-signals", "USR1", timeout=TIMEOUT)
-        assert refused.returncode == 2, refused.output
-        assert "--stop-signals only applies to --mode ring, ps and hybrid (--mode sandblaster ends at once" \
-            in refused.output, refused.output

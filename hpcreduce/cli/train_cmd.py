@@ -7,8 +7,8 @@ and accuracy; --json writes the whole result, --metrics one JSON line per step,
 --timeline a Chrome trace of every rank's phases.
 Flag errors are printed by rank 0 and every rank exits with status 2; a run that ends with a
 model worse than the one it started from (diverged: see the final line's warning) exits 5
-(3 is the deadline watchdog's abort). --mode ring, ps and hybrid (with --ft or not) stop at the next step boundary on
-SIGUSR1 or SIGTERM (--stop-signals), write their checkpoint into --checkpoint-dir and exit 75: started again
+(3 is the deadline watchdog's abort). Every mode (with --ft or not) stops at the next step boundary (sandblaster:
+iteration) on SIGUSR1 or SIGTERM (--stop-signals), write their checkpoint into --checkpoint-dir and exit 75: started again
 over the folder they go on (docs/slurm.md).
 Each model brings the --steps, --batch, --lr and --optimizer it trains well with;
 flags override them. --mode sandblaster minimises the batch objective with --optimizer
@@ -61,13 +61,8 @@ def run(args: argparse.Namespace, argv: List[str]) -> int:
         return refuse("train", problems, 0, args.flags) if problems else relaunch(args, stop_signals(args, argv))
     config, problems = build_config(args)
     from ..runtime.stop import STOP_SIGNALS, StoppedEarly, requests
-    from ..train.api import stops_at_step
-    wanted = STOP_SIGNALS.value() if config.fault.stop_signals is None else config.fault.stop_signals
-    if stops_at_step(config.mode):
-        requests.install(wanted)  # a signal held since the start (``hold_early``) stays
-    else:
-        requests.end_at_once(wanted, f"--mode {config.mode} does not stop at a step boundary nor resume across "
-                             "launches: nothing saved; start it again from the beginning")
+    # a signal held since the start (``hold_early``) stays; one not in --stop-signals acts as without the hold
+    requests.install(STOP_SIGNALS.value() if config.fault.stop_signals is None else config.fault.stop_signals)
     from mpi4py import MPI
     from ..errors import FaultToleranceUnavailableError, HpcreduceError
     from ..runtime.context import init
@@ -160,10 +155,6 @@ def build_config(args: argparse.Namespace) -> Tuple["TrainConfig", List[Problem]
               **{name: value for name, value in batch_method.items() if name not in own}, **shared}
     part = {**{name: value for name, value in batch_method.items() if name in own}, **part}
     config = TrainConfig(**chosen, topology=topology(**part), fault=FaultConfig(**fault, hostfile=args.hostfile))
-    from ..train.api import stops_at_step
-    if config.fault.stop_signals is not None and not stops_at_step(mode):
-        problems.append(f"--stop-signals only applies to --mode ring, ps and hybrid (--mode {mode} ends at once on "
-                        "a signal and does not resume across launches)")
     return config, problems
 
 

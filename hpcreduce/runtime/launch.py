@@ -262,8 +262,7 @@ class _Stop:
             self.stopping = signum if first else self.stopping
             if first:
                 _say(f"stopped by {signal.Signals(signum).name}: passed on to the ranks as "
-                     f"{signal.Signals(relay).name} (ring, ps and hybrid stop at the next step boundary; "
-                     "sandblaster ends at once)")
+                     f"{signal.Signals(relay).name} (they stop at the next step boundary)")
             signum = relay
         else:
             self.signum = signum if self.signum is None else self.signum

@@ -8,8 +8,8 @@ system call, no message) and fold it into an exchange each step already makes, s
 stops after the same step; then they checkpoint and exit ``RESUMABLE_EXIT``.
 A rank of ``hpcreduce train`` catches them from the first lines of ``python -m hpcreduce``
 (``hold_early``, before the heavy imports and MPI's start) and holds a signal that comes then
-until the trainer looks; once the mode is known ``install`` keeps it, or gives it back to the
-signal's own handler (a mode that does not stop at a step boundary, a signal not in the list).
+until the trainer looks; once the flags are read ``install`` keeps it, or gives it back to the
+signal's own handler (a signal not in ``--stop-signals``).
 ``hpcreduce launch`` passes a stop signal on to mpirun as SIGUSR1 (Open MPI 5's mpirun relays
 SIGUSR1 and SIGUSR2 to every rank; a SIGTERM would end them), srun's ``--signal`` reaches every task.
 """
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-from functools import partial
 from typing import Dict, List, Optional, Tuple
 
 from .environment import detect_launcher
@@ -72,17 +70,6 @@ class StopRequests:
             seen, self.seen = self.seen, None
             signal.raise_signal(seen)
 
-    def end_at_once(self, signals: Tuple[signal.Signals, ...], why: str) -> None:
-        """A mode that does not stop at a step boundary: each of ``signals`` (one held since the
-        start too) prints ``hpcreduce train: ended by SIG...: why`` on the first rank and ends
-        this process by that signal's own action (exit 128 + the signal); the others as ``install``."""
-        seen, self.seen = self.seen, None
-        self.install(())
-        self._previous = {sig: signal.signal(sig, partial(_end, why=why)) for sig in signals}
-        self.signals = tuple(signals)
-        if seen is not None and seen in self.signals:
-            _end(seen, None, why)
-
     def uninstall(self) -> None:
         """Back to the handlers there were before ``install``; what was seen is kept."""
         for sig, handler in self._previous.items():
@@ -96,15 +83,6 @@ class StopRequests:
     def _record(self, signum: int, _frame) -> None:
         if self.seen is None:
             self.seen = signum
-
-
-def _end(signum: int, _frame, why: str) -> None:
-    """Say why on world rank 0 (MPI started or not), then die by ``signum``'s default action."""
-    if os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMIX_RANK", os.environ.get("SLURM_PROCID", "0"))) == "0":
-        print(f"hpcreduce train: ended by {signal.Signals(signum).name} (exit {128 + signum}): {why}",
-              file=sys.stderr, flush=True)
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
 
 
 requests = StopRequests()

@@ -12,7 +12,8 @@ history is dropped and d = -g. Line search: trial x[1-c] = x[c] + t d, one pass 
 bound| g_t.d <= c2 |g.d| (c2 = 0.9), else t shrinks to a safeguarded cubic step in
 [0.1 t, 0.5 t]. First t = min(1, 1/||g||), then 1 (L-BFGS) or twice the last accepted (gd).
 On acceptance s = x[1-c] - x[c], y = g[1-c] - g[c] (dropped if s.y <= 1e-10); c := 1-c.
-Stops on ||g|| <= gtol, a relative drop of f <= ftol, or ``iterations``. After the first
+Stops on ||g|| <= gtol, a relative drop of f <= ftol, or ``iterations``; ``stop_wanted()``, asked
+after each commit, ends the run there early (a stop signal: resumed later from the record). After the first
 evaluation and each commit the state is recorded on the servers (``record.Committed``);
 ``resume`` starts from such a record instead of x[0] (after a failure).
 Cost: per iteration 2m + 3 op round trips of at most 4 ops (48 bytes each) to each server,
@@ -69,8 +70,10 @@ class BatchOptimizer:
     """Runs ``settings.method`` through ``coordinator``; ``on_iteration`` gets each iteration."""
 
     def __init__(self, coordinator: Coordinator, settings: Settings,
-                 on_iteration: Callable[[Iteration], None], resume: Optional[Committed] = None):
+                 on_iteration: Callable[[Iteration], None], resume: Optional[Committed] = None,
+                 stop_wanted: Callable[[], bool] = lambda: False):
         self.co, self.settings, self.on_iteration, self.resume = coordinator, settings, on_iteration, resume
+        self.stop_wanted = stop_wanted
         self.names = VectorNames(settings.history)
         self.c = 0
         self.pairs: Deque[Tuple[int, float]] = deque()  # (slot, rho), newest first
@@ -78,6 +81,7 @@ class BatchOptimizer:
         self.iterations = 0
         self.stopped_by = "iterations"
         self.finished = False
+        self.stopped_early = False  # a stop signal ended the run at a commit point (``stop_wanted``)
 
     def run(self) -> Point:
         """Optimise from x[0] (or from ``resume``); the committed point's evaluation at the end."""
@@ -86,6 +90,9 @@ class BatchOptimizer:
         while not self.finished and self.iterations < s.iterations:
             if math.sqrt(point.gg) <= s.gtol:
                 self.stopped_by = "gtol"
+                break
+            if self.stop_wanted():
+                self.stopped_early = True
                 break
             gd = self._direction()
             if gd >= 0:

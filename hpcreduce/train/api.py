@@ -28,14 +28,6 @@ from .run_checks import run_problems
 from .sandblaster.sandblaster_training import run_sandblaster_training
 
 DYNAMIC_MODES = ("ps", "hybrid")
-STOPS_AT_STEP = ("ring", "ps", "hybrid")
-"""The modes that take a stop signal at a step boundary, checkpoint and exit 75 (``runtime.stop``;
-ps and hybrid: ``train.ps.stop_point``)."""
-
-
-def stops_at_step(mode: str) -> bool:
-    """Whether ``--mode mode`` (with ``--ft`` or not) stops at a step boundary on a stop signal."""
-    return mode in STOPS_AT_STEP
 RUNNERS = {"ring": run_ring_training, "ps": run_ps_training, "hybrid": run_ps_training,
            "sandblaster": run_sandblaster_training}
 

@@ -96,9 +96,10 @@ def sandblaster_problems(sandblaster: "Sandblaster", config: "TrainConfig", size
     if sandblaster.unit is not None and not 1 <= sandblaster.unit <= config.batch:
         found.append(setting_problem("{unit} must be from 1 to {batch} ({size}), got {value}",
                                      size=config.batch, value=sandblaster.unit))
-    if fault.grow or fault.leave or fault.discover or fault.replace or fault.checkpoint_dir:
+    if fault.grow or fault.leave or fault.discover or fault.replace or fault.checkpoint_every:
         found.append(setting_problem("{mode} sandblaster recovers from failures in-job only (--ft): leave out "
-                                     "{grow}, {leave}, {discover}, {replace} and {checkpoint_dir}"))
+                                     "{grow}, {leave}, {discover}, {replace} and {checkpoint_every} (it "
+                                     "checkpoints only at a stop signal, into {checkpoint_dir})"))
     if not ft and (fault.kills or fault.kill_random):
         found.append(setting_problem("in {mode} sandblaster, {kills} and {kill_random} need in-job fault "
                                      "tolerance: launch with ULFM (--ft)"))

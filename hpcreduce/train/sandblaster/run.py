@@ -13,6 +13,8 @@ in progress is redone from its committed point, with new passes, so a dead worke
 units go to the others and its partial pushes are dropped with their pass: every unit is
 counted once. Kills (``--kill R@S``) fire when rank R first sees iteration S's passes.
 Cost while nothing fails: one ``Agree`` at the end (plus the replicas: see ``placement``).
+A stop signal ends the run after a commit, and a run started again over its checkpoint folder
+resumes from there (``stop_resume``).
 """
 from __future__ import annotations
 
@@ -22,12 +24,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 import numpy as np
 from mpi4py import MPI
 
-from ...ft.events import EventLog
+from ...ft.events import EventLog, RecoveryEvent
 from ...ft.membership import Membership
 from ...ft.rounds import attempt
 from ...ft.watchdog import watchdog
 from ...runtime.context import Context
 from ...runtime.failures import abandon
+from ...sandblaster.record import Committed
 from ...sandblaster.server import ServerState, serve
 from ..config import TrainConfig
 from ..data import Dataset
@@ -37,6 +40,7 @@ from ..results import StepLog
 from . import sandblaster_roles
 from .flat import FlatParams
 from .sandblaster_recovery import Lineup, recover
+from .stop_resume import StopTold, identity, resume, resumed_line
 
 if TYPE_CHECKING:
     from ...sandblaster.lbfgs import Iteration
@@ -62,12 +66,21 @@ class SandblasterRun:
         self.events = EventLog()
         self.records: List[np.ndarray] = lineup.records
         self.iteration = 0
-        self.c, self.summary = 0, None
+        self.c, self.summary, self.stopped = 0, None, False
         self.server: Optional[ServerState] = None
         self.worker: Optional["Worker"] = None
         watchdog.deadline_s = config.fault.deadline_s
         if ctx.rank < config.servers:
             self.server = sandblaster_roles.initial_slices(self.flat, model, config, self.placement, ctx.rank)
+        self.identity = identity(config, model)
+        started = time.time()
+        self.records = resume(self.comm, config, self.identity, self.server) or self.records
+        if self.records:
+            event = self.events.add(RecoveryEvent("resume", Committed.from_array(self.records[-1]).iteration + 1,
+                                                  ctx.size, started))
+            event.ranks_after, event.restore_s = ctx.size, time.time() - started
+            observer.echo(resumed_line(self.records, len(self.roles.workers)))
+        self.told = StopTold(self.comm, self.roles.coordinator)
 
     def run(self) -> None:
         """Play the role to the end of the run, recovering from failures with ``--ft``."""
@@ -82,6 +95,7 @@ class SandblasterRun:
             self._recover(outcome.failed_at or time.time())
 
     def _strike(self, iteration: int) -> None:
+        self.told.tell()
         self.iteration = iteration
         self.kills.strike("step", iteration, self.members.me, self.members.ids)
 
@@ -92,8 +106,8 @@ class SandblasterRun:
         elif rank == roles.coordinator:
             ends = sandblaster_roles.coordinate(self.comm, roles, self.config, self.unit, self.records,
                                                 len(self.log.rows), self._log, self.members.ids, ctx.traffic,
-                                                on_begin=self._strike)
-            self.c, self.summary = ends["c"], ends["summary"]
+                                                on_begin=self._strike, stop_wanted=self.told.wanted)
+            self.c, self.summary, self.stopped = ends["c"], ends["summary"], ends["stopped"]
         else:
             self.worker = sandblaster_roles.work(self.comm, roles, self.placement, self.flat, self.model,
                                                  self.dataset, self.config, self.unit, self.members.me, ctx.traffic,
@@ -122,19 +136,21 @@ class SandblasterRun:
         if self.server:
             self.server.records = list(self.records)
         self.worker = None
+        self.told = StopTold(self.comm, self.roles.coordinator)
         self.events.add(event)
         self.observer.reporter = self.roles.coordinator
         self.observer.echo(event.line())
 
     def results(self) -> Dict[str, Any]:
         """What the end of the run needs on every rank (collective): the coordinator's c, summary,
-        log rows and the recovery events; the server duplicates added to the summary."""
+        log rows, the recovery events and whether a stop signal ended the run; the server
+        duplicates added to the summary."""
         root = self.roles.coordinator
-        c, summary, rows, events = self.comm.bcast((self.c, self.summary, self.log.rows, self.events.as_dicts()),
-                                                   root=root)
+        c, summary, rows, events, stopped = self.comm.bcast(
+            (self.c, self.summary, self.log.rows, self.events.as_dicts(), self.stopped), root=root)
         duplicates = self.server.duplicates if self.server else 0
         summary["duplicates_discarded"] += self.comm.allreduce(duplicates, op=MPI.SUM)
-        return {"c": c, "summary": summary, "rows": rows, "recovery": events}
+        return {"c": c, "summary": summary, "rows": rows, "recovery": events, "stopped": stopped}
 
     def gather(self, c: int) -> List[np.ndarray]:
         """The committed x[c] and g[c], whole, on every rank (each served slice from its primary)."""

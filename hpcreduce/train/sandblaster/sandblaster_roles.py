@@ -53,9 +53,10 @@ def work(comm: MPI.Intracomm, roles: Roles, placement: Placement, flat: FlatPara
 
 def coordinate(comm: MPI.Intracomm, roles: Roles, config: TrainConfig, unit: int, records: List[np.ndarray],
                done: int, log: Callable[[Iteration], None], ids: Sequence[int], traffic: Traffic,
-               on_begin: Callable[[int], None]) -> Dict[str, Any]:
-    """Run the batch method to its end from the newest of ``records`` (the iterations past
-    ``done`` that a dead coordinator did are logged first); returns c and the run's counters."""
+               on_begin: Callable[[int], None], stop_wanted: Callable[[], bool]) -> Dict[str, Any]:
+    """Run the batch method to its end, or to the commit where ``stop_wanted()``, from the newest
+    of ``records`` (the iterations past ``done`` that a dead coordinator, or the launch before a
+    resume, did are logged first); returns c, ``stopped`` (early, by a stop) and the run's counters."""
     sandblaster = config.topology
     coordinator = Coordinator(comm, range(roles.servers), roles.workers, math.ceil(config.batch / unit),
                               sandblaster.backups, traffic, on_begin=on_begin)
@@ -66,10 +67,11 @@ def coordinate(comm: MPI.Intracomm, roles: Roles, config: TrainConfig, unit: int
                           record.step, record.evaluations))
     optimizer = BatchOptimizer(coordinator, Settings(config.optimizer, sandblaster.history, sandblaster.gtol,
                                                      sandblaster.ftol, config.steps, config.batch, sandblaster.l2),
-                               log, resume=Committed.from_array(records[-1]) if records else None)
+                               log, resume=Committed.from_array(records[-1]) if records else None,
+                               stop_wanted=stop_wanted)
     final = optimizer.run()
     coordinator.stop()
-    return {"c": optimizer.c, "summary": {
+    return {"c": optimizer.c, "stopped": optimizer.stopped_early, "summary": {
         "units": coordinator.counted, "backups_issued": coordinator.backups_issued,
         "duplicates_discarded": coordinator.duplicates, "iterations": optimizer.iterations,
         "evaluations": coordinator.passes, "pass_s": coordinator.pass_s,

@@ -9,7 +9,8 @@ evaluates x on the held-out split and builds the result: one step row per iterat
 block of counters; ``traffic`` holds each rank's payload bytes for the whole run (one
 entry a rank, not one a step). Cost: see ``hpcreduce.sandblaster``; the end gathers x and g (16 bytes
 an element) to every rank. With ``--ft`` a run survives dead workers, servers and its
-coordinator (``run``).
+coordinator (``run``). A stop signal ends the run after an iteration, checkpointed into
+``--checkpoint-dir``, and a run started again over it resumes (``stop_resume``).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from ..model import Model
 from ..observe import Observer
 from ..results import FinalMetrics, StepLog, TrainResult, checksum
 from .run import SandblasterRun
+from .stop_resume import save_stop
 
 
 def run_sandblaster_training(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset,
@@ -51,6 +53,8 @@ def run_sandblaster_training(ctx: Context, config: TrainConfig, model: Model, da
         abort_job(1)
     train_s = time.perf_counter() - log.started
     ends = run.results()
+    if ends["stopped"]:  # every rank: checkpointed, then StoppedEarly (``stop_resume``)
+        save_stop(run.comm, config, run.server, run.placement, run.identity, len(ends["rows"]))
     per_rank = run.comm.allgather(moved)
     full_x, full_g = run.gather(ends["c"])
     if not ctx.ft:
@@ -65,4 +69,4 @@ def run_sandblaster_training(ctx: Context, config: TrainConfig, model: Model, da
                        staleness=staleness_summary(none, none), wall_s=time.perf_counter() - started,
                        train_s=train_s, final=FinalMetrics(loss, accuracy, checksum(params)), params=params,
                        sandblaster=ends["summary"], gradient=full_g,
-                       recovery=ends["recovery"] if ctx.ft else None)
+                       recovery=ends["recovery"] if ctx.ft or ends["recovery"] else None)
