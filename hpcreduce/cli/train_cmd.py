@@ -7,9 +7,9 @@ and accuracy; --json writes the whole result, --metrics one JSON line per step,
 --timeline a Chrome trace of every rank's phases.
 Flag errors are printed by rank 0 and every rank exits with status 2; a run that ends with a
 model worse than the one it started from (diverged: see the final line's warning) exits 5
-(3 is the deadline watchdog's abort). Every mode (with --ft or not) stops at the next step boundary (sandblaster:
-iteration) on SIGUSR1 or SIGTERM (--stop-signals), write their checkpoint into --checkpoint-dir and exit 75: started again
-over the folder they go on (docs/slurm.md).
+(3 is the deadline watchdog's abort). Every mode, with --ft or not, stops at the next step boundary
+(sandblaster: after the iteration) on SIGUSR1 or SIGTERM (--stop-signals), writes its checkpoint into
+--checkpoint-dir and exits 75: started again over the folder it goes on (docs/slurm.md).
 Each model brings the --steps, --batch, --lr and --optimizer it trains well with;
 flags override them. --mode sandblaster minimises the batch objective with --optimizer
 lbfgs (default) or gd over K servers, one coordinator and the other ranks as workers,

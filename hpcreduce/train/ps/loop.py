@@ -35,7 +35,7 @@ the servers reported) and handed to the run's observer, if any.
 On ``config.device`` gpu the model computes on cupy arrays: pulled dense tables are
 copied up once per fetch and pulled rows every step, the gradients copied down before
 they are summed and pushed; requests, replies and the summing stay on the host.
-A stop signal (``stop_point``, without ``--ft``) ends the loop after a read, before its compute:
+A stop signal (``stop_point``) ends the loop after a read, before its compute:
 every worker then has the same steps done.
 Cost per step: see ``hpcreduce.ps.Worker`` (one header each way per request, payloads once).
 """
@@ -116,7 +116,7 @@ class WorkerLoop:
         self.fused = not ctx.ft and self.replica is None  # push-pull: replicating servers refuse it
         self.prefetched: Optional[int] = None  # dense tables already pulled by a push-pull: its staleness
         self.before_step: Callable[[int], None] = lambda step: None
-        self.stop: Optional[StopPoint] = None  # where a stop signal ends the loop (without --ft)
+        self.stop: Optional[StopPoint] = None  # where a stop signal ends the loop
         self._current: Tuple[np.ndarray, int] = (np.zeros(3), 0)
         # a straggler (--slow) is named by its stable id, slot + K for the workers the job started with
         self.slow = factor_for(config.fault, worker.slot + config.servers)

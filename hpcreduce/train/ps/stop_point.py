@@ -1,4 +1,4 @@
-"""A stop signal in ``--mode ps`` and ``hybrid`` (without ``--ft``): every worker stops after the
+"""A stop signal in ``--mode ps`` and ``hybrid`` (with ``--ft`` or not): every worker stops after the
 same step, the servers checkpoint it (hybrid: the first worker its dense replica too), every
 rank exits resumable.
 
@@ -14,6 +14,8 @@ servers' checkpoint is then of the slowest worker's step (resumed as ``resume_po
 Cost with no signal: one ``Iprobe`` per step per worker, no collective. At the end, one
 reduction says whether and where the run stopped (``agree``), the servers write their shard
 (``save_stop``: the same files as ``--checkpoint-every``) and every rank raises ``StoppedEarly``.
+With ``--ft`` each membership epoch has its own ``StopPoint`` (``ps_driver``): the ranks that saw
+the signal tell the first worker of the epoch again after a recovery.
 """
 from __future__ import annotations
 
