@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hpcreduce.runtime import stop
@@ -253,3 +254,49 @@ def test_every_training_script_checkpoints_without_ckpt_dir_and_requeues_on_75_o
                             env={**env, "STUB_EXIT": "1", "CKPT_DIR": str(tmp_path / "ckpt")})
     assert failed.returncode == 1 and "CKPT_DIR is unset" not in failed.stderr, failed
     assert f"--checkpoint-dir {tmp_path / 'ckpt'}" in calls.read_text() and "requeue" not in calls.read_text()
+
+
+def test_sandblaster_stop_files_round_trip_and_refuse_what_they_cannot_resume(tmp_path, monkeypatch):
+    """One process: the coordinator's look for a stop, a checkpoint that cannot be written (an
+    error naming it), one that can (StoppedEarly, 75), its resume (vectors and records back) and
+    another run's or another K's folder refused by name."""
+    from mpi4py import MPI
+
+    from hpcreduce.errors import CheckpointMismatchError, OutputFileError
+    from hpcreduce.ft.faults import FaultConfig
+    from hpcreduce.runtime.stop import StoppedEarly
+    from hpcreduce.sandblaster.placement import Placement
+    from hpcreduce.sandblaster.protocol import VectorNames
+    from hpcreduce.sandblaster.server import ServerState, SliceVectors
+    from hpcreduce.train.config import Sandblaster, TrainConfig
+    from hpcreduce.train.sandblaster import stop_resume
+
+    told = stop_resume.StopTold(MPI.COMM_SELF, 0)
+    assert not told.wanted()
+    monkeypatch.setattr(stop.requests, "seen", signal.SIGUSR1)
+    assert told.wanted()
+
+    def config(folder, servers=1):
+        return TrainConfig(steps=12, topology=Sandblaster(servers=servers), fault=FaultConfig(checkpoint_dir=folder))
+
+    names = VectorNames(2)
+    server = ServerState({0: SliceVectors(names, np.arange(5.0))})
+    server.slices[0].vectors[names.G[0]] = 7.0
+    server.records = [np.arange(19.0), np.arange(21.0)]
+    placement, ident = Placement.initial(5, 1, replicate=False), {"mode": "sandblaster", "seed": 1}
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    with pytest.raises(OutputFileError, match="stopped after iteration 3 and cannot resume from it"):
+        stop_resume.save_stop(MPI.COMM_SELF, config(str(blocked)), server, placement, ident, 3)
+    folder = str(tmp_path / "ckpt")
+    with pytest.raises(StoppedEarly) as stopped:
+        stop_resume.save_stop(MPI.COMM_SELF, config(folder), server, placement, ident, 3)
+    assert stopped.value.code == RESUMABLE_EXIT and "after iteration 3" in str(stopped.value)
+    fresh = ServerState({0: SliceVectors(names, np.zeros(5))})
+    records = stop_resume.resume(MPI.COMM_SELF, config(folder), ident, fresh)
+    assert [len(r) for r in records] == [19, 21] and fresh.records == records
+    assert (fresh.slices[0].vectors == server.slices[0].vectors).all()
+    with pytest.raises(CheckpointMismatchError, match="its checkpoint of iteration 3"):
+        stop_resume.resume(MPI.COMM_SELF, config(folder), {**ident, "seed": 2}, fresh)
+    with pytest.raises(CheckpointMismatchError, match="checkpoints of 1 slice"):
+        stop_resume.resume(MPI.COMM_SELF, config(folder, servers=2), ident, fresh)
