@@ -121,13 +121,13 @@ def test_python_m_hpcreduce_catches_the_signals_before_its_heavy_imports():
 
 
 def test_a_sandblaster_run_stopped_after_an_iteration_resumes_to_the_same_objective(tmp_path):
-    run = ("train", "-n", "4", "--mode", "sandblaster", "--servers", "1", "--steps", "12", "--batch", "4096",
+    run = ("train", "-n", "3", "--mode", "sandblaster", "--servers", "1", "--steps", "12", "--batch", "4096",
            "--table-rows", "4096", "--quiet")
     whole = hpcreduce_cli(*run, "--json", str(tmp_path / "whole.json"), timeout=TIMEOUT)
     assert whole.returncode == 0, whole.output
     folder, out = tmp_path / "ckpt", tmp_path / "out.json"
     saving = (*run, "--checkpoint-dir", str(folder), "--json", str(out))
-    code, output = stopped_run([*saving, "--slow", "3:20"], tmp_path / "m.jsonl", after_steps=2)
+    code, output = stopped_run([*saving, "--slow", "2:20"], tmp_path / "m.jsonl", after_steps=2)
     assert code == RESUMABLE_EXIT and "stopped by SIGUSR1 after iteration " in output, output
     stopped = int(output.split("stopped by SIGUSR1 after iteration ")[1].split(";")[0])
     assert 2 <= stopped < 12 and os.listdir(folder / "sandblaster-slice-0") == [f"ckpt-{stopped:09d}.npz"]
@@ -137,10 +137,6 @@ def test_a_sandblaster_run_stopped_after_an_iteration_resumes_to_the_same_object
     assert resumed["recovery"][0]["kind"] == "resume" and resumed["recovery"][0]["step"] == stopped + 1
     assert len(resumed["steps"]) == 12 and resumed["final"] == reference["final"]
     assert resumed["sandblaster"]["objective"] == reference["sandblaster"]["objective"]
-    other = hpcreduce_cli(*run[:6], "2", *run[7:], "--checkpoint-dir", str(folder),  # another K: refused by name
-                          timeout=TIMEOUT)
-    assert other.returncode == 1 and "checkpoints of 1 slice(s), not this sandblaster run's checkpoint of 2" \
-        in other.output, other.output
 
 
 def test_a_signal_to_the_writer_during_a_checkpoint_write_lets_it_complete_and_the_resume_is_exact(tmp_path):
