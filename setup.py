@@ -23,5 +23,5 @@ setup(
                  "scipy",  # scipy: the L-BFGS reference (hpcreduce.train.reference)
                  "psutil"],  # psutil: the scale-in tests watch a leaving rank's process end
     },
-    entry_points={"console_scripts": ["hpcreduce = hpcreduce.cli.main:main"]},
+    entry_points={"console_scripts": ["hpcreduce = hpcreduce.__main__:main"]},
 )

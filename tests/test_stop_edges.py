@@ -118,6 +118,8 @@ def test_python_m_hpcreduce_catches_the_signals_before_its_heavy_imports():
     assert shown.returncode == 0, shown.stderr
     order = [line.split("|")[-1].strip() for line in shown.stderr.splitlines() if line.startswith("import time:")]
     assert order.index("hpcreduce.runtime.stop") < min(order.index(name) for name in ("numpy", "hpcreduce.cli"))
+    setup = (Path(__file__).resolve().parent.parent / "setup.py").read_text()
+    assert '"hpcreduce = hpcreduce.__main__:main"' in setup  # the installed command holds early too
 
 
 def test_a_sandblaster_run_stopped_after_an_iteration_resumes_to_the_same_objective(tmp_path):
