@@ -117,6 +117,9 @@ class DistributedDataParallel(torch.nn.Module):
             reasons.append(f"a comm hook is registered already ({self._hook_from}); torch allows one")
         if self.reducer.running:
             reasons.append("it was called during backward")
+        if self.reducer.shards is not None:
+            reasons.append("a ZeroRedundancyOptimizer reduce-scatters this wrapper's gradients (ZeRO-2); "
+                           "register the hook before making it")
         problem = InputProblem(ProblemKind.UNUSABLE_ARRAY, "; ".join(reasons)) if reasons else None
         kind = type(state).__qualname__
         fields = [("comm hook", stable_hash(name), name), ("hook state", stable_hash(kind), kind)]

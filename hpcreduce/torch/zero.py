@@ -29,7 +29,7 @@ from ..collectives.ring import chunk_bounds
 from ..collectives.validate import InputProblem, ProblemKind, agree, raise_local, stable_hash
 from ..errors import UnsupportedInputError
 from ..runtime.context import Comm, Context, resolve
-from . import zero_elastic
+from . import zero_elastic, zero_grads
 
 ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop,
                torch.optim.Adamax)
@@ -47,23 +47,33 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Any], optimizer_class: type, process_group: Comm = None,
                  parameters_as_bucket_view: bool = False, overlap_with_ddp: bool = False, **defaults: Any):
-        super().__init__(params, defaults)
-        self.process_group = process_group
         context = resolve(process_group)
-        self.rank, self.size = context.rank, context.size
-        self.parameters_as_bucket_view = parameters_as_bucket_view
-        self.params: List[torch.Tensor] = [p for group in self.param_groups for p in group["params"]]
-        problem = _problem(optimizer_class, self.params, overlap_with_ddp)
-        layout = [[(tuple(p.shape), str(p.dtype)) for p in group["params"]] for group in self.param_groups]
-        hyper = [{k: v for k, v in group.items() if k != "params"} for group in self.param_groups]
+        groups = _groups(params)
+        flat_params = [p for group in groups for p in group["params"]]
+        problem = _problem(optimizer_class, flat_params, overlap_with_ddp)
+        reducer = zero_grads.reducer_of(flat_params, context) if problem is None else None
+        layout = [[(tuple(p.shape), str(p.dtype)) for p in group["params"]] for group in groups]
+        hyper = [{k: v for k, v in group.items() if k != "params"} for group in groups]
         name = getattr(optimizer_class, "__qualname__", repr(optimizer_class))
+        stage = 1 if reducer is None else 2
         fields = [("optimizer_class", stable_hash(name), name),
                   ("parameter groups (shapes, dtypes)", stable_hash(layout), lambda: layout),
-                  ("hyperparameters", stable_hash(repr(hyper)), lambda: hyper)]
+                  ("hyperparameters", stable_hash(repr(hyper)), lambda: hyper),
+                  ("stage (2: over one DistributedDataParallel's parameters)", stage, stage)]
         if context.joined:
             raise_local("ZeroRedundancyOptimizer", problem, context.rank)
         else:
             agree(context, "ZeroRedundancyOptimizer", fields, problem)
+        super().__init__(groups, defaults)  # only once every rank agreed: nothing changes before
+        self.process_group = process_group
+        self.rank, self.size = context.rank, context.size
+        self.parameters_as_bucket_view = parameters_as_bucket_view
+        self.params: List[torch.Tensor] = [p for group in self.param_groups for p in group["params"]]
+        self.grads: Optional[zero_grads.GradientShards] = None
+        self.places: List[zero_grads.Place] = []
+        if reducer is not None:
+            self.grads = zero_grads.attach(self, reducer)
+        self.stage = stage
         self.optimizer_class, self.local_defaults = optimizer_class, defaults
         self.steps = 0
         self.restore_point: Optional[Dict[str, Any]] = None  # an elastic commit's parts, until re-sharded
@@ -76,7 +86,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         """This rank's slices among ``size`` ranks, their copies and a new local optimizer."""
         self.rank, self.size = rank, size
         self.bounds = chunk_bounds(sum(p.numel() for p in self.params), size)
-        self.slices: List[Slice] = owned(self.params, self.bounds[rank], self.bounds[rank + 1])
+        if self.grads is not None:
+            self.slices, self.places = self.grads.owned(self.params, rank, size)
+        else:
+            self.slices = owned(self.params, self.bounds[rank], self.bounds[rank + 1])
         self.shards = [self.params[i].detach().reshape(-1)[a:b].clone() for i, a, b in self.slices]
         self.optim = self.optimizer_class(self._local_groups(), **self.local_defaults)
         for ours, theirs in zip(self.param_groups, self.optim.param_groups):  # the class's defaults, as torch's
@@ -110,12 +123,20 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 loss = closure()
         for ours, theirs in zip(self.param_groups, self.optim.param_groups):
             theirs.update({k: v for k, v in ours.items() if k != "params"})
-        for (index, a, b), shard in zip(self.slices, self.shards):
-            shard.copy_(self.params[index].detach().reshape(-1)[a:b])  # the parameters may have been loaded
-            grad = self.params[index].grad
-            shard.grad = None if grad is None else grad.reshape(-1)[a:b]
+        for position, ((index, a, b), shard) in enumerate(zip(self.slices, self.shards)):
+            param = self.params[index]
+            shard.copy_(param.detach().reshape(-1)[a:b])  # the parameters may have been loaded
+            if self.grads is not None:  # ZeRO-2: the slice's reduced gradient, kept by the reducer
+                shard.grad = self.grads.gradient(self.places[position], b - a) \
+                    if id(param) in self.grads.reduced else None
+            else:
+                shard.grad = None if param.grad is None else param.grad.reshape(-1)[a:b]
         self.optim.step()
         self.steps += 1
+        if self.grads is not None:
+            self.grads.reduced = set()  # a step consumes them: a second one without backward steps on none
+            self.grads.gather(resolve(self.process_group), self.places, self.shards)
+            return loss
         for (index, a, b), shard in zip(self.slices, self.shards):
             self.params[index].view(-1)[a:b].copy_(shard)
         self._gather()
@@ -244,9 +265,18 @@ def owned(params: List[torch.Tensor], begin: int, end: int) -> List[Slice]:
     return slices
 
 
+def _groups(params: Iterable[Any]) -> List[Dict[str, Any]]:
+    """``params`` as torch's optimizer takes it: parameter groups (dicts, their params a list)."""
+    items = list(params)
+    if items and isinstance(items[0], dict):
+        return [{**group, "params": [group["params"]] if isinstance(group["params"], torch.Tensor)
+                 else list(group["params"])} for group in items]
+    return [{"params": items}]
+
+
 def _problem(optimizer_class: Any, params: List[torch.Tensor], overlap_with_ddp: bool) -> Optional[InputProblem]:
     """What this rank cannot shard: a non-elementwise optimizer, mixed dtypes or devices, overlap."""
-    reasons = []
+    reasons = [] if params else ["it got an empty parameter list"]
     if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, ELEMENTWISE)):
         reasons.append(f"optimizer_class {getattr(optimizer_class, '__name__', optimizer_class)!r} does not step "
                        f"element by element, so its state cannot be sliced (supported: "
