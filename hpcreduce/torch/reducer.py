@@ -180,7 +180,7 @@ class Reducer:
                 ready.synchronize()
             try:
                 if shards is not None:  # ZeRO-2: this rank's chunk, always checked (its peers' are not here)
-                    self._finite[bucket.index] = shards.reduce(context, bucket, True)
+                    self._finite[bucket.index] = shards.reduce(bucket)
                     return
                 self._run_hook(context, bucket)
                 if ready is not None:

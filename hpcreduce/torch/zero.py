@@ -135,7 +135,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.steps += 1
         if self.grads is not None:
             self.grads.reduced = set()  # a step consumes them: a second one without backward steps on none
-            self.grads.gather(resolve(self.process_group), self.places, self.shards)
+            self.grads.gather(self.places, self.shards)
             return loss
         for (index, a, b), shard in zip(self.slices, self.shards):
             self.params[index].view(-1)[a:b].copy_(shard)

@@ -12,19 +12,25 @@ slices into one bucket-sized scratch buffer, allgathers it and copies every para
 """
 from __future__ import annotations
 
-import math
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Set, Tuple
 
 import torch
 
 from ..collectives.ops import OPS
 from ..collectives.ring import chunk_bounds
-from ..collectives.scatter_gather import allgather, reduce_scatter
+from mpi4py import MPI
+
+from ..collectives.scatter_gather import ScatterGather
 from ..runtime.context import Context, resolve
+from ..runtime.failures import release
 from .buckets import Bucket
+from .finite import may_be_finite
 from .views import array_view
 
+GATHER_ELEMENTS = 1 << 22
+"""Buckets are gathered together up to this many elements (16 MiB of float32): fewer barriers
+for a small model, and a bounded shared window (two regions per rank) for a large one."""
 Place = Tuple[int, int]
 """(bucket number, first element in the bucket's buffer) of one slice."""
 
@@ -32,23 +38,53 @@ Place = Tuple[int, int]
 class GradientShards:
     """This rank's chunk of every bucket's reduced gradient, and the bookkeeping around it."""
 
-    def __init__(self, buckets: List[Bucket]):
+    def __init__(self, buckets: List[Bucket], outer: Callable[[], Context]):
         self.buckets = buckets
+        self.outer = outer  # the reducer's context (its own duplicate), made again after a recovery
         self.size = 0
         self.rank = 0
         self.bounds: List[List[int]] = []
         self.chunks: List[torch.Tensor] = []
         self.reduced: Set[int] = set()  # ids of the parameters some rank had a gradient for
+        total = sum(p.numel() for b in buckets for p in b.params)
+        self._room = max(min(total, GATHER_ELEMENTS), max(sum(p.numel() for p in b.params) for b in buckets))
+        # the gathers: (bucket numbers, each rank's first element in the scratch (its chunks of
+        # them end to end), every (parameter piece, a, b) to copy from the scratch's [a, b))
+        self._groups: List[Tuple[List[int], List[int], List[Tuple[torch.Tensor, int, int]]]] = []
         self._scratch: Optional[torch.Tensor] = None
+        self._source: Optional[MPI.Intracomm] = None
+        self._wire: Optional[ScatterGather] = None
 
     def layout(self, rank: int, size: int) -> None:
-        """Chunk bounds of every bucket among ``size`` ranks, and this rank's chunk buffers."""
+        """Chunk bounds of every bucket among ``size`` ranks, this rank's chunk buffers, and
+        where every parameter's piece of each rank's chunks lies in the gather's scratch."""
         if (rank, size) == (self.rank, self.size):
             return
         self.rank, self.size = rank, size
         self.bounds = [chunk_bounds(sum(p.numel() for p in b.params), size) for b in self.buckets]
         self.chunks = [torch.zeros(bounds[rank + 1] - bounds[rank], dtype=b.flat.dtype)
                        for b, bounds in zip(self.buckets, self.bounds)]
+        self._groups = []
+        for group in _packed([bounds[-1] for bounds in self.bounds], max(self._room, 1)):
+            segments = [0]
+            for other in range(size):
+                segments.append(segments[-1] + sum(self.bounds[n][other + 1] - self.bounds[n][other] for n in group))
+            pieces = []
+            for other in range(size):
+                at = segments[other]
+                for number in group:
+                    bucket, bounds = self.buckets[number], self.bounds[number]
+                    begin, end, offset = bounds[other], bounds[other + 1], 0
+                    for param in bucket.params:
+                        a, b = max(begin, offset), min(end, offset + param.numel())
+                        if a < b:
+                            pieces.append((param.detach().view(-1)[a - offset:b - offset], at + a - begin,
+                                           at + b - begin))
+                        offset += param.numel()
+                    at += end - begin
+            self._groups.append((group, segments, pieces))
+        self._scratch = torch.empty(max(segments[-1] for _, segments, _ in self._groups),
+                                    dtype=self.buckets[0].flat.dtype)
 
     def owned(self, params: Sequence[torch.Tensor], rank: int, size: int) -> Tuple[List[Tuple[int, int, int]],
                                                                                    List[Place]]:
@@ -73,16 +109,32 @@ class GradientShards:
         start = begin - self.bounds[number][self.rank]
         return self.chunks[number][start:start + length]
 
-    def reduce(self, context: Context, bucket: Bucket, check: bool) -> bool:
+    def wire(self) -> ScatterGather:
+        """The reduce-scatters' and allgathers' own communicator (a duplicate of the reducer's,
+        made again when that one is replaced), counting into the reducer's traffic."""
+        outer = self.outer()
+        self.layout(outer.rank, outer.size)
+        if self._source is not outer.comm or self._wire is None:
+            if self._wire is not None:
+                release(self._wire.context.comm)
+            comm = outer.comm.Dup()
+            comm.Set_errhandler(MPI.ERRORS_RETURN)
+            context = Context(comm, ft=outer.ft, cuda_aware=outer.cuda_aware, launcher=outer.launcher)
+            context.traffic = outer.traffic
+            self._wire = ScatterGather(context, self._room * self.buckets[0].flat.element_size())
+            self._source = outer.comm
+        return self._wire
+
+    def reduce(self, bucket: Bucket) -> bool:
         """Reduce-scatter ``bucket`` (the mean) and copy this rank's chunk out; whether the
-        chunk may hold only finite values (True without ``check``)."""
-        self.layout(context.rank, context.size)
+        chunk may hold only finite values."""
+        wire = self.wire()
         bounds = self.bounds[bucket.index]
         view, _ = array_view(bucket.flat)
-        reduce_scatter(context, view, bounds, OPS["mean"])
+        wire.reduce_scatter(view, bounds, OPS["mean"])
         chunk = self.chunks[bucket.index]
         chunk.copy_(bucket.flat[bounds[self.rank]:bounds[self.rank + 1]])
-        return not check or math.isfinite(float(chunk.sum(dtype=torch.float64)))
+        return may_be_finite(chunk)
 
     def nonfinite(self, bucket: Bucket) -> List[torch.nn.Parameter]:
         """The parameters whose piece of this rank's chunk of ``bucket`` holds a NaN or an Inf."""
@@ -104,27 +156,21 @@ class GradientShards:
             bucket.flat = bucket.flat.new_empty(0)
             bucket.views[:] = [bucket.flat] * len(bucket.views)
 
-    def gather(self, context: Context, places: Sequence[Place], shards: Sequence[torch.Tensor]) -> None:
-        """Every rank's updated slices into every rank's parameters, bucket by bucket (one
-        allgather each through a scratch buffer of the largest bucket's size)."""
-        largest = max(bounds[-1] for bounds in self.bounds)
-        if self._scratch is None or self._scratch.numel() < largest:
-            self._scratch = torch.empty(largest, dtype=self.buckets[0].flat.dtype)
-        by_bucket: Dict[int, List[int]] = {}
-        for position, (number, _) in enumerate(places):
-            by_bucket.setdefault(number, []).append(position)
-        for number, (bucket, bounds) in enumerate(zip(self.buckets, self.bounds)):
-            flat = self._scratch[:bounds[-1]]
-            for position in by_bucket.get(number, []):
-                begin = places[position][1]
-                flat[begin:begin + shards[position].numel()].copy_(shards[position])
-            view, _ = array_view(flat)
-            allgather(context, view, bounds)
-            offset = 0
+    def gather(self, places: Sequence[Place], shards: Sequence[torch.Tensor]) -> None:
+        """Every rank's updated slices (this rank's: ``shards`` at ``places``, in ``owned``'s
+        order) into every rank's parameters: one allgather per group of buckets (up to
+        ``GATHER_ELEMENTS``, or one bucket), every rank's chunks of them end to end."""
+        wire = self.wire()
+        assert self._scratch is not None
+        for group, segments, pieces in self._groups:
+            mine = [shard for (number, _), shard in zip(places, shards) if number in group]
+            if mine:
+                torch.cat(mine, out=self._scratch[segments[self.rank]:segments[self.rank + 1]])
+            view, _ = array_view(self._scratch[:segments[-1]])
+            wire.allgather(view, segments)
             with torch.no_grad():
-                for param in bucket.params:
-                    param.view(-1).copy_(flat[offset:offset + param.numel()])
-                    offset += param.numel()
+                for piece, a, b in pieces:
+                    piece.copy_(self._scratch[a:b])
 
     def restore(self) -> bool:
         """A backward's first gradient: the buckets' memory back (its values rewritten by it);
@@ -158,7 +204,8 @@ def reducer_of(params: Sequence[torch.Tensor], context: Context) -> Optional[Any
 
 def attach(optimizer: object, reducer: Any) -> GradientShards:
     """Make ``reducer`` reduce-scatter for ``optimizer`` for as long as the optimizer lives."""
-    shards = GradientShards(reducer.buckets)
+    context = weakref.WeakMethod(reducer.context)
+    shards = GradientShards(reducer.buckets, lambda: context()())
     reducer.shards = shards
     weakref.finalize(optimizer, _detach, weakref.ref(reducer), shards)
     return shards
@@ -170,3 +217,16 @@ def _detach(reducer_ref: Any, shards: GradientShards) -> None:
         reducer.shards = None
         if shards.restore():
             reducer.new_buffers()
+
+
+def _packed(sizes: Sequence[int], room: int) -> List[List[int]]:
+    """Consecutive indices of ``sizes`` grouped up to ``room`` in all (one alone where larger)."""
+    groups: List[List[int]] = []
+    used = room
+    for index, size in enumerate(sizes):
+        if used + size > room:
+            groups.append([])
+            used = 0
+        groups[-1].append(index)
+        used += size
+    return groups
