@@ -39,14 +39,12 @@ from ..runtime.context import Context, resolve
 from .buckets import Bucket
 from .comm_thread import CommThread, has_spare_core
 from .finite import bucket_finite, nonfinite
-from .hooks.bucket import GradBucket, all_reduce, running_on
+from .hooks.bucket import REPORT_FIELDS, GradBucket, all_reduce, running_on
 from .hooks.default import allreduce_hook
 from .zero_grads import GradientShards
 
 LIVE: "weakref.WeakSet[Reducer]" = weakref.WeakSet()
 Hook = Callable[[Any, GradBucket], "torch.futures.Future[torch.Tensor]"]
-HOOK_FIELDS = [("comm hook", 0, "")] * 6
-"""A failed hook's report: as many fields as ``allreduce``'s check, so it meets one."""
 
 
 class Reducer:
@@ -205,7 +203,7 @@ class Reducer:
             if isinstance(error, TrainingError) and ProblemKind.HOOK_FAILED.summary in str(error):
                 raise  # a peer's failure, reported to every rank already
             name = getattr(self.hook, "__qualname__", repr(self.hook))
-            agree(context, "DistributedDataParallel", HOOK_FIELDS, InputProblem(
+            agree(context, "DistributedDataParallel", REPORT_FIELDS, InputProblem(
                 ProblemKind.HOOK_FAILED, f"comm hook {name} on bucket {bucket.index}: "
                                          f"{type(error).__name__}: {error}"))
             raise
