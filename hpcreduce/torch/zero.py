@@ -115,7 +115,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             raise UnsupportedInputError(
                 f"ZeroRedundancyOptimizer.step: the job went from {self.size} to "
                 f"{resolve(self.process_group).size} ranks without a re-shard (elastic.State re-shards after a "
-                f"failure or a growth; a leave is not re-sharded yet)")
+                f"failure, a growth or a leave)")
         self.loaded = None
         loss = None
         if closure is not None:
