@@ -6,9 +6,10 @@
 The parameters, taken end to end as one flat vector, are cut into N near-equal slices
 (``ring.chunk_bounds``: a parameter may straddle two ranks); rank r keeps the optimizer state
 of slice r only. ``step()`` hands each of its slices the reduced gradient's slice (a view),
-steps its local optimizer (``.optim``, ``optimizer_class`` over the slices, with the same
-hyperparameters, kept in step with ``param_groups`` so schedulers work), writes the slices back
-and gathers every rank's updated slice (``MPI_Allgatherv``, in place). So optimizer state per
+steps its local optimizer (``.optim``, ``optimizer_class`` over the slices, views of the
+parameters' memory where contiguous, so stepped in place; with the same hyperparameters, kept in
+step with ``param_groups`` so schedulers work) and gathers every rank's updated slice
+(``MPI_Allgatherv``, in place; ZeRO-2 over a wrapper's buckets: ``zero_grads``). So optimizer state per
 rank is about 1/N of the unsharded one. Only optimizers whose step is elementwise can be
 sliced (``ELEMENTWISE``); others (L-BFGS...) are refused on every rank at construction, as are
 parameter groups that differ between ranks. ``consolidate_state_dict(to)`` gathers the full
@@ -90,7 +91,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             self.slices, self.places = self.grads.owned(self.params, rank, size)
         else:
             self.slices = owned(self.params, self.bounds[rank], self.bounds[rank + 1])
-        self.shards = [self.params[i].detach().reshape(-1)[a:b].clone() for i, a, b in self.slices]
+        self.shards = [_slice_of(self.params[i], a, b) for i, a, b in self.slices]
+        self.copies = [position for position, (i, _, _) in enumerate(self.slices)
+                       if not self.params[i].is_contiguous()]  # the shards that are not views
         self.optim = self.optimizer_class(self._local_groups(), **self.local_defaults)
         for ours, theirs in zip(self.param_groups, self.optim.param_groups):  # the class's defaults, as torch's
             for key, value in theirs.items():
@@ -123,23 +126,26 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 loss = closure()
         for ours, theirs in zip(self.param_groups, self.optim.param_groups):
             theirs.update({k: v for k, v in ours.items() if k != "params"})
+        for position in self.copies:  # the others are views: the parameters' current values
+            index, a, b = self.slices[position]
+            self.shards[position].copy_(self.params[index].detach().reshape(-1)[a:b])
         for position, ((index, a, b), shard) in enumerate(zip(self.slices, self.shards)):
             param = self.params[index]
-            shard.copy_(param.detach().reshape(-1)[a:b])  # the parameters may have been loaded
             if self.grads is not None:  # ZeRO-2: the slice's reduced gradient, kept by the reducer
                 shard.grad = self.grads.gradient(self.places[position], b - a) \
                     if id(param) in self.grads.reduced else None
             else:
                 shard.grad = None if param.grad is None else param.grad.reshape(-1)[a:b]
-        self.optim.step()
+        self.optim.step()  # this rank's slices of the parameters in place (or their copies)
         self.steps += 1
+        for position in self.copies:
+            index, a, b = self.slices[position]
+            self.params[index].view(-1)[a:b].copy_(self.shards[position])
         if self.grads is not None:
             self.grads.reduced = set()  # a step consumes them: a second one without backward steps on none
             self.grads.gather(self.places, self.shards)
-            return loss
-        for (index, a, b), shard in zip(self.slices, self.shards):
-            self.params[index].view(-1)[a:b].copy_(shard)
-        self._gather()
+        else:
+            self._gather()
         return loss
 
     def _gather(self) -> None:
@@ -263,6 +269,13 @@ def owned(params: List[torch.Tensor], begin: int, end: int) -> List[Slice]:
             slices.append((index, a - offset, b - offset))
         offset += param.numel()
     return slices
+
+
+def _slice_of(param: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """Elements ``[a, b)`` of ``param``: a view of its memory where it is contiguous (the local
+    optimizer then steps the parameter in place), else a copy."""
+    values = param.detach()
+    return values.view(-1)[a:b] if values.is_contiguous() else values.reshape(-1)[a:b].clone()
 
 
 def _groups(params: Iterable[Any]) -> List[Dict[str, Any]]:

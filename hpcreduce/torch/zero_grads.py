@@ -8,7 +8,8 @@ reduce-scattered (``collectives.scatter_gather``, the mean) and this rank's chun
 the buckets' memory is released (allocated again at the next backward) and the
 parameters' ``.grad`` set to None, so between steps a rank holds 1/N of the gradients. The
 optimizer's step reads its slices' gradients from the chunks, then ``gather`` writes its updated
-slices into one bucket-sized scratch buffer, allgathers it and copies every parameter out.
+slices into a scratch buffer (the buckets together up to ``GATHER_ELEMENTS``), allgathers it and
+copies the other ranks' slices into the parameters.
 """
 from __future__ import annotations
 
@@ -69,8 +70,8 @@ class GradientShards:
             segments = [0]
             for other in range(size):
                 segments.append(segments[-1] + sum(self.bounds[n][other + 1] - self.bounds[n][other] for n in group))
-            pieces = []
-            for other in range(size):
+            pieces = []  # the other ranks' (this rank's slices are its parameters' own memory)
+            for other in (o for o in range(size) if o != rank):
                 at = segments[other]
                 for number in group:
                     bucket, bounds = self.buckets[number], self.bounds[number]
