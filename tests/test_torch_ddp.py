@@ -27,3 +27,11 @@ def test_comm_hooks_unused_parameters_bad_arguments_and_zero(ranks, ft):
     assert job.returncode == 0, job
     assert "torch hooks: all checks passed" in job.output, job
 
+
+
+def test_zero2_at_four_ranks_equals_unsharded_adam():
+    """tests/mpi/torch_zero.py at 4 ranks (ZeRO-2: buckets reduce-scattered, 1/N of the
+    gradients and optimizer state kept, 50 Adam steps equal to the unsharded ones to 1e-6)."""
+    job = mpirun(4, "torch_zero.py", "check_sharded_adam_equals_unsharded", timeout=180)
+    assert job.returncode == 0, job
+    assert "ok check_sharded_adam_equals_unsharded" in job.output, job

@@ -52,6 +52,14 @@ class Handler:
         collective)."""
         return self.exported(value)
 
+    def before_leave(self, value: Any) -> None:
+        """Collective over every rank, the leaving ones included, before a leave: what the
+        staying ranks need of the leaving ones' (nothing, but for a sharded value)."""
+
+    def after_leave(self, context: Context, value: Any) -> Any:
+        """Collective over the staying ranks after a leave (``context``'s): ``value`` for them."""
+        return value
+
     def snapshot(self, value: Any) -> Any:
         """A copy of ``value`` that later changes to it do not touch."""
         return clone_tree(self.exported(value))
@@ -133,7 +141,9 @@ class Sharded(Handler):
     """An object whose state is sharded over the ranks (``hpcreduce.torch.ZeroRedundancyOptimizer``):
     a commit keeps its ``shard_snapshot()`` (this rank's part and a copy of its ring neighbour's,
     collective); restore hands that back (``restore_point``); sync (after a failure or a growth)
-    has every rank ``reshard`` from the parts kept. A checkpoint stores its full ``state_dict()``
+    has every rank ``reshard`` from the parts kept. Before a leave (at a commit) every rank loads
+    the whole state (``full_state_dict``, collective), and after it the staying ranks ``reshard``
+    it among themselves. A checkpoint stores its full ``state_dict()``
     (consolidated first) and loads it at any number of ranks."""
 
     kind = "sharded"
@@ -146,6 +156,13 @@ class Sharded(Handler):
 
     def snapshot(self, value: Any) -> Any:
         return value.shard_snapshot()
+
+    def before_leave(self, value: Any) -> None:
+        value.load_state_dict(value.full_state_dict())
+
+    def after_leave(self, context: Context, value: Any) -> Any:
+        value.reshard(context)
+        return value
 
     def put_back(self, value: Any, saved: Any) -> Any:
         if saved is None or isinstance(saved, dict) and "mine" in saved:

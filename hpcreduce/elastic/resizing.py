@@ -84,6 +84,7 @@ def leave(state: "State", request: ResizeRequested) -> Optional[float]:
     saw it (nothing changed: recover, and the leave is asked for again)."""
     ctx, job = state.context, state.job
     going = job.members.me in request.leaving
+    state._leaving(None)
     outcome = attempt(ctx.comm, lambda: [split_off(ctx.comm, going)], f"leave at step {request.at} (split)")
     if not outcome.committed:
         if outcome.result and outcome.result[0] is not None:
@@ -94,6 +95,7 @@ def leave(state: "State", request: ResizeRequested) -> Optional[float]:
         leave_job(ctx.comm, finalize=ctx.joined)
     change = Change("leave", request.at, ctx.size, request.requested_at, requested_at=request.requested_at)
     ctx.replace_comm(staying)
+    state._leaving(ctx)
     job.members.leave(request.leaving)
     change.left = list(request.leaving)
     change.ranks_after = ctx.size

@@ -27,7 +27,7 @@ from mpi4py import MPI
 from . import inbox, protocol
 from .engine import ShardEngine
 from .inbox import Request
-from .protocol import (HEADER_LEN, TAG_FORWARD, TAG_FORWARD_ACK, TAG_FORWARD_PAYLOAD, TAG_REPLY,
+from .protocol import (FUSED, HEADER_LEN, TAG_FORWARD, TAG_FORWARD_ACK, TAG_FORWARD_PAYLOAD, TAG_REPLY,
                        Op, Status)
 from .shard_state import ShardState
 
@@ -44,9 +44,50 @@ class Held:
     sends: List[MPI.Request] = field(default_factory=list)
 
 
+class NoForwarding:
+    """The forwarding strategy of a server without a backup: nothing forwarded, held or
+    pinned; only requests arrive (one receive, no probe)."""
+
+    probes = False
+
+    def __init__(self, server) -> None:
+        self.server = server
+
+    def admits(self, request: Request) -> bool:
+        """Whether a request that gets values back may be answered now (always)."""
+        return True
+
+    def send_reply(self, request: Request, header: np.ndarray, push: bool) -> None:
+        """Send a reply header to the worker at once."""
+        self.server._send(header, request.source, None)
+
+    def pin(self, request: Request) -> None:
+        """Nothing to keep: no backup reads the buffer."""
+
+    def unpin(self, request: Request) -> None:
+        """Nothing kept."""
+
+    def is_pinned(self, buffer: np.ndarray) -> bool:
+        return False
+
+    def forward_apply(self, below: int, completed: int) -> None:
+        """No backup to tell."""
+
+    def wind_down(self) -> bool:
+        return True
+
+    def handle(self, tag: int, source: int) -> None:
+        raise AssertionError(f"a server without a backup received tag {tag} from rank {source}")
+
+    def pending_requests(self) -> List[MPI.Request]:
+        return []
+
+
 class Replication:
     """Both replication roles of one server: primary of its own shard (forwarding to
     ``backup_rank``) and backup of the shard of ``primary_rank`` (``replica``)."""
+
+    probes = True  # forwards and acknowledgements arrive beside the requests
 
     def __init__(self, server, backup_rank: int, primary_rank: int, replica: ShardState):
         self.server = server
@@ -60,6 +101,25 @@ class Replication:
         self.primary_done = False
 
     # -- primary side ----------------------------------------------------------------
+    def admits(self, request: Request) -> bool:
+        """Whether a request that gets values back may be answered now: not while its worker's
+        earlier pushes wait for the backup (replies stay in order); a push-pull is refused."""
+        if self.holding(request.slot):
+            return False
+        if request.op in FUSED and request.refusal is None:
+            request.refusal = (Status.UNSUPPORTED, 0)
+        return True
+
+    def send_reply(self, request: Request, header: np.ndarray, push: bool) -> None:
+        """A push's reply waits for the backup's acknowledgement (the push forwarded first);
+        another waits behind its worker's held replies, or goes at once."""
+        if push:
+            self.forward(request, header)
+        elif self.holding(request.slot):
+            self.hold(request, header)
+        else:
+            self.server._send(header, request.source, None)
+
     def pin(self, request: Request) -> None:
         """Keep ``request``'s dense gradient buffer from reuse until the backup has it."""
         if request.op == Op.PUSH:

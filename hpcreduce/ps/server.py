@@ -36,6 +36,7 @@ from .engine import ShardEngine
 from .inbox import Request, table_gradients
 from .key_cache import KnownKeys
 from .layout import Layout
+from .replication import NoForwarding, Replication
 from .protocol import (CLOCK_STALENESS, CLOCK_STATS, DENSE_PUSHES, FUSED, PULLS, PUSHES, TAG_REPLY, TAG_REQUEST,
                        VALUES_BACK, Op, Status)
 from .shard_state import ShardState
@@ -64,7 +65,7 @@ class Server:
                                   pinned=self._pinned)
         self.traffic = traffic if traffic is not None else Traffic()
         self.guard, self.on_progress = guard, on_progress
-        self.replication = None
+        self.forwarding = NoForwarding(self)  # Replication once ``replicate`` gives it a backup
         self.queues: Dict[int, Deque[Request]] = {slot: deque() for slot in layout.worker_slots}
         self.live = np.zeros(layout.slot_count, dtype=bool)
         self.live[list(layout.worker_slots)] = True
@@ -88,8 +89,7 @@ class Server:
     def replicate(self, backup_rank: int, primary_rank: int, replica: ShardState) -> None:
         """Keep the shard's replica on ``backup_rank`` and the replica of the shard of
         ``primary_rank`` here (fault tolerance with two or more servers)."""
-        from .replication import Replication
-        self.replication = Replication(self, backup_rank, primary_rank, replica)
+        self.forwarding = Replication(self, backup_rank, primary_rank, replica)
 
     def serve(self) -> None:
         """Answer requests until every live worker has released this server (and, when
@@ -109,13 +109,13 @@ class Server:
                 break
             header = None
             with self.guard(self._waiting):  # polled with back-off: an idle server does not spin
-                if self.replication is None:  # one receive, no probe: only requests arrive
+                if self.forwarding.probes:  # forwards and acknowledgements arrive too
+                    wait_until(lambda: self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status))
+                else:  # one receive, no probe: only requests arrive
                     header = np.zeros(protocol.HEADER_LEN, dtype=np.int64)
                     self._listening = self.comm.Irecv(header, MPI.ANY_SOURCE, TAG_REQUEST)
                     wait_until(lambda: self._listening.Test(status))
                     self._listening = None
-                else:
-                    wait_until(lambda: self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status))
             source = status.Get_source()
             if status.Get_tag() == TAG_REQUEST:
                 request = inbox.receive(self.comm, source, self.layout, self.state, self.engine.take_buffer,
@@ -128,7 +128,7 @@ class Server:
                     queue.append(request)
                     self._make_progress(queue)
             else:
-                self.replication.handle(status.Get_tag(), source)
+                self.forwarding.handle(status.Get_tag(), source)
             if len(self.outbox) >= RETIRE_AT:
                 self._retire_sends()
         with self.guard(f"server rank {self.comm.Get_rank()} finishing its replies"):
@@ -147,15 +147,13 @@ class Server:
 
     def pending_requests(self) -> List[MPI.Request]:
         """Every send still in flight (to be abandoned after a failure)."""
-        requests = [entry[0] for entry in self.outbox] + ([self._listening] if self._listening is not None else [])
-        if self.replication is not None:
-            requests += self.replication.pending_requests()
-        return requests
+        return [entry[0] for entry in self.outbox] + ([self._listening] if self._listening is not None else []) \
+            + self.forwarding.pending_requests()
 
     def _finished(self) -> bool:
         if not (self.released | ~self.live).all():
             return False
-        return self.replication is None or self.replication.wind_down()
+        return self.forwarding.wind_down()
 
     def _make_progress(self, arrived: Optional[Deque[Request]] = None) -> None:
         """Answer the heads of the queue a request just ``arrived`` in (None: of every
@@ -201,11 +199,8 @@ class Server:
         if slot >= 0 and request.clock > self.state.clocks[slot]:
             self.state.clocks[slot] = request.clock
             self._clock_moved()
-        if request.op in VALUES_BACK and self.replication is not None:
-            if self.replication.holding(slot):
-                return False  # its earlier pushes are not acknowledged yet: replies stay in order
-            if request.op in FUSED and request.refusal is None:
-                request.refusal = (Status.UNSUPPORTED, 0)
+        if request.op in VALUES_BACK and not self.forwarding.admits(request):
+            return False
         if request.refusal is not None:
             self._refuse(request)
             if request.op == Op.PUSH_PULL_END:
@@ -237,8 +232,8 @@ class Server:
             slowest = self._slowest
             live = self.state.clocks[self.live]
             completed = min(slowest, int(live.max()) if live.size else 0)
-            if self.engine.apply_completed(slowest, completed) and self.replication is not None:
-                self.replication.forward_apply(slowest, completed)
+            if self.engine.apply_completed(slowest, completed):
+                self.forwarding.forward_apply(slowest, completed)
 
     def _read(self, request: Request, slowest: int, clock: Optional[int] = None,
               status: Status = Status.OK) -> None:
@@ -274,7 +269,7 @@ class Server:
         if request.pushed is None:
             self._refuse(request)
         else:
-            self._reply(request, request.pushed, forward=self.replication is not None)
+            self._reply(request, request.pushed, push=True)
 
     def _push_pull(self, request: Request) -> bool:
         """A fused push-pull: the push is taken first; the reply (the push's status, then the
@@ -307,17 +302,14 @@ class Server:
     def _take_push(self, request: Request) -> Optional[Status]:
         """Hand a push to the engine: its status (OK, DUPLICATE), or None when it came too
         late (``request.refusal`` set; the reply is the caller's)."""
-        replication = self.replication
-        if replication is not None:
-            replication.pin(request)
+        self.forwarding.pin(request)
         if request.op == Op.PUSH_ROWS_MANY:
             status, request.duplicates = self.engine.accept_many(request.slot, request.clock, table_gradients(request))
         else:
             gradient = request.payloads[0] if request.op in DENSE_PUSHES else (request.ids, request.payloads[1])
             status = self.engine.accept(request.slot, request.clock, request.table, gradient)
         if status == Status.LATE:
-            if replication is not None:
-                replication.unpin(request)
+            self.forwarding.unpin(request)
             request.refusal = (Status.LATE, request.clock)
             return None
         if status == Status.DUPLICATE:
@@ -335,21 +327,15 @@ class Server:
             self._reply(request, status, detail=detail)
 
     def _reply(self, request: Request, status: Status, payload: Optional[np.ndarray] = None, *,
-               reads: Optional[int] = None, detail: int = 0, forward: bool = False) -> None:
-        """Send the reply header and, for pulls, the payload (empty when refused). With
-        ``forward`` the push goes to the backup first and the reply waits for its
-        acknowledgement; a reply behind such a one waits its turn."""
+               reads: Optional[int] = None, detail: int = 0, push: bool = False) -> None:
+        """Send the reply header (when and how is the forwarding strategy's: an accepted
+        ``push`` goes to a backup first) and, for pulls, the payload (empty when refused)."""
         table = self.state.tables.get(request.table)
         count = request.duplicates if request.op == Op.PUSH_ROWS_MANY else 0 if payload is None else payload.size
         header = protocol.reply(request.header, self.state.shard, status,
                                 version=table.version if table is not None else 0, count=count, detail=detail,
                                 slowest=self._slowest)
-        if forward:
-            self.replication.forward(request, header)
-        elif self.replication is not None and self.replication.holding(request.slot):
-            self.replication.hold(request, header)
-        else:
-            self._send(header, request.source, None)
+        self.forwarding.send_reply(request, header, push)
         sent = 0
         if request.op in VALUES_BACK:
             body = EMPTY if payload is None else payload
@@ -377,7 +363,7 @@ class Server:
             self.outbox = [entry for entry in self.outbox if entry[2] != table_id]
 
     def _pinned(self, buffer: np.ndarray) -> bool:
-        return self.replication is not None and self.replication.is_pinned(buffer)
+        return self.forwarding.is_pinned(buffer)
 
     def _release_buffer(self, request: Request) -> None:
         """Return a refused or duplicate push's gradient buffer to the spares."""

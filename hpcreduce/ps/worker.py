@@ -29,18 +29,14 @@ from ..arrays import is_device_array, to_host
 from ..errors import PSInputError
 from ..runtime.context import Traffic
 from ..runtime.failures import abandon, wait_all
-from ..arrays.finite import all_finite
 from . import multi_table, protocol
-from .kernels import kernel
 from .handles import Handle, Part, PushResult, push_result
 from .client_checks import check_array, checked_ids, sorted_push_rows, table_rows
 from .layout import Layout
 from .key_cache import SentKeys
 from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op, Req
 from .tables import ParamSpec, row_width
-
-GROUP = kernel("route", "group")  # a stable counting sort of positions by shard
-
+from .wire_cast import by_shard, on_wire, wire_of
 
 class Worker:
     """One worker rank's client of the servers of ``layout``.
@@ -138,8 +134,8 @@ class Worker:
         t, spec = self._table(table, sparse=True)
         ids = checked_ids(f"pull_rows of {table!r}", ids, table_rows(spec))
         out = np.empty((len(ids),) + tuple(spec.shape[1:]), dtype=spec.dtype)
-        groups = self._by_shard(t, ids)
-        wire = self._wire(spec)
+        groups = by_shard(self.layout, t, ids)
+        wire = wire_of(spec, self.wire_dtype)
         direct = len(groups) == 1 and wire == out.dtype
         parts = []
         for rank, where in groups:
@@ -162,7 +158,7 @@ class Worker:
         t, spec = self._table(table, sparse=True)
         ids, grads = self._sorted_rows(table, spec, ids, grads)
         parts = []
-        for rank, where in self._by_shard(t, ids):
+        for rank, where in by_shard(self.layout, t, ids):
             parts.append(self._rows_request(Op.PUSH_ROWS, t, spec, rank, ids[where], [grads[where]], []))
         return self._handle(f"push_rows to table {table!r} at step {self.clock_value}", parts,
                             push_result, t)
@@ -272,7 +268,7 @@ class Worker:
     def _sorted_rows(self, table: str, spec: ParamSpec, ids, grads) -> Tuple[np.ndarray, np.ndarray]:
         """A push's ids and gradients checked and sorted by id, the gradients in the wire dtype."""
         ids, grads = sorted_push_rows(table, spec, ids, grads)
-        return ids, self._on_wire(f"push_rows to {table!r}: gradients", grads, spec)
+        return ids, self._cast(f"push_rows to {table!r}: gradients", grads, spec)
 
     def _sparse_tables(self, by_table: Mapping[str, object], call: str) -> Tuple[List[str], List[int],
                                                                                   List[ParamSpec]]:
@@ -287,8 +283,8 @@ class Worker:
 
     def _plan(self, tables: List[int], specs: List[ParamSpec], ids: List[np.ndarray]):
         """Each table's rows grouped per server; per table its row width, wire dtype and its code."""
-        wires = [self._wire(spec) for spec in specs]
-        plan = multi_table.by_server([self._by_shard(t, i) for t, i in zip(tables, ids)])
+        wires = [wire_of(spec, self.wire_dtype) for spec in specs]
+        plan = multi_table.by_server([by_shard(self.layout, t, i) for t, i in zip(tables, ids)])
         return (plan, [row_width(spec) for spec in specs], wires, [protocol.dtype_code(w) for w in wires])
 
     def _handle(self, what: str, parts: List[Part], finish, table: int) -> Handle:
@@ -301,13 +297,10 @@ class Worker:
                 cached: bool = False) -> np.ndarray:
         width = row_width(spec) if spec.sparse else 1
         return protocol.request(op, table, self.slot, self.clock_value, count,
-                                protocol.dtype_code(self._wire(spec)), width, keys, cached)
+                                protocol.dtype_code(wire_of(spec, self.wire_dtype)), width, keys, cached)
 
-    def _wire(self, spec: ParamSpec) -> np.dtype:
-        """The dtype ``spec``'s values travel in: ``wire_dtype`` when it is a narrower float."""
-        if self.wire_dtype is None:
-            return np.dtype(spec.dtype)
-        return protocol.wire_dtype(spec.dtype, self.wire_dtype)
+    def _cast(self, what: str, values: np.ndarray, spec: ParamSpec) -> np.ndarray:
+        return on_wire(what, values, spec, self.wire_dtype)
 
     def _push_pull(self, t: int, spec: ParamSpec, flat: np.ndarray, out: Optional[np.ndarray],
                    ending: Set[int]) -> Handle:
@@ -326,7 +319,7 @@ class Worker:
         else:
             check_array(f"{what}: out", out, spec.shape, spec.dtype, output=True)
         flat = out.reshape(-1)
-        wire = self._wire(spec)
+        wire = wire_of(spec, self.wire_dtype)
         pieces = self.layout.placement.pieces[t]
         parts = []
         for piece in pieces:
@@ -347,20 +340,7 @@ class Worker:
         """A dense gradient checked, on the host, flat, in the wire dtype."""
         grad = to_host(grad) if is_device_array(grad) else grad  # a GPU's gradient goes through the host
         check_array(f"push to {table!r}: gradient", grad, spec.shape, spec.dtype)
-        return self._on_wire(f"push to {table!r}: gradient", np.ascontiguousarray(grad).reshape(-1), spec)
-
-    def _on_wire(self, what: str, values: np.ndarray, spec: ParamSpec) -> np.ndarray:
-        """``values`` cast to the wire dtype; ``PSInputError`` when the cast makes finite values
-        Inf (past float16's largest), which the server would refuse as a non-finite gradient
-        without saying why. Cost: one finiteness pass over the cast values, only on a narrower wire."""
-        wire = self._wire(spec)
-        sent = values.astype(wire, copy=False)
-        if sent.dtype != values.dtype and not all_finite(sent) and all_finite(values):
-            raise PSInputError(f"{what} has values up to {float(np.abs(values).max()):.6g}, past {wire}'s largest, "
-                               f"{float(np.finfo(wire).max):.0f}: they overflow to Inf on the {wire} wire "
-                               "(wire_dtype); the gradient was finite before the cast. Use a float32 wire "
-                               "(--wire-dtype float32) or scale the loss down")
-        return sent
+        return self._cast(f"push to {table!r}: gradient", np.ascontiguousarray(grad).reshape(-1), spec)
 
     def _rows_request(self, op: Op, table: int, spec: ParamSpec, rank: int, ids: np.ndarray,
                       payloads: List[np.ndarray], into: List[np.ndarray]) -> Part:
@@ -397,15 +377,6 @@ class Worker:
             part.requests.append(self.comm.Isend(payload, rank, TAG_PAYLOAD))
         self.traffic.add(sum(p.nbytes for p in payloads), 0)
         return part
-
-    def _by_shard(self, table: int, ids: np.ndarray) -> List[Tuple[int, np.ndarray]]:
-        """(server rank, positions in ids) for each shard owning some of ``ids``."""
-        if not len(ids):
-            return []
-        placement = self.layout.placement
-        order, starts = GROUP(placement.owner_index(table, ids), len(placement.shards))
-        return [(self.layout.shard_ranks[key], order[starts[k]:starts[k + 1]])
-                for k, key in sorted(enumerate(placement.shards), key=lambda pair: pair[1]) if starts[k + 1] > starts[k]]
 
     def _tell_servers(self, header: np.ndarray, skip: Set[int] = frozenset()) -> None:
         self._retire_unanswered()

@@ -20,13 +20,13 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from numbers import Real
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..collectives.broadcast import broadcast_tensor
 from ..collectives.validate import InputProblem, ProblemKind, agree, raise_local, stable_hash
-from ..runtime.context import resolve
+from ..runtime.context import Comm, resolve
 from .buckets import build, layout
 from .dtypes import REDUCIBLE
 from .parameters import broadcast_parameters
@@ -40,10 +40,15 @@ COMPRESSIONS = {"bf16": bf16_compress_hook, "fp16": fp16_compress_hook}
 
 
 class DistributedDataParallel(torch.nn.Module):
-    """Wrap ``module`` for data-parallel training over the ranks of ``comm`` (default: the
-    default context, whose communicator a recovery swaps underneath).
+    """Wrap ``module`` for data-parallel training over the ranks of ``process_group`` (torch's
+    signature; None: the default context, whose communicator a recovery swaps underneath; a
+    Context or an MPI intracommunicator; ``comm`` is its older alias, one of the two at most).
 
-    ``bucket_cap_mb``: the most bytes of gradients per bucket; ``compression``: None, "bf16"
+    ``device_ids``/``output_device``: None, or the one device the module's parameters are on
+    (the module is not moved); ``dim`` and ``find_unused_parameters`` are accepted (unused
+    parameters are always found: one small allreduce a step); ``init_sync=False``: no broadcast
+    of rank 0's parameters at construction.
+    ``bucket_cap_mb``: the most bytes of gradients per bucket (None: 25); ``compression``: None, "bf16"
     or "fp16" (``bf16_compress_hook``/``fp16_compress_hook``: float32 gradients travel as 16
     bits, sums in float32; bfloat16 and float16 gradients always do); ``check_finite``: raise ``TrainingError`` on every rank when a
     reduced gradient holds a NaN or an Inf (one summing pass per bucket; pass False under
@@ -52,34 +57,41 @@ class DistributedDataParallel(torch.nn.Module):
     GPU buckets, or when the rank has a core more than torch's threads); ``broadcast_buffers``:
     rank 0's buffers before every forward, as DDP does."""
 
-    def __init__(self, module: torch.nn.Module, *, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, comm=None,
-                 compression: Optional[str] = None, check_finite: bool = True, overlap: Optional[bool] = None,
-                 broadcast_buffers: bool = True):
+    def __init__(self, module: torch.nn.Module, device_ids: Optional[Sequence[Any]] = None,
+                 output_device: Any = None, dim: int = 0, broadcast_buffers: bool = True, init_sync: bool = True,
+                 process_group: Comm = None, bucket_cap_mb: Optional[float] = None,
+                 find_unused_parameters: bool = False, *, comm: Comm = None, compression: Optional[str] = None,
+                 check_finite: bool = True, overlap: Optional[bool] = None):
         super().__init__()
         self.module = module
-        context = resolve(comm)
+        group = process_group if comm is None else comm
+        context = resolve(group)
         is_module = isinstance(module, torch.nn.Module)
         named = [(name, param) for name, param in module.named_parameters() if param.requires_grad] \
             if is_module else []
-        cap, problem = _problem(module if is_module else torch.nn.Module(), named, bucket_cap_mb, compression,
-                                {"check_finite": check_finite, "broadcast_buffers": broadcast_buffers},
-                                overlap)
+        flags = {"check_finite": check_finite, "broadcast_buffers": broadcast_buffers, "init_sync": init_sync,
+                 "find_unused_parameters": find_unused_parameters}
+        cap, problem = _problem(module if is_module else torch.nn.Module(), named,
+                                DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb, compression,
+                                flags, overlap, _device_problems(named, device_ids, output_device, dim,
+                                                                 process_group, comm))
         buckets = layout(named, cap)
-        settings = [cap, compression, check_finite, broadcast_buffers]
+        settings = [cap, compression, check_finite, broadcast_buffers, init_sync]
         if context.joined:
             raise_local("DistributedDataParallel", problem, context.rank)
         else:
             agree(context, "DistributedDataParallel",
                   [("buckets", stable_hash(buckets), lambda: buckets),
-                   ("bucket_cap_mb, compression, check_finite, broadcast_buffers", stable_hash(repr(settings)),
-                    lambda: settings)],
+                   ("bucket_cap_mb, compression, check_finite, broadcast_buffers, init_sync",
+                    stable_hash(repr(settings)), lambda: settings)],
                   problem)
-            broadcast_parameters(module, comm=context)
-        self.comm = comm
+            if init_sync:
+                broadcast_parameters(module, comm=context)
+        self.comm = self.process_group = group
         self.broadcast_buffers = broadcast_buffers and any(True for _ in module.buffers())
         self._named = named
         self._shapes = [param.shape for _, param in named]
-        self.reducer = Reducer(build(named, cap), comm=comm, check_finite=check_finite, overlap=overlap)
+        self.reducer = Reducer(build(named, cap), comm=group, check_finite=check_finite, overlap=overlap)
         self._hook_from = f"compression={compression!r}" if compression else None
         if compression:
             self.reducer.hook = COMPRESSIONS[compression]
@@ -117,6 +129,9 @@ class DistributedDataParallel(torch.nn.Module):
             reasons.append(f"a comm hook is registered already ({self._hook_from}); torch allows one")
         if self.reducer.running:
             reasons.append("it was called during backward")
+        if self.reducer.shards is not None:
+            reasons.append("a ZeroRedundancyOptimizer reduce-scatters this wrapper's gradients (ZeRO-2); "
+                           "register the hook before making it")
         problem = InputProblem(ProblemKind.UNUSABLE_ARRAY, "; ".join(reasons)) if reasons else None
         kind = type(state).__qualname__
         fields = [("comm hook", stable_hash(name), name), ("hook state", stable_hash(kind), kind)]
@@ -145,11 +160,35 @@ class DistributedDataParallel(torch.nn.Module):
                 self.reducer.note_problem(name, "it was replaced or changed shape after wrapping "
                                                 "(wrap the module after its last change)")
 
+def _device_problems(named: List[Tuple[str, torch.nn.Parameter]], device_ids: object, output_device: object,
+                     dim: object, process_group: Comm, comm: Comm) -> List[str]:
+    """What torch's arguments ask that this wrapper does not do: several devices, a device the
+    parameters are not on, a non-integer ``dim``, both ``process_group`` and ``comm``."""
+    reasons = ["process_group and comm are both given (comm is process_group's older name: pass one)"] \
+        if process_group is not None and comm is not None else []
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        reasons.append(f"dim must be an int, got {dim!r}")
+    devices = {str(param.device) for _, param in named}
+    wanted = [] if device_ids is None else list(device_ids) if isinstance(device_ids, (list, tuple)) else None
+    if wanted is None or len(wanted) > 1:
+        reasons.append(f"device_ids must be None or one device (the module's), got {device_ids!r}")
+    for device in (wanted or []) + ([] if output_device is None else [output_device]):
+        try:
+            name = str(torch.device(f"cuda:{device}" if isinstance(device, int) else device))
+        except (RuntimeError, TypeError):
+            name = repr(device)
+        if devices and name not in devices:
+            reasons.append(f"device {device!r} is not the one the module's parameters are on "
+                           f"({', '.join(sorted(devices))}); the wrapper does not move the module")
+    return reasons
+
+
 def _problem(module: torch.nn.Module, named: List[Tuple[str, torch.nn.Parameter]], bucket_cap_mb: object,
-             compression: Optional[str], flags: dict, overlap: object) -> Tuple[int, Optional[InputProblem]]:
+             compression: Optional[str], flags: dict, overlap: object,
+             more: List[str]) -> Tuple[int, Optional[InputProblem]]:
     """The bucket cap in bytes (the default's where the one given is unusable) and what this
     rank cannot wrap: a dtype, a sparse-gradient layer, an argument."""
-    reasons = [f"parameter {name!r} is {param.dtype} (reducible: {', '.join(map(str, REDUCIBLE))})"
+    reasons = list(more) + [f"parameter {name!r} is {param.dtype} (reducible: {', '.join(map(str, REDUCIBLE))})"
                for name, param in named if param.dtype not in REDUCIBLE]
     reasons += [f"module {name!r} makes sparse gradients (sparse=True; use a dense one, or the parameter "
                 f"server's rows)" for name, sub in module.named_modules() if getattr(sub, "sparse", False) is True]

@@ -34,9 +34,14 @@ def all_finite(tensors: Sequence[torch.Tensor]) -> List[bool]:
     return finite
 
 
+def may_be_finite(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` may hold only finite values (its sum is finite; one summing pass)."""
+    return math.isfinite(_sum(tensor).item())
+
+
 def bucket_finite(bucket: Bucket) -> bool:
     """Whether the bucket may hold only finite values (False: look at it with ``nonfinite``)."""
-    return math.isfinite(_sum(bucket.flat).item())
+    return may_be_finite(bucket.flat)
 
 
 def nonfinite(bucket: Bucket) -> List[str]:

@@ -39,13 +39,12 @@ from ..runtime.context import Context, resolve
 from .buckets import Bucket
 from .comm_thread import CommThread, has_spare_core
 from .finite import bucket_finite, nonfinite
-from .hooks.bucket import GradBucket, all_reduce, running_on
+from .hooks.bucket import REPORT_FIELDS, GradBucket, all_reduce, running_on
 from .hooks.default import allreduce_hook
+from .zero_grads import GradientShards
 
 LIVE: "weakref.WeakSet[Reducer]" = weakref.WeakSet()
 Hook = Callable[[Any, GradBucket], "torch.futures.Future[torch.Tensor]"]
-HOOK_FIELDS = [("comm hook", 0, "")] * 6
-"""A failed hook's report: as many fields as ``allreduce``'s check, so it meets one."""
 
 
 class Reducer:
@@ -60,6 +59,7 @@ class Reducer:
         self.syncing = True
         self.steps = 0
         self.sent_last_step = 0
+        self.shards: Optional[GradientShards] = None  # ZeRO-2: set by a ZeroRedundancyOptimizer
         if overlap is None:  # a GPU computes backward; on CPUs the thread needs a core of its own
             overlap = any(b.flat.device.type == "cuda" for b in buckets) or has_spare_core(torch.get_num_threads())
         self.thread = CommThread(overlap and MPI.Query_thread() == MPI.THREAD_MULTIPLE)
@@ -72,8 +72,7 @@ class Reducer:
         self._finite: List[bool] = [True] * len(buckets)
         self._context: Optional[Context] = None
         self._source: Optional[MPI.Intracomm] = None
-        self._grad_buckets = [GradBucket(b.index, b.flat, b.views, b.params, b.index == len(buckets) - 1)
-                              for b in buckets]
+        self.new_buffers()
         me = weakref.ref(self)  # the parameters' hooks must not keep the reducer alive
 
         def on_gradient(param: torch.Tensor) -> None:
@@ -88,6 +87,11 @@ class Reducer:
                 handles.append(param.register_post_accumulate_grad_hook(on_gradient))
         LIVE.add(self)
         STEP_GUARD.hold(self, handles)
+
+    def new_buffers(self) -> None:
+        """The hooks' view of the buckets (``GradBucket``), made again when their buffers are."""
+        self._grad_buckets = [GradBucket(b.index, b.flat, b.views, b.params, b.index == len(self.buckets) - 1)
+                              for b in self.buckets]
 
     def note_problem(self, name: str, why: str) -> None:
         """A parameter this rank cannot reduce in this step: its view goes as NaN, so every rank stops."""
@@ -147,6 +151,8 @@ class Reducer:
         self.running = True
         self._next = 0
         self._fired.clear()
+        if self.shards is not None:
+            self.shards.restore()
         for bucket in self.buckets:
             bucket.waiting = len(bucket.params)
         torch.autograd.Variable._execution_engine.queue_callback(self._finish)
@@ -162,7 +168,7 @@ class Reducer:
             if index == bucket.index:
                 bucket.views[position].fill_(float("nan"))
         context, check = self.context(), self.check_finite or bool(self.problems)
-        ready = None
+        shards, ready = self.shards, None
         if bucket.flat.device.type == "cuda":
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(bucket.flat.device))
@@ -171,6 +177,9 @@ class Reducer:
             if ready is not None:
                 ready.synchronize()
             try:
+                if shards is not None:  # ZeRO-2: this rank's chunk, always checked (its peers' are not here)
+                    self._finite[bucket.index] = shards.reduce(bucket)
+                    return
                 self._run_hook(context, bucket)
                 if ready is not None:
                     torch.cuda.current_stream(bucket.flat.device).synchronize()
@@ -194,7 +203,7 @@ class Reducer:
             if isinstance(error, TrainingError) and ProblemKind.HOOK_FAILED.summary in str(error):
                 raise  # a peer's failure, reported to every rank already
             name = getattr(self.hook, "__qualname__", repr(self.hook))
-            agree(context, "DistributedDataParallel", HOOK_FIELDS, InputProblem(
+            agree(context, "DistributedDataParallel", REPORT_FIELDS, InputProblem(
                 ProblemKind.HOOK_FAILED, f"comm hook {name} on bucket {bucket.index}: "
                                          f"{type(error).__name__}: {error}"))
             raise
@@ -228,37 +237,53 @@ class Reducer:
                     view.zero_()
                     unused.append(param)
             bucket.waiting = 0
-        context = self.context()
+        context, shards = self.context(), self.shards
         sent = context.traffic.sent
         try:
             self._hand_over_ready()
             with watchdog.guard(f"the gradient reduction of step {self.steps}"):
                 self.thread.wait()
-                used = self._used_anywhere(context, unused)
+                local_bad = [] if shards is None else [param for bucket, ok in zip(self.buckets, self._finite)
+                                                      if not ok for param in shards.nonfinite(bucket)]
+                used, bad_ids = self._used_anywhere(context, unused, local_bad if shards is not None else None)
         finally:
             problems, self.problems = self.problems, {}
             self.fresh.clear()
             self.steps += 1
         self.sent_last_step = context.traffic.sent - sent
         resolve(self.comm_arg).traffic.add(self.sent_last_step, self.sent_last_step)
-        for param in unused:
-            if id(param) in used:
-                bucket, position = self.where[id(param)]
-                param.grad = bucket.views[position]
-        bad = [name for bucket, ok in zip(self.buckets, self._finite) if not ok for name in nonfinite(bucket)]
+        if shards is not None:
+            bad = [name for bucket in self.buckets for param, name in zip(bucket.params, bucket.names)
+                   if id(param) in bad_ids]
+            shards.release(set(self.where) - {id(p) for p in unused if id(p) not in used})
+        else:
+            for param in unused:
+                if id(param) in used:
+                    bucket, position = self.where[id(param)]
+                    param.grad = bucket.views[position]
+            bad = [name for bucket, ok in zip(self.buckets, self._finite) if not ok for name in nonfinite(bucket)]
         if bad or problems:
             raise TrainingError(self._verdict(bad, problems))
 
-    def _used_anywhere(self, context: Context, unused: List[torch.nn.Parameter]) -> Set[int]:
-        """The ids of ``unused`` (this rank's parameters without a gradient) that some rank used:
-        one allreduce (MAX) of a flag per parameter, also where a failed hook is reported."""
-        flags = torch.ones(len(self.where), dtype=torch.int32)
+    def _used_anywhere(self, context: Context, unused: List[torch.nn.Parameter],
+                       bad: Optional[List[torch.nn.Parameter]]) -> Tuple[Set[int], Set[int]]:
+        """The ids of ``unused`` (this rank's parameters without a gradient) that some rank used,
+        and (ZeRO-2, ``bad`` given: this rank's parameters with a NaN or Inf in its chunk) the ids
+        some rank found not finite: one allreduce (MAX) of a flag or two per parameter, also where
+        a failed hook is reported."""
+        count = len(self.where)
+        flags = torch.ones(count if bad is None else 2 * count, dtype=torch.int32)
         order = {key: i for i, key in enumerate(self.where)}
         for param in unused:
             flags[order[id(param)]] = 0
+        if bad is not None:
+            flags[count:] = 0
+            for param in bad:
+                flags[count + order[id(param)]] = 1
         with running_on(context):
             all_reduce(flags, "max")
-        return {id(param) for param in unused if flags[order[id(param)]]}
+        return ({id(param) for param in unused if flags[order[id(param)]]},
+                {key for key, i in order.items() if bad is not None and flags[count + i]})
 
     def _verdict(self, bad: List[str], problems: Dict[Tuple[int, int], str]) -> str:
         mine = "; ".join(f"{self.buckets[index].names[position]}: {why}" for (index, position), why in problems.items())

@@ -6,9 +6,10 @@
 The parameters, taken end to end as one flat vector, are cut into N near-equal slices
 (``ring.chunk_bounds``: a parameter may straddle two ranks); rank r keeps the optimizer state
 of slice r only. ``step()`` hands each of its slices the reduced gradient's slice (a view),
-steps its local optimizer (``.optim``, ``optimizer_class`` over the slices, with the same
-hyperparameters, kept in step with ``param_groups`` so schedulers work), writes the slices back
-and gathers every rank's updated slice (``MPI_Allgatherv``, in place). So optimizer state per
+steps its local optimizer (``.optim``, ``optimizer_class`` over the slices, views of the
+parameters' memory where contiguous, so stepped in place; with the same hyperparameters, kept in
+step with ``param_groups`` so schedulers work) and gathers every rank's updated slice
+(``MPI_Allgatherv``, in place; ZeRO-2 over a wrapper's buckets: ``zero_grads``). So optimizer state per
 rank is about 1/N of the unsharded one. Only optimizers whose step is elementwise can be
 sliced (``ELEMENTWISE``); others (L-BFGS...) are refused on every rank at construction, as are
 parameter groups that differ between ranks. ``consolidate_state_dict(to)`` gathers the full
@@ -29,7 +30,7 @@ from ..collectives.ring import chunk_bounds
 from ..collectives.validate import InputProblem, ProblemKind, agree, raise_local, stable_hash
 from ..errors import UnsupportedInputError
 from ..runtime.context import Comm, Context, resolve
-from . import zero_elastic
+from . import zero_elastic, zero_grads
 
 ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop,
                torch.optim.Adamax)
@@ -47,23 +48,33 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Any], optimizer_class: type, process_group: Comm = None,
                  parameters_as_bucket_view: bool = False, overlap_with_ddp: bool = False, **defaults: Any):
-        super().__init__(params, defaults)
-        self.process_group = process_group
         context = resolve(process_group)
-        self.rank, self.size = context.rank, context.size
-        self.parameters_as_bucket_view = parameters_as_bucket_view
-        self.params: List[torch.Tensor] = [p for group in self.param_groups for p in group["params"]]
-        problem = _problem(optimizer_class, self.params, overlap_with_ddp)
-        layout = [[(tuple(p.shape), str(p.dtype)) for p in group["params"]] for group in self.param_groups]
-        hyper = [{k: v for k, v in group.items() if k != "params"} for group in self.param_groups]
+        groups = _groups(params)
+        flat_params = [p for group in groups for p in group["params"]]
+        problem = _problem(optimizer_class, flat_params, overlap_with_ddp)
+        reducer = zero_grads.reducer_of(flat_params, context) if problem is None else None
+        layout = [[(tuple(p.shape), str(p.dtype)) for p in group["params"]] for group in groups]
+        hyper = [{k: v for k, v in group.items() if k != "params"} for group in groups]
         name = getattr(optimizer_class, "__qualname__", repr(optimizer_class))
+        stage = 1 if reducer is None else 2
         fields = [("optimizer_class", stable_hash(name), name),
                   ("parameter groups (shapes, dtypes)", stable_hash(layout), lambda: layout),
-                  ("hyperparameters", stable_hash(repr(hyper)), lambda: hyper)]
+                  ("hyperparameters", stable_hash(repr(hyper)), lambda: hyper),
+                  ("stage (2: over one DistributedDataParallel's parameters)", stage, stage)]
         if context.joined:
             raise_local("ZeroRedundancyOptimizer", problem, context.rank)
         else:
             agree(context, "ZeroRedundancyOptimizer", fields, problem)
+        super().__init__(groups, defaults)  # only once every rank agreed: nothing changes before
+        self.process_group = process_group
+        self.rank, self.size = context.rank, context.size
+        self.parameters_as_bucket_view = parameters_as_bucket_view
+        self.params: List[torch.Tensor] = [p for group in self.param_groups for p in group["params"]]
+        self.grads: Optional[zero_grads.GradientShards] = None
+        self.places: List[zero_grads.Place] = []
+        if reducer is not None:
+            self.grads = zero_grads.attach(self, reducer)
+        self.stage = stage
         self.optimizer_class, self.local_defaults = optimizer_class, defaults
         self.steps = 0
         self.restore_point: Optional[Dict[str, Any]] = None  # an elastic commit's parts, until re-sharded
@@ -76,8 +87,13 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         """This rank's slices among ``size`` ranks, their copies and a new local optimizer."""
         self.rank, self.size = rank, size
         self.bounds = chunk_bounds(sum(p.numel() for p in self.params), size)
-        self.slices: List[Slice] = owned(self.params, self.bounds[rank], self.bounds[rank + 1])
-        self.shards = [self.params[i].detach().reshape(-1)[a:b].clone() for i, a, b in self.slices]
+        if self.grads is not None:
+            self.slices, self.places = self.grads.owned(self.params, rank, size)
+        else:
+            self.slices = owned(self.params, self.bounds[rank], self.bounds[rank + 1])
+        self.shards = [_slice_of(self.params[i], a, b) for i, a, b in self.slices]
+        self.copies = [position for position, (i, _, _) in enumerate(self.slices)
+                       if not self.params[i].is_contiguous()]  # the shards that are not views
         self.optim = self.optimizer_class(self._local_groups(), **self.local_defaults)
         for ours, theirs in zip(self.param_groups, self.optim.param_groups):  # the class's defaults, as torch's
             for key, value in theirs.items():
@@ -102,7 +118,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             raise UnsupportedInputError(
                 f"ZeroRedundancyOptimizer.step: the job went from {self.size} to "
                 f"{resolve(self.process_group).size} ranks without a re-shard (elastic.State re-shards after a "
-                f"failure or a growth; a leave is not re-sharded yet)")
+                f"failure, a growth or a leave)")
         self.loaded = None
         loss = None
         if closure is not None:
@@ -110,15 +126,26 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 loss = closure()
         for ours, theirs in zip(self.param_groups, self.optim.param_groups):
             theirs.update({k: v for k, v in ours.items() if k != "params"})
-        for (index, a, b), shard in zip(self.slices, self.shards):
-            shard.copy_(self.params[index].detach().reshape(-1)[a:b])  # the parameters may have been loaded
-            grad = self.params[index].grad
-            shard.grad = None if grad is None else grad.reshape(-1)[a:b]
-        self.optim.step()
+        for position in self.copies:  # the others are views: the parameters' current values
+            index, a, b = self.slices[position]
+            self.shards[position].copy_(self.params[index].detach().reshape(-1)[a:b])
+        for position, ((index, a, b), shard) in enumerate(zip(self.slices, self.shards)):
+            param = self.params[index]
+            if self.grads is not None:  # ZeRO-2: the slice's reduced gradient, kept by the reducer
+                shard.grad = self.grads.gradient(self.places[position], b - a) \
+                    if id(param) in self.grads.reduced else None
+            else:
+                shard.grad = None if param.grad is None else param.grad.reshape(-1)[a:b]
+        self.optim.step()  # this rank's slices of the parameters in place (or their copies)
         self.steps += 1
-        for (index, a, b), shard in zip(self.slices, self.shards):
-            self.params[index].view(-1)[a:b].copy_(shard)
-        self._gather()
+        for position in self.copies:
+            index, a, b = self.slices[position]
+            self.params[index].view(-1)[a:b].copy_(self.shards[position])
+        if self.grads is not None:
+            self.grads.reduced = set()  # a step consumes them: a second one without backward steps on none
+            self.grads.gather(self.places, self.shards)
+        else:
+            self._gather()
         return loss
 
     def _gather(self) -> None:
@@ -244,9 +271,25 @@ def owned(params: List[torch.Tensor], begin: int, end: int) -> List[Slice]:
     return slices
 
 
+def _slice_of(param: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """Elements ``[a, b)`` of ``param``: a view of its memory where it is contiguous (the local
+    optimizer then steps the parameter in place), else a copy."""
+    values = param.detach()
+    return values.view(-1)[a:b] if values.is_contiguous() else values.reshape(-1)[a:b].clone()
+
+
+def _groups(params: Iterable[Any]) -> List[Dict[str, Any]]:
+    """``params`` as torch's optimizer takes it: parameter groups (dicts, their params a list)."""
+    items = list(params)
+    if items and isinstance(items[0], dict):
+        return [{**group, "params": [group["params"]] if isinstance(group["params"], torch.Tensor)
+                 else list(group["params"])} for group in items]
+    return [{"params": items}]
+
+
 def _problem(optimizer_class: Any, params: List[torch.Tensor], overlap_with_ddp: bool) -> Optional[InputProblem]:
     """What this rank cannot shard: a non-elementwise optimizer, mixed dtypes or devices, overlap."""
-    reasons = []
+    reasons = [] if params else ["it got an empty parameter list"]
     if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, ELEMENTWISE)):
         reasons.append(f"optimizer_class {getattr(optimizer_class, '__name__', optimizer_class)!r} does not step "
                        f"element by element, so its state cannot be sliced (supported: "

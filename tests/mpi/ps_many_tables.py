@@ -131,7 +131,7 @@ for consistency in (Consistency("ssp", 1), Consistency("bsp")):
         mine = {t: (table.values.copy(), table.count if table.dynamic else None)
                 for t, table in server.state.tables.items()}
         theirs = comm.sendrecv(mine, dest=1 - rank, source=1 - rank)
-        for t, table in server.replication.replica.state.tables.items():
+        for t, table in server.forwarding.replica.state.tables.items():
             values, count = theirs[t]
             held = table.count if table.dynamic else len(values)
             assert np.array_equal(table.values[:held], values[:held]), ("replica", t)

@@ -11,8 +11,12 @@ failure's event was detected after the kill and carries the time to the next com
 the parameters equal a one-process run without the kill (to summation order).
 With a third argument ``zero`` the optimizer is a ``ZeroRedundancyOptimizer`` over SGD + momentum
 (its state sharded; the killed rank's slice comes back from its ring neighbour's copy, and the
-state is re-sharded over 2 ranks, then 3).
-Arguments: DISCOVERY_FILE KILL_LOG [zero]."""
+state is re-sharded over 2 ranks, then 3). With ``zero-first`` the same, but stable id 0 (rank 0)
+is killed, and then the discovery file asks for 2 ranks (a leave: the state re-sharded over the
+staying ranks) and 3 again (a growth). With ``zero2`` the model is wrapped in
+``hpcreduce.torch.DistributedDataParallel`` first, so the optimizer is ZeRO-2 (the gradients
+reduce-scattered in backward, 1/N of them kept), and the kill of ``zero`` is survived the same.
+Arguments: DISCOVERY_FILE KILL_LOG [zero | zero-first | zero2]."""
 import os
 import signal
 import sys
@@ -28,7 +32,11 @@ from hpcreduce import elastic
 
 SAMPLES, FEATURES, CLASSES, BATCH, EPOCHS, SEED = 96, 10, 3, 12, 2, 5
 discovery, kill_log = sys.argv[1], sys.argv[2]
-SHARDED = sys.argv[3:] == ["zero"]
+SHARDED = sys.argv[3:] in (["zero"], ["zero-first"], ["zero2"])
+WRAPPED = sys.argv[3:] == ["zero2"]  # ZeRO-2 over our DistributedDataParallel
+WRAPPERS = []  # the live model's wrapper (kept alive; not a submodule: the model's state stays its own)
+RESIZED = sys.argv[3:] == ["zero-first"]  # rank 0 killed, then a leave and a growth
+KILLED = 0 if RESIZED else 2
 
 ctx = hpcreduce.init()
 generator = torch.Generator().manual_seed(0)
@@ -40,14 +48,17 @@ dataset = torch.utils.data.TensorDataset(X, Y, torch.arange(SAMPLES))
 def make_model(seed: int, sharded: bool = SHARDED):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.Tanh(), torch.nn.Linear(32, CLASSES))
+    if sharded and WRAPPED:
+        WRAPPERS.append(hpt.DistributedDataParallel(model))
     optimizer = hpt.ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9) \
         if sharded else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     return model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=6, gamma=0.5)
 
 
-def step(model, optimizer, scheduler, x, y, reduce) -> None:
+def step(model, optimizer, scheduler, x, y, reduce, ranks: int = 1) -> None:
+    """One step; ``ranks``: the wrapper's mean is over that many ranks (the loss scaled up to a sum)."""
     optimizer.zero_grad()
-    (F.cross_entropy(model(x), y, reduction="sum") / BATCH).backward()
+    (F.cross_entropy(model(x), y, reduction="sum") * ranks / BATCH).backward()
     reduce()
     optimizer.step()
     scheduler.step()
@@ -88,16 +99,20 @@ def train(state):
             counts = np.bincount(index.numpy(), minlength=SAMPLES).astype(np.int64)
 
             def reduce():
-                if state.commits == 6 and state.members.me == 2 and not state.events:
+                if state.commits == 6 and state.members.me == KILLED and not state.events:
                     with open(kill_log, "w", encoding="utf-8") as log:
                         log.write(f"{time.time()}\n")
                     os.kill(os.getpid(), signal.SIGKILL)  # between backward and the reduction
-                hpt.allreduce_gradients(model, "sum")
+                if not WRAPPED:  # the wrapper reduced them in backward
+                    hpt.allreduce_gradients(model, "sum")
                 hpcreduce.allreduce(counts, "sum", out=counts)
 
-            step(model, optimizer, scheduler, x, y, reduce)
+            step(model, optimizer, scheduler, x, y, reduce, ctx.size if WRAPPED else 1)
             state.seen[epoch] += counts
             sampler.record_batch(len(index))
+            if RESIZED and ctx.rank == 0 and state.commits in (9, 12):
+                with open(discovery, "w", encoding="utf-8") as wanted:
+                    wanted.write("2\n" if state.commits == 9 else "3\n")
             state.commit()
 
 
@@ -118,14 +133,17 @@ params = list(model.parameters())
 buffers = momentum_buffers()
 check("same_parameters_and_momentum", ctx.size == 3 and all(everywhere(p) for p in params)
       and len(buffers) == 4 and all(everywhere(b) for b in buffers))
-check("live_parameters", all(a is b for a, b in zip(optimizer.param_groups[0]["params"], params)))
+check("live_parameters", all(a is b for a, b in zip(optimizer.param_groups[0]["params"], params))
+      and (not SHARDED or optimizer.stage == (2 if WRAPPED else 1)))
 check("every_sample_once", bool((state.seen == 1).all()), state.seen)
-kinds = [(event["kind"], event.get("lost") or event.get("joined")) for event in state.events]
+kinds = [(event["kind"], event.get("lost") or event.get("joined") or event.get("left")) for event in state.events]
 if not ctx.joined:
     with open(kill_log, encoding="utf-8") as log:
         killed_at = float(log.read())
     failure = state.events[0]
-    check("events", kinds == [("failure", [2]), ("growth", [3])] and failure["detected_at"] >= killed_at
+    expected = [("failure", [0]), ("growth", [3]), ("leave", [3]), ("growth", [4])] if RESIZED else \
+        [("failure", [2]), ("growth", [3])]
+    check("events", kinds == expected and failure["detected_at"] >= killed_at
           and abs(failure["recovered_s"] - (failure["next_step_at"] - failure["detected_at"])) < 1e-3
           and failure["recovered_s"] < 30, state.events)
 if ctx.rank == 0:

@@ -192,6 +192,14 @@ def check_bad_arguments_on_one_rank_raise_on_all():
         Net(), check_finite=not last), rank)
     expect_raised(UnsupportedInputError, "not a torch.nn.Module", lambda: hpt.DistributedDataParallel(
         "a model" if last else Net()), rank)
+    expect_raised(UnsupportedInputError, "does not move the module", lambda: hpt.DistributedDataParallel(
+        Net(), device_ids=[0] if last else None), rank)
+    expect_raised(UnsupportedInputError, "both given", lambda: hpt.DistributedDataParallel(
+        Net(), process_group=ctx if last else None, comm=ctx), rank)
+    positional = hpt.DistributedDataParallel(Net(), None, None, 0, True, True, ctx, 0.001, True)  # torch's order
+    assert positional.process_group is ctx and len(positional.reducer.buckets) > 1
+    odd = torch.zeros(3, dtype=torch.int8 if last else torch.float32)
+    expect_raised(UnsupportedInputError, "all_reduce: dtype torch.int8", lambda: hooks.all_reduce(odd), rank)
 
 
 def check_guard_lives_with_the_wrapper():

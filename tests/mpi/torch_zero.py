@@ -5,6 +5,7 @@ N ranks loads at N-1 (re-sharded, the same values), so does a checkpoint (save_c
 consolidate_state_dict, load_checkpoint over fewer ranks), and a non-elementwise
 optimizer or different parameter groups on one rank raise on every rank."""
 import shutil
+import sys
 import tempfile
 
 import torch
@@ -48,6 +49,10 @@ def check_sharded_adam_equals_unsharded():
     zero, zero_opt = train(lambda m: hpt.ZeroRedundancyOptimizer(m.parameters(), torch.optim.Adam, lr=0.01), 50)
     error = float((flat(plain) - flat(zero)).abs().max())
     assert error <= 1e-6, f"rank {rank}: sharded Adam off by {error}"
+    kept = sum(chunk.numel() for chunk in zero_opt.grads.chunks)
+    total = flat(zero).numel()
+    assert all(p.grad is None for p in zero.parameters()) and kept <= total / size + len(zero_opt.grads.chunks), \
+        f"rank {rank}: ZeRO-2 keeps {kept} gradient values of {total}"
     full = sum(v.numel() * v.element_size() for s in plain_opt.state.values() for v in s.values()
                if v.dim() > 0)
     mine = zero_opt.state_bytes()
@@ -66,9 +71,40 @@ def check_sharded_adam_equals_unsharded():
     again = hpt.ZeroRedundancyOptimizer(zero.parameters(), torch.optim.Adam, lr=0.5)
     again.load_state_dict(state)
     assert again.param_groups[0]["lr"] == 0.01
-    for (index, a, b), shard in zip(again.slices, again.shards):
-        theirs = zero_opt.optim.state[zero_opt.shards[again.slices.index((index, a, b))]]
-        assert torch.equal(again.optim.state[shard]["exp_avg"], theirs["exp_avg"])
+    assert (zero_opt.stage, again.stage) == (2, 1), "over a wrapper's parameters ZeRO-2, alone ZeRO-1"
+    reloaded = again.full_state_dict()["state"]
+    for index, values in state["state"].items():
+        assert torch.equal(values["exp_avg"], reloaded[index]["exp_avg"]), f"exp_avg of {index} changed"
+
+
+def check_zero2_unused_parameters_nan_and_hooks():
+    """ZeRO-2 over a wrapper with a layer no rank uses (its parameters untouched, as Adam leaves
+    them unsharded); a NaN in one rank's gradient raises on every rank naming the parameter; a
+    comm hook after the ZeRO-2 optimizer is refused on every rank."""
+    def model():
+        torch.manual_seed(6)
+        return torch.nn.ModuleDict({"used": torch.nn.Linear(5, 9), "unused": torch.nn.Linear(3, 2)})
+
+    results = []
+    for sharded in (False, True):
+        net = model()
+        ddp = hpt.DistributedDataParallel(net, bucket_cap_mb=0.0001)
+        opt = hpt.ZeroRedundancyOptimizer(net.parameters(), torch.optim.Adam, lr=0.01) if sharded \
+            else torch.optim.Adam(net.parameters(), lr=0.01)
+        for step in range(6):
+            x = torch.randn(4, 5, generator=torch.Generator().manual_seed(step * 7 + rank))
+            opt.zero_grad()
+            ddp.module["used"](x).pow(2).mean().backward()
+            opt.step()
+        results.append(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
+    assert float((results[0] - results[1]).abs().max()) <= 1e-6, f"rank {rank}: ZeRO-2 with an unused layer differs"
+    assert torch.equal(results[1][-8:], torch.cat([p.detach().reshape(-1) for p in model()["unused"].parameters()]))
+    x = torch.randn(4, 5)
+    if rank == size - 1:
+        x[0, 0] = float("nan")
+    opt.zero_grad()
+    expect_raised(hpcreduce.TrainingError, "used.weight", lambda: ddp.module["used"](x).sum().backward(), rank)
+    expect_raised(UnsupportedInputError, "ZeRO-2", lambda: ddp.register_comm_hook(None, hpt.hooks.allreduce_hook), rank)
 
 
 def check_other_optimizers_and_groups_refused():
@@ -126,11 +162,12 @@ def check_checkpoint_written_at_n_loads_at_fewer():
         shutil.rmtree(folder)
 
 
-ZERO_CHECKS = (check_sharded_adam_equals_unsharded, check_other_optimizers_and_groups_refused,
+ZERO_CHECKS = (check_sharded_adam_equals_unsharded, check_zero2_unused_parameters_nan_and_hooks,
+               check_other_optimizers_and_groups_refused,
                check_sgd_groups_and_adagrad, check_state_written_at_n_loads_at_fewer,
                check_checkpoint_written_at_n_loads_at_fewer)
 
-if __name__ == "__main__":
-    run_checks(*ZERO_CHECKS)
+if __name__ == "__main__":  # arguments: the names of the checks to run (none: all)
+    run_checks(*[check for check in ZERO_CHECKS if check.__name__ in sys.argv[1:] or len(sys.argv) == 1])
     if rank == 0:
         print("torch zero: all checks passed", flush=True)

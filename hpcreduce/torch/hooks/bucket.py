@@ -22,7 +22,7 @@ import torch
 from ...collectives.allreduce import allreduce
 from ...collectives.narrow import Codec, narrow_allreduce
 from ...collectives.ops import OPS
-from ...collectives.validate import InputProblem, ProblemKind
+from ...collectives.validate import InputProblem, ProblemKind, agree
 from ...runtime.context import Comm, Context, resolve
 from ..dtypes import FORMAT_DTYPES as FORMATS, NARROW
 from ..views import array_view
@@ -42,6 +42,9 @@ class TorchCodec(Codec):
 
 
 TORCH_CODEC = TorchCodec()
+REPORT_FIELDS = [("comm hook", 0, "")] * 6
+"""A rank's report of a failure where its peers run ``allreduce``: as many fields as that
+call's check, so it meets one (every rank then raises it)."""
 _current = threading.local()
 
 
@@ -116,8 +119,9 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", group: Comm = None) -> "to
             tensor.copy_(host)
     else:
         view, reason = array_view(tensor)
-        if reason is not None:
-            raise TypeError(f"all_reduce: {reason}")
+        if reason is not None:  # agreed: the peers' allreduce meets this report, none waits
+            agree(context, "all_reduce", REPORT_FIELDS, InputProblem(ProblemKind.UNUSABLE_ARRAY,
+                                                                     f"all_reduce: {reason}"))
         allreduce(view, op, comm=context, out=view)
     future: "torch.futures.Future[torch.Tensor]" = torch.futures.Future()
     future.set_result(tensor)

@@ -47,7 +47,11 @@ from ..results import checksum
 
 
 class DenseReplica:
-    """One worker's copy of the dense parameters (``params``, by name) and what keeps it in step."""
+    """One worker's copy of the dense parameters (``params``, by name) and what keeps it in step
+    (the dense-sync strategy of ``--mode hybrid``: ``dense_sync``)."""
+
+    pulled = False  # never pulled nor pushed: the servers hold only the sparse tables
+    reduces = True  # reduced among the workers after the push
 
     def __init__(self, ctx: Context, config: TrainConfig, model: Model):
         self.ctx = ctx
@@ -64,6 +68,15 @@ class DenseReplica:
         self.joined_with: Optional[Worker] = None
         self.sum = BucketSum()  # the same reducer and buckets as the ring trainer's
         self.totals: Dict[int, np.ndarray] = {}  # step -> the workers' summed [loss sum, correct, count]
+
+    def pushes(self, summed: Dict[str, np.ndarray]) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
+        """The dense gradients a push carries (none) and those still summed (all: ``reduce``
+        takes them after the push)."""
+        return {}, summed
+
+    def clock_share(self, current: Tuple[np.ndarray, int]) -> Tuple[Optional[np.ndarray], int]:
+        """What the clock tells the servers: nothing (the workers' reduction carries the stats)."""
+        return None, 0
 
     def join(self, worker: Worker) -> None:
         """The workers of ``worker.layout`` (all of them, together): a new communicator of

@@ -60,6 +60,7 @@ from ..partition import worker_batch
 from ..results import StepLog
 from ..straggler import factor_for, slow_down
 from .dense_replica import DenseReplica
+from .dense_sync import DenseSync, dense_sync
 from .stop_point import StopPoint
 
 PHASES = {"read": "communication", "compute": "compute", "push": "communication", "reduce_dense": "communication"}
@@ -71,7 +72,7 @@ RowGrads = Tuple[np.ndarray, np.ndarray]
 class WorkerLog:
     """``stats[t]``: this worker's [loss_sum, correct, count] of step t; ``log``: its
     StepLog (wall time, bytes per step); ``failure``: why the loop stopped early;
-    ``replica``: the dense parameters (hybrid)."""
+    ``replica``: the dense replica (hybrid; None when the servers hold the dense tables)."""
 
     stats: np.ndarray
     log: StepLog
@@ -99,10 +100,8 @@ class WorkerLoop:
                  ctx: Context):
         self.worker, self.config, self.model, self.dataset = worker, config, model, dataset
         self.specs = model.param_specs()
-        self.replica = DenseReplica(ctx, config, model) if config.mode == "hybrid" else None
-        # NaN until the first pull: computing on never-pulled weights is refused as NaN, never silent
-        self.dense = self.replica.params if self.replica else \
-            {spec.name: np.full(spec.shape, _unset(spec.dtype), spec.dtype) for spec in self.specs if not spec.sparse}
+        self.dense_sync: DenseSync = dense_sync(ctx, config, model)  # the servers', or a replica (hybrid)
+        self.dense = self.dense_sync.params
         self.device = Device(config.device)  # the model computes there; pushes and pulls go through the host
         self.dense_on_device: Optional[Dict[str, object]] = None
         self.summed: Dict[str, np.ndarray] = {}
@@ -113,13 +112,18 @@ class WorkerLoop:
         self.pushed: List[Tuple[int, int, int]] = []
         self.refetch = False
         self.taking_over = False  # a replacement's first push: what the dead worker's push left is not counted again
-        self.fused = not ctx.ft and self.replica is None  # push-pull: replicating servers refuse it
+        self.fused = not ctx.ft and self.dense_sync.pulled  # push-pull: replicating servers refuse it
         self.prefetched: Optional[int] = None  # dense tables already pulled by a push-pull: its staleness
         self.before_step: Callable[[int], None] = lambda step: None
         self.stop: Optional[StopPoint] = None  # where a stop signal ends the loop
         self._current: Tuple[np.ndarray, int] = (np.zeros(3), 0)
         # a straggler (--slow) is named by its stable id, slot + K for the workers the job started with
         self.slow = factor_for(config.fault, worker.slot + config.servers)
+
+    @property
+    def replica(self) -> Optional[DenseReplica]:
+        """The dense replica (hybrid), for its checkpoints; None when the servers hold the dense."""
+        return self.dense_sync if isinstance(self.dense_sync, DenseReplica) else None
 
     def run(self, ctx: Context, observer: Optional[Any] = None) -> WorkerLog:
         """Every step, then release the servers; errors end up in ``failure``."""
@@ -135,20 +139,18 @@ class WorkerLoop:
         """Stop with ``err`` as the reason (hybrid: the other workers stop at the same step)."""
         self.result.failure = f"worker rank {ctx.rank} at step {self.step}: " \
                               f"{type(err).__name__}: {err}"
-        if self.replica is not None:
-            self.replica.bail_out()
+        self.dense_sync.bail_out()
 
     def abandon(self) -> None:
         """Complete the requests in flight with errors and wake the workers blocked in a reduction."""
         self.worker.abandon()
-        if self.replica is not None:
-            self.replica.revoke()
+        self.dense_sync.revoke()
 
     def run_steps(self, observer: Optional[Any] = None) -> None:
         """Go on from ``step``/``stage`` to the last step (MPI errors propagate)."""
         phases = observer.timed(self, PHASES) if observer is not None else self
-        if self.replica is not None and self.replica.joined_with is not self.worker:
-            self.replica.join(self.worker)  # a new layout: every worker of it is here
+        if self.dense_sync.joined_with is not self.worker:
+            self.dense_sync.join(self.worker)  # a new layout: every worker of it is here
         while self.step < self.config.steps and not (self.stop is not None and self.stop.stopped):
             self.advance(phases, observer)
 
@@ -176,10 +178,10 @@ class WorkerLoop:
             if (step + 1) % config.topology.push_every == 0 or step + 1 == config.steps:
                 phases.push()
             self.stage = CLOCK
-        if self.replica is not None:
+        if self.dense_sync.reduces:
             phases.reduce_dense()
         if worker.clock_value <= step:
-            worker.clock(*(self._current if self.replica is None else (None, 0)))  # ps: the servers keep each share
+            worker.clock(*self.dense_sync.clock_share(self._current))  # ps: the servers keep each share
         stats, staleness = self._current
         self.result.stats[step] = stats
         loss_sum, correct, count = stats
@@ -195,7 +197,7 @@ class WorkerLoop:
         rows = self.model.rows(batch)
         sparse = [spec.name for spec in self.specs if spec.sparse]
         prefetched, self.prefetched = self.prefetched, None
-        pull_dense = fetch_dense and prefetched is None and self.replica is None
+        pull_dense = fetch_dense and prefetched is None and self.dense_sync.pulled
         starts = [partial(self.worker.pull_async, name, out=value) for name, value in self.dense.items()] \
             if pull_dense else []
         starts += [partial(self.worker.pull_rows_async, name, rows[name]) for name in sparse]
@@ -232,12 +234,10 @@ class WorkerLoop:
         """Push every waiting gradient, all tables at once, and wait for the acknowledgements;
         the push stays in ``outgoing`` until then."""
         if self.outgoing is None:
-            dense = {} if self.replica is not None else self.summed  # hybrid: reduce_dense takes them
+            dense, self.summed = self.dense_sync.pushes(self.summed)  # hybrid: reduce_dense takes them
             self.outgoing = Outgoing(self.step, dense,
                                      {name: sum_rows(parts) for name, parts in self.summed_rows.items()})
             self.summed_rows = {}
-            if self.replica is None:
-                self.summed = {}
         out = self.outgoing
         following = self.step + 1
         fused = self.fused and following < self.config.steps and following % self.config.topology.fetch_every == 0 \
@@ -263,7 +263,7 @@ class WorkerLoop:
         and applied (``DenseReplica.reduce``; kept for a retry if the reduction fails), and the
         step's stats made the global batch's."""
         stats, staleness = self._current
-        self._current = (self.replica.reduce(self.step, self.summed, stats), staleness)
+        self._current = (self.dense_sync.reduce(self.step, self.summed, stats), staleness)
         self.summed = {}
 
     def acknowledged(self, pieces: List[Tuple[int, int]]) -> None:
@@ -282,11 +282,6 @@ class WorkerLoop:
         self.result.log.drop_after(step)
         self.worker.clock_value = step
         self.refetch = True
-
-
-def _unset(dtype: Any) -> Any:
-    """The value of a dense parameter not pulled yet: NaN (0 for an integer table)."""
-    return np.nan if np.issubdtype(np.dtype(dtype), np.floating) else 0
 
 
 def reported_staleness(handle: Handle, clock: int) -> int:
