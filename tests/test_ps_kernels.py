@@ -7,6 +7,7 @@ import pytest
 from hpcreduce.arrays.hashing import GOLDEN, mix64
 from hpcreduce.ps.dynamic_rows import SKETCH_CAP, DynamicTable
 from hpcreduce.ps.id_index import IdIndex
+from hpcreduce.ps.kernels import kernel
 from hpcreduce.ps.multi_table import put_rows
 from hpcreduce.ps.optimizers import OPTIMIZERS, make_optimizer
 from hpcreduce.ps.placement import Placement
@@ -47,6 +48,32 @@ def test_summed_duplicates_gathers_and_scatters_equal_numpy():
     out, rows = np.zeros((50, 2, 3), np.float32), RNG.standard_normal((10, 2, 3)).astype(np.float32)
     put_rows(out, np.arange(0, 50, 5), rows)
     assert np.array_equal(out[::5], rows) and not out[1::5].any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_merged_sender_runs_equal_sum_rows_segment_by_segment(dtype):
+    """merge_runs over segments of widths 3 and 1 from 3 senders (one sends nothing to segment 1,
+    segment 2 gets one run only, segment 3 none) sums as sum_rows does, bit for bit."""
+    widths, counts = np.array([3, 1, 3, 1]), np.array([[40, 0, 9, 0], [25, 30, 0, 0], [60, 12, 0, 0]])
+    runs = [[np.unique(RNG.integers(0, 90, n)) for n in row] for row in counts]
+    counts = np.array([[len(run) for run in row] for row in runs])
+    ids = np.concatenate([runs[r][s] for s in range(4) for r in range(3)])
+    grads = [[RNG.standard_normal((c, w)).astype(dtype) for c, w in zip(row, widths)] for row in counts]
+    flat = np.concatenate([grads[r][s].reshape(-1) for s in range(4) for r in range(3)])
+    id_start = np.concatenate([[0], np.cumsum(counts.sum(0))[:-1]])
+    grad_start = np.concatenate([[0], np.cumsum(counts.sum(0) * widths)[:-1]])
+    out_ids, out_grads, sums = np.empty_like(ids), np.empty_like(flat), np.zeros(4, np.int64)
+    kernel("rows", "merge_runs")(ids, flat, counts, id_start, grad_start, widths, out_ids, out_grads, sums)
+    for s in range(4):
+        parts = [(runs[r][s], grads[r][s]) for r in range(3) if counts[r, s]]
+        if not parts:
+            assert sums[s] == 0
+            continue
+        expected_ids, expected = sum_rows(parts)
+        n = sums[s]
+        assert np.array_equal(out_ids[id_start[s]:id_start[s] + n], expected_ids)
+        got = out_grads[grad_start[s]:grad_start[s] + n * widths[s]].reshape(n, widths[s])
+        assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
 
 
 def test_id_index_probe_insert_remove_move_with_any_int64():

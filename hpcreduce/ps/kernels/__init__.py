@@ -53,6 +53,8 @@ def warm() -> None:
         rows.gather(values, ids)
         rows.scatter(values, ids, values.copy())
         rows.sum_into(values.copy(), ids, values)
+        flat, counts, start = values.reshape(-1), np.ones((1, 1), np.int64), np.zeros(1, np.int64)
+        rows.merge_runs(ids[:1], flat, counts, start, start, counts[0], ids[:1].copy(), flat.copy(), start.copy())
         rows.sgd(values, ids, values.copy(), one)
         rows.momentum(values, values.copy(), ids, values.copy(), one, one)
         rows.adagrad(values, values.copy(), ids, values.copy(), one, one)
