@@ -124,3 +124,14 @@ def test_counter_normal_float32_from_the_kernel_equals_numpy():
     exact = counter_normal(5, "t", flat, 0.2, dtype="float64")  # numpy's formula
     assert np.array_equal(counter_normal(5, "t", flat, 0.2), exact.astype(np.float32))
     assert abs(exact.std() - 0.2) < 0.002
+
+
+@pytest.mark.parametrize("bits", [1, 13, 25, 40])
+def test_radix_unique_inverse_equals_torch_unique(bits):
+    torch = pytest.importorskip("torch")
+    unique_inverse = kernel("route", "unique_inverse")
+    for n in (0, 1, 5000):
+        keys = RNG.integers(0, 2 ** bits, n, dtype=np.int64)
+        unique, inverse = unique_inverse(keys, bits)
+        expected, expected_inverse = torch.unique(torch.from_numpy(keys), sorted=True, return_inverse=True)
+        assert np.array_equal(unique, expected.numpy()) and np.array_equal(inverse, expected_inverse.numpy())
