@@ -135,3 +135,17 @@ def test_radix_unique_inverse_equals_torch_unique(bits):
         unique, inverse = unique_inverse(keys, bits)
         expected, expected_inverse = torch.unique(torch.from_numpy(keys), sorted=True, return_inverse=True)
         assert np.array_equal(unique, expected.numpy()) and np.array_equal(inverse, expected_inverse.numpy())
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_pooled_grad_equals_index_select_then_index_add(scaled):
+    torch = pytest.importorskip("torch")
+    grad, inverse = torch.randn(300, 16), torch.from_numpy(RNG.integers(0, 90, 1200))
+    bag_of = torch.from_numpy(np.sort(RNG.integers(0, 300, 1200)))
+    scale = torch.rand(1200) if scaled else None
+    per_lookup = grad.index_select(0, bag_of) * (scale.unsqueeze(1) if scaled else 1)
+    expected = torch.zeros(90, 16).index_add_(0, inverse, per_lookup)
+    out = torch.zeros(90, 16)
+    kernel("rows", "pooled_grad")(out.numpy(), inverse.numpy(), bag_of.numpy(), grad.numpy(),
+                                  (scale if scaled else torch.empty(0)).numpy())
+    assert torch.equal(out, expected)

@@ -28,12 +28,14 @@ import torch.nn.functional as F
 
 from ..errors import PSInputError
 from ..ps import ParamSpec
+from ..ps.kernels import kernel
 from .batch_check import BatchCheck
 from .embedding_configs import EmbeddingBagConfig
 from .jagged import KeyedJaggedTensor, KeyedTensor
 from .routing import BatchPlan, plan, problem
 
 Rows = Dict[str, torch.Tensor]  # table -> the pulled rows' leaf tensor
+POOLED_GRAD = kernel("rows", "pooled_grad")
 
 
 class EmbeddingBagCollection(torch.nn.Module):
@@ -244,8 +246,9 @@ class EmbeddingBagCollection(torch.nn.Module):
 
 class PooledRows(torch.autograd.Function):
     """Bags of rows summed (each lookup times its ``scale``), as ``F.embedding_bag`` "sum"; its
-    backward adds each lookup's output gradient into its row with ``index_add_`` (the lookups'
-    rows and bags are known from the batch's plan: no sort, as ``embedding_bag``'s own backward does)."""
+    backward adds each lookup's output gradient into its row in one compiled pass
+    (``kernels.rows.pooled_grad``: the lookups' rows and bags are known from the batch's plan, no
+    sort as ``embedding_bag``'s own backward does; ``index_add_`` for other dtypes)."""
 
     @staticmethod
     def forward(ctx, rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, bag_of: torch.Tensor,
@@ -257,10 +260,15 @@ class PooledRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         inverse, bag_of, scale = ctx.saved_tensors
-        per_lookup = grad.index_select(0, bag_of)
-        if scale is not None:
-            per_lookup = per_lookup * scale.unsqueeze(1)
-        return grad.new_zeros(ctx.rows_shape).index_add_(0, inverse, per_lookup), None, None, None, None
+        out = grad.new_zeros(ctx.rows_shape)
+        grad = grad.detach().contiguous()
+        if out.dtype not in (torch.float32, torch.float64) or out.dim() != 2:
+            per_lookup = grad.index_select(0, bag_of)
+            return out.index_add_(0, inverse, per_lookup if scale is None else per_lookup * scale.unsqueeze(1)), \
+                None, None, None, None
+        factors = grad.new_empty(0) if scale is None else scale.to(grad.dtype)
+        POOLED_GRAD(out.numpy(), inverse.numpy(), bag_of.numpy(), grad.numpy(), factors.numpy())
+        return out, None, None, None, None
 
 
 def _summed(done: List[Tuple[torch.Tensor, torch.Tensor]]) -> Tuple[np.ndarray, np.ndarray]:

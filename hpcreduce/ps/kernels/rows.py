@@ -127,3 +127,20 @@ def merge_runs(ids, grads, counts, id_start, grad_start, widths, out_ids, out_gr
                     at[r] += 1
             n += 1
         out_counts[s] = n
+
+
+@njit(nogil=True, cache=True)
+def pooled_grad(out, inverse, bag_of, grad, scale):
+    """``out[inverse[k]] += grad[bag_of[k]] * scale[k]`` for every lookup k in order (no
+    ``scale``: an empty array, factor 1): a sum-pooled bag's backward into its rows, as
+    ``index_select`` then ``index_add_`` compute it, without the per-lookup copy."""
+    scaled = len(scale) > 0
+    for k in range(len(inverse)):
+        row, bag = inverse[k], bag_of[k]
+        if scaled:
+            factor = scale[k]
+            for j in range(out.shape[1]):
+                out[row, j] += grad[bag, j] * factor
+        else:
+            for j in range(out.shape[1]):
+                out[row, j] += grad[bag, j]
