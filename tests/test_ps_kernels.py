@@ -12,7 +12,7 @@ from hpcreduce.ps.multi_table import put_rows
 from hpcreduce.ps.optimizers import OPTIMIZERS, make_optimizer
 from hpcreduce.ps.placement import Placement
 from hpcreduce.ps.tables import Dynamic, ParamSpec, counter_normal, dynamic_table
-from hpcreduce.ps.updates import gather_rows, sum_rows
+from hpcreduce.ps.updates import gather_rows, joined, sum_rows
 
 RNG = np.random.default_rng(7)
 
@@ -149,3 +149,14 @@ def test_pooled_grad_equals_index_select_then_index_add(scaled):
     kernel("rows", "pooled_grad")(out.numpy(), inverse.numpy(), bag_of.numpy(), grad.numpy(),
                                   (scale if scaled else torch.empty(0)).numpy())
     assert torch.equal(out, expected)
+
+
+def test_joined_views_adjacent_pieces_and_copies_the_rest():
+    rows = RNG.standard_normal((10, 4)).astype(np.float32)
+    as_bytes = rows.reshape(-1).view(np.uint8)  # pieces of a pull's byte buffer
+    pieces = [as_bytes[0:48].view(np.float32).reshape(3, 4), as_bytes[48:160].view(np.float32).reshape(7, 4)]
+    view = joined(pieces)
+    assert np.shares_memory(view, rows) and np.array_equal(view, rows)
+    for apart in ([rows[0:3], rows[4:6]], [rows[3:5], rows[0:3]], [rows[0:3], rows[3:6].copy()]):
+        copy = joined(apart)
+        assert not np.shares_memory(copy, rows) and np.array_equal(copy, np.concatenate(apart))
