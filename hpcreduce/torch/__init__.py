@@ -55,7 +55,7 @@ from .zero import ZeroRedundancyOptimizer
 
 __all__ = ["DistributedDataParallel", "ElasticSampler", "HybridWorker", "allreduce_gradients",
            "bucket_gradients", "broadcast_parameters", "load_checkpoint", "save_checkpoint", "start_hybrid",
-           "start_parameter_server", "TorchModel", "TorchPSWorker", "ZeroRedundancyOptimizer",
-           "DataType", "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedJaggedTensor", "KeyedTensor", "LFUEviction",
+           "start_parameter_server", "TorchModel", "TorchPSWorker", "ZeroRedundancyOptimizer", "DataType",
+           "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedJaggedTensor", "KeyedTensor", "LFUEviction",
            "LRUEviction", "PoolingType", "ProbabilisticAdmission", "RowOptimizer", "ThresholdAdmission",
            "TrainPipeline", "save_tables"]

@@ -135,7 +135,6 @@ class PushHandle:
         return {self.specs[t].name: PushResult(int(np.count_nonzero(self.route.counts[:, t])), duplicates[t])
                 for t in self.tables}
 
-
     def _summed(self, ids: np.ndarray, grads: np.ndarray, first_id: np.ndarray, first_grad: np.ndarray
                 ) -> Iterator[Tuple[int, np.ndarray, np.ndarray]]:
         """(segment, its ids summed, their gradients) for every segment that received items:
@@ -150,7 +149,8 @@ class PushHandle:
             out_ids, out_grads = np.empty_like(ids), np.empty_like(flat)
             sums = np.zeros(incoming.shape[1], np.int64)
             widths = self.row_bytes // dtype.itemsize
-            MERGE_RUNS(ids, flat, np.ascontiguousarray(incoming), first_id, first_grad // dtype.itemsize, widths, out_ids, out_grads, sums)
+            MERGE_RUNS(ids, flat, np.ascontiguousarray(incoming), first_id, first_grad // dtype.itemsize, widths,
+                       out_ids, out_grads, sums)
             for s in np.flatnonzero(sums).tolist():
                 n, at, row = int(sums[s]), int(first_id[s]), int(first_grad[s]) // dtype.itemsize
                 yield s, out_ids[at:at + n], out_grads[row:row + n * int(widths[s])].reshape((n,) + shapes[s])
