@@ -7,11 +7,12 @@ import pytest
 from hpcreduce.arrays.hashing import GOLDEN, mix64
 from hpcreduce.ps.dynamic_rows import SKETCH_CAP, DynamicTable
 from hpcreduce.ps.id_index import IdIndex
+from hpcreduce.ps.kernels import kernel
 from hpcreduce.ps.multi_table import put_rows
 from hpcreduce.ps.optimizers import OPTIMIZERS, make_optimizer
 from hpcreduce.ps.placement import Placement
 from hpcreduce.ps.tables import Dynamic, ParamSpec, counter_normal, dynamic_table
-from hpcreduce.ps.updates import gather_rows, sum_rows
+from hpcreduce.ps.updates import gather_rows, joined, sum_rows
 
 RNG = np.random.default_rng(7)
 
@@ -47,6 +48,32 @@ def test_summed_duplicates_gathers_and_scatters_equal_numpy():
     out, rows = np.zeros((50, 2, 3), np.float32), RNG.standard_normal((10, 2, 3)).astype(np.float32)
     put_rows(out, np.arange(0, 50, 5), rows)
     assert np.array_equal(out[::5], rows) and not out[1::5].any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_merged_sender_runs_equal_sum_rows_segment_by_segment(dtype):
+    """merge_runs over segments of widths 3 and 1 from 3 senders (one sends nothing to segment 1,
+    segment 2 gets one run only, segment 3 none) sums as sum_rows does, bit for bit."""
+    widths, counts = np.array([3, 1, 3, 1]), np.array([[40, 0, 9, 0], [25, 30, 0, 0], [60, 12, 0, 0]])
+    runs = [[np.unique(RNG.integers(0, 90, n)) for n in row] for row in counts]
+    counts = np.array([[len(run) for run in row] for row in runs])
+    ids = np.concatenate([runs[r][s] for s in range(4) for r in range(3)])
+    grads = [[RNG.standard_normal((c, w)).astype(dtype) for c, w in zip(row, widths)] for row in counts]
+    flat = np.concatenate([grads[r][s].reshape(-1) for s in range(4) for r in range(3)])
+    id_start = np.concatenate([[0], np.cumsum(counts.sum(0))[:-1]])
+    grad_start = np.concatenate([[0], np.cumsum(counts.sum(0) * widths)[:-1]])
+    out_ids, out_grads, sums = np.empty_like(ids), np.empty_like(flat), np.zeros(4, np.int64)
+    kernel("rows", "merge_runs")(ids, flat, counts, id_start, grad_start, widths, out_ids, out_grads, sums)
+    for s in range(4):
+        parts = [(runs[r][s], grads[r][s]) for r in range(3) if counts[r, s]]
+        if not parts:
+            assert sums[s] == 0
+            continue
+        expected_ids, expected = sum_rows(parts)
+        n = sums[s]
+        assert np.array_equal(out_ids[id_start[s]:id_start[s] + n], expected_ids)
+        got = out_grads[grad_start[s]:grad_start[s] + n * widths[s]].reshape(n, widths[s])
+        assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
 
 
 def test_id_index_probe_insert_remove_move_with_any_int64():
@@ -97,3 +124,39 @@ def test_counter_normal_float32_from_the_kernel_equals_numpy():
     exact = counter_normal(5, "t", flat, 0.2, dtype="float64")  # numpy's formula
     assert np.array_equal(counter_normal(5, "t", flat, 0.2), exact.astype(np.float32))
     assert abs(exact.std() - 0.2) < 0.002
+
+
+@pytest.mark.parametrize("bits", [1, 13, 25, 40])
+def test_radix_unique_inverse_equals_torch_unique(bits):
+    torch = pytest.importorskip("torch")
+    unique_inverse = kernel("route", "unique_inverse")
+    for n in (0, 1, 5000):
+        keys = RNG.integers(0, 2 ** bits, n, dtype=np.int64)
+        unique, inverse = unique_inverse(keys, bits)
+        expected, expected_inverse = torch.unique(torch.from_numpy(keys), sorted=True, return_inverse=True)
+        assert np.array_equal(unique, expected.numpy()) and np.array_equal(inverse, expected_inverse.numpy())
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_pooled_grad_equals_index_select_then_index_add(scaled):
+    torch = pytest.importorskip("torch")
+    grad, inverse = torch.randn(300, 16), torch.from_numpy(RNG.integers(0, 90, 1200))
+    bag_of = torch.from_numpy(np.sort(RNG.integers(0, 300, 1200)))
+    scale = torch.rand(1200) if scaled else None
+    per_lookup = grad.index_select(0, bag_of) * (scale.unsqueeze(1) if scaled else 1)
+    expected = torch.zeros(90, 16).index_add_(0, inverse, per_lookup)
+    out = torch.zeros(90, 16)
+    kernel("rows", "pooled_grad")(out.numpy(), inverse.numpy(), bag_of.numpy(), grad.numpy(),
+                                  (scale if scaled else torch.empty(0)).numpy())
+    assert torch.equal(out, expected)
+
+
+def test_joined_views_adjacent_pieces_and_copies_the_rest():
+    rows = RNG.standard_normal((10, 4)).astype(np.float32)
+    as_bytes = rows.reshape(-1).view(np.uint8)  # pieces of a pull's byte buffer
+    pieces = [as_bytes[0:48].view(np.float32).reshape(3, 4), as_bytes[48:160].view(np.float32).reshape(7, 4)]
+    view = joined(pieces)
+    assert np.shares_memory(view, rows) and np.array_equal(view, rows)
+    for apart in ([rows[0:3], rows[4:6]], [rows[3:5], rows[0:3]], [rows[0:3], rows[3:6].copy()]):
+        copy = joined(apart)
+        assert not np.shares_memory(copy, rows) and np.array_equal(copy, np.concatenate(apart))

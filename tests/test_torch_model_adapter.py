@@ -172,6 +172,14 @@ def test_bad_declarations_are_refused_by_name():
                      eviction=hpt.LFUEviction(1 << 20)).dynamic(5)
     assert (dynamic.admit_after, dynamic.eviction, dynamic.budget_bytes, dynamic.seed) == (3, "lfu", 1 << 20, 5)
     assert hpt.RowOptimizer("adagrad", lr=0.0).problem() and hpt.RowOptimizer("nope", 0.1).problem()
+    positional = config(4, 2, "t", hpt.DataType.FP32, ["a"], 0.5, -0.5, None)  # TorchRec's order
+    assert (positional.feature_names, positional.init_range(), positional.mode) == (["a"], (-0.5, 0.5), "sum")
+    for wrong, message in ((dict(pooling="none"), "unpooled lookups are TorchRec's EmbeddingCollection"),
+                           (dict(pooling=hpt.PoolingType.NONE), "pooling must be PoolingType.SUM or .MEAN"),
+                           (dict(data_type=hpt.DataType.FP16), "data_type must be DataType.FP32"),
+                           (dict(num_embeddings_post_pruning=3), "num_embeddings_post_pruning must be None")):
+        with pytest.raises(PSInputError, match=message):
+            hpt.EmbeddingBagCollection([config(4, 2, name="t", feature_names=["a"], **wrong)])
 
 
 def test_modules_the_trainers_cannot_train_are_refused_by_name():

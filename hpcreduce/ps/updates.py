@@ -62,3 +62,24 @@ def sum_rows(parts: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np.ndarray
     else:
         np.add.at(total, inverse, grads)
     return unique, total
+
+
+def joined(pieces: Sequence[np.ndarray]) -> np.ndarray:
+    """``np.concatenate(pieces)`` (one dtype and row shape), without the copy when the pieces
+    already lie one after another in one buffer (a pull's rows, one gradient split by table):
+    then a view of that buffer."""
+    first = pieces[0]
+    root = first
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    begin = at = first.__array_interface__["data"][0]
+    for piece in pieces:
+        if (piece.dtype != first.dtype or piece.shape[1:] != first.shape[1:] or not piece.flags.c_contiguous
+                or piece.__array_interface__["data"][0] != at):
+            return np.concatenate(pieces)
+        at += piece.nbytes
+    offset = begin - root.__array_interface__["data"][0]
+    if not root.flags.c_contiguous or offset < 0 or offset + (at - begin) > root.nbytes:
+        return np.concatenate(pieces)
+    span = root.reshape(-1).view(np.uint8)[offset:offset + at - begin]
+    return span.view(first.dtype).reshape((-1,) + first.shape[1:])

@@ -40,8 +40,8 @@ sharded, loaded at any number of ranks); or ``TorchModel`` (``model_adapter``: t
 from .checkpoints import load_checkpoint, save_checkpoint
 from .ddp import DistributedDataParallel
 from .embedding_collection import EmbeddingBagCollection
-from .embedding_configs import (EmbeddingBagConfig, LFUEviction, LRUEviction, PoolingType, ProbabilisticAdmission,
-                                RowOptimizer, ThresholdAdmission)
+from .embedding_configs import (DataType, EmbeddingBagConfig, LFUEviction, LRUEviction, PoolingType,
+                                ProbabilisticAdmission, RowOptimizer, ThresholdAdmission)
 from .gradients import allreduce_gradients, bucket_gradients
 from .hybrid import HybridWorker, start_hybrid
 from .jagged import KeyedJaggedTensor, KeyedTensor
@@ -55,7 +55,7 @@ from .zero import ZeroRedundancyOptimizer
 
 __all__ = ["DistributedDataParallel", "ElasticSampler", "HybridWorker", "allreduce_gradients",
            "bucket_gradients", "broadcast_parameters", "load_checkpoint", "save_checkpoint", "start_hybrid",
-           "start_parameter_server", "TorchModel", "TorchPSWorker", "ZeroRedundancyOptimizer",
+           "start_parameter_server", "TorchModel", "TorchPSWorker", "ZeroRedundancyOptimizer", "DataType",
            "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedJaggedTensor", "KeyedTensor", "LFUEviction",
            "LRUEviction", "PoolingType", "ProbabilisticAdmission", "RowOptimizer", "ThresholdAdmission",
            "TrainPipeline", "save_tables"]

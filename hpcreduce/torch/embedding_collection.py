@@ -20,7 +20,7 @@ forward reads those (no pull; ``model_adapter.TorchModel`` under the fault-toler
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -28,12 +28,16 @@ import torch.nn.functional as F
 
 from ..errors import PSInputError
 from ..ps import ParamSpec
+from ..ps.updates import joined
+from ..ps.kernels import kernel
 from .batch_check import BatchCheck
 from .embedding_configs import EmbeddingBagConfig
 from .jagged import KeyedJaggedTensor, KeyedTensor
 from .routing import BatchPlan, plan, problem
 
 Rows = Dict[str, torch.Tensor]  # table -> the pulled rows' leaf tensor
+Grad = Union[torch.Tensor, np.ndarray]  # a table's row gradients (a view of a fused lookup's: numpy)
+POOLED_GRAD = kernel("rows", "pooled_grad")
 
 
 class EmbeddingBagCollection(torch.nn.Module):
@@ -163,7 +167,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         """Every table in one lookup over their rows stacked (one leaf; each table's gradient
         is a view of its gradient)."""
         fused, config = routed.fused, self._configs[0]
-        stacked = torch.from_numpy(np.concatenate([pulled[c.name] for c in self._configs]))
+        stacked = torch.from_numpy(joined([pulled[c.name] for c in self._configs]))  # a view of the pull's rows
         if torch.is_grad_enabled():
             stacked.requires_grad_(True)
             self._pending.append((routed, {"": stacked}))
@@ -180,7 +184,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         (``wait()`` -> {table: PushResult}). A step whose forwards left no gradient (evaluation
         under ``no_grad``) still pushes, no rows, on every trainer alike (a colocated push is collective)."""
         pending, self._pending = self._pending, []
-        grads: Dict[str, List[Tuple[torch.Tensor, torch.Tensor]]] = {c.name: [] for c in self._configs}
+        grads: Dict[str, List[Tuple[torch.Tensor, Grad]]] = {c.name: [] for c in self._configs}
         for routed, rows in pending:
             for name, leaf in rows.items():
                 if leaf.grad is None:
@@ -189,8 +193,9 @@ class EmbeddingBagCollection(torch.nn.Module):
                 if name:
                     grads[name].append((routed.tables[name].unique, grad))
                     continue
-                for start, (table, part) in zip(routed.fused.starts, routed.tables.items()):  # fused: views
-                    grads[table].append((part.unique, grad[start:start + len(part.unique)]))
+                whole = grad.detach().numpy()  # fused: views of one array (the push sends it uncopied)
+                for start, (table, part) in zip(routed.fused.starts, routed.tables.items()):
+                    grads[table].append((part.unique, whole[start:start + len(part.unique)]))
         empty = {c.name: (np.empty(0, np.int64), np.empty((0, c.embedding_dim), np.float32)) for c in self._configs}
         return self._bound().push_rows_many_async(
             {name: _summed(done) if done else empty[name] for name, done in grads.items()})
@@ -244,8 +249,9 @@ class EmbeddingBagCollection(torch.nn.Module):
 
 class PooledRows(torch.autograd.Function):
     """Bags of rows summed (each lookup times its ``scale``), as ``F.embedding_bag`` "sum"; its
-    backward adds each lookup's output gradient into its row with ``index_add_`` (the lookups'
-    rows and bags are known from the batch's plan: no sort, as ``embedding_bag``'s own backward does)."""
+    backward adds each lookup's output gradient into its row in one compiled pass
+    (``kernels.rows.pooled_grad``: the lookups' rows and bags are known from the batch's plan, no
+    sort as ``embedding_bag``'s own backward does; ``index_add_`` for other dtypes)."""
 
     @staticmethod
     def forward(ctx, rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, bag_of: torch.Tensor,
@@ -257,18 +263,24 @@ class PooledRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         inverse, bag_of, scale = ctx.saved_tensors
-        per_lookup = grad.index_select(0, bag_of)
-        if scale is not None:
-            per_lookup = per_lookup * scale.unsqueeze(1)
-        return grad.new_zeros(ctx.rows_shape).index_add_(0, inverse, per_lookup), None, None, None, None
+        out = grad.new_zeros(ctx.rows_shape)
+        grad = grad.detach().contiguous()
+        if out.dtype not in (torch.float32, torch.float64) or out.dim() != 2:
+            per_lookup = grad.index_select(0, bag_of)
+            return out.index_add_(0, inverse, per_lookup if scale is None else per_lookup * scale.unsqueeze(1)), \
+                None, None, None, None
+        factors = grad.new_empty(0) if scale is None else scale.to(grad.dtype)
+        POOLED_GRAD(out.numpy(), inverse.numpy(), bag_of.numpy(), grad.numpy(), factors.numpy())
+        return out, None, None, None, None
 
 
-def _summed(done: List[Tuple[torch.Tensor, torch.Tensor]]) -> Tuple[np.ndarray, np.ndarray]:
+def _summed(done: List[Tuple[torch.Tensor, Grad]]) -> Tuple[np.ndarray, np.ndarray]:
     """(sorted unique ids, their gradients summed) from several forwards' (one: no copy)."""
     if len(done) == 1:
         ids, grad = done[0]
     else:
-        joined = torch.cat([ids for ids, _ in done])
-        ids, inverse = torch.unique(joined, sorted=True, return_inverse=True)
-        grad = torch.zeros(len(ids), done[0][1].shape[1]).index_add_(0, inverse, torch.cat([g for _, g in done]))
-    return ids.numpy(), grad.detach().numpy()
+        every = torch.cat([ids for ids, _ in done])
+        ids, inverse = torch.unique(every, sorted=True, return_inverse=True)
+        grad = torch.zeros(len(ids), done[0][1].shape[1]).index_add_(
+            0, inverse, torch.cat([torch.as_tensor(g) for _, g in done]))
+    return ids.numpy(), grad if isinstance(grad, np.ndarray) else grad.detach().numpy()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -32,6 +32,21 @@ class PoolingType(Enum):
 
     SUM = "SUM"
     MEAN = "MEAN"
+    NONE = "NONE"  # unpooled (TorchRec's EmbeddingCollection): refused by EmbeddingBagConfig
+
+
+class DataType(Enum):
+    """A table's element type (TorchRec's names); the tables here hold FP32 rows only."""
+
+    FP32 = "FP32"
+    FP16 = "FP16"
+    BF16 = "BF16"
+    INT64 = "INT64"
+    INT32 = "INT32"
+    INT8 = "INT8"
+    UINT8 = "UINT8"
+    INT4 = "INT4"
+    INT2 = "INT2"
 
 
 @dataclass(frozen=True)
@@ -85,17 +100,21 @@ class RowOptimizer:
 
 @dataclass(eq=False)
 class EmbeddingBagConfig:
-    """One table as TorchRec declares it (same field names and order). ``num_embeddings``:
-    rows (ids in ``[0, num_embeddings)``), or None for a dynamic table; ``feature_names``: the
-    features that look up this table (several may share it); ``pooling``: SUM or MEAN (or
-    "sum"/"mean"); ``admission``/``eviction``: a dynamic table's policies (hpcreduce's)."""
+    """One table as TorchRec declares it (same field names and order, through ``init_fn``).
+    ``num_embeddings``: rows (ids in ``[0, num_embeddings)``), or None for a dynamic table;
+    ``data_type``: ``DataType.FP32`` only; ``feature_names``: the features that look up this
+    table (several may share it); ``num_embeddings_post_pruning``: None only (no inference
+    pruning); ``pooling``: SUM or MEAN (or "sum"/"mean"; NONE is refused);
+    ``admission``/``eviction``: a dynamic table's policies (hpcreduce's)."""
 
     num_embeddings: Optional[int]
     embedding_dim: int
     name: str = ""
+    data_type: Any = DataType.FP32
     feature_names: Sequence[str] = field(default_factory=list)
     weight_init_max: Optional[float] = None
     weight_init_min: Optional[float] = None
+    num_embeddings_post_pruning: Optional[int] = None
     init_fn: Optional[Callable[[torch.Tensor], Optional[torch.Tensor]]] = None
     pooling: Union[PoolingType, str] = PoolingType.SUM
     admission: Optional[Admission] = None
@@ -123,8 +142,15 @@ class EmbeddingBagConfig:
             out.append(f"num_embeddings must be a whole number >= 1 or None (a dynamic table), got {rows!r}")
         if not self.feature_names or not all(isinstance(f, str) and f for f in self.feature_names):
             out.append(f"feature_names must be a non-empty list of names, got {self.feature_names!r}")
-        if not isinstance(self.pooling, PoolingType):
-            out.append(f"pooling must be PoolingType.SUM or .MEAN (or 'sum'/'mean'), got {self.pooling!r}")
+        if not isinstance(self.pooling, PoolingType) or self.pooling is PoolingType.NONE:
+            out.append(f"pooling must be PoolingType.SUM or .MEAN (or 'sum'/'mean'), got {self.pooling!r}"
+                       + (" (unpooled lookups are TorchRec's EmbeddingCollection, not here)"
+                          if self.pooling is PoolingType.NONE else ""))
+        if getattr(self.data_type, "value", self.data_type) != DataType.FP32.value:
+            out.append(f"data_type must be DataType.FP32 (the tables hold float32 rows), got {self.data_type!r}")
+        if self.num_embeddings_post_pruning is not None:
+            out.append(f"num_embeddings_post_pruning must be None (no inference pruning here), "
+                       f"got {self.num_embeddings_post_pruning!r}")
         if rows is not None and (self.admission is not None or self.eviction is not None):
             out.append("admission and eviction apply to a dynamic table only (num_embeddings=None)")
         if self.admission is not None and not isinstance(self.admission, (ThresholdAdmission, ProbabilisticAdmission)):

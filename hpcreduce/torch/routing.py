@@ -5,8 +5,9 @@ each feature's bags read the pulled rows.
 features are there, lengths add up, ids int64/int32 and inside a fixed table) and, per table,
 joins its features' ids (several features may share a table) into one ``TableBatch``: the
 sorted unique ids, each id's position among them, the bags' offsets and per-sample weights.
-Cost: one ``torch.unique`` over every fixed table's ids together (each table's shifted past the
-rows of the tables before it), else one per table; the rest are views and concatenations.
+Cost: one compiled radix-sort unique over every fixed table's ids together (each table's shifted
+past the rows of the tables before it), else one ``torch.unique`` per table; the rest are views
+and concatenations.
 """
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..ps.kernels import kernel
 from .embedding_configs import EmbeddingBagConfig
 from .jagged import KeyedJaggedTensor
+
+UNIQUE_INVERSE = kernel("route", "unique_inverse")  # torch.unique(sorted, return_inverse) by a radix sort
 
 
 @dataclass
@@ -126,7 +130,8 @@ def _unique_fixed(configs: Sequence[EmbeddingBagConfig], joined) -> List[Tuple[t
         first = int(table_of[outside][0])
         _check_range(configs[first], torch.unique(joined[first][0]))
     keys = ids + bases[table_of]
-    unique, inverse = torch.unique(keys, sorted=True, return_inverse=True)
+    bits = max(int(bases[-1]) - 1, 1).bit_length()  # every key is below the tables' rows together
+    unique, inverse = (torch.from_numpy(a) for a in UNIQUE_INVERSE(keys.numpy(), bits))
     row_starts = torch.searchsorted(unique, bases)
     local = unique - torch.repeat_interleave(bases[:-1], torch.diff(row_starts))  # each table's own ids, one pass
     rows, values = row_starts.tolist(), [0] + counts.cumsum(0).tolist()

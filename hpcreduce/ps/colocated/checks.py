@@ -94,7 +94,8 @@ def pulled(ids_by_table: Mapping[str, object], table_ids: Mapping[str, int],
     for name, ids in ids_by_table.items():
         t = table_of(name, table_ids, specs)
         ids = checked_ids(f"pull_rows of {name!r}", ids, table_rows(specs[t]))
-        found[t] = np.unique(ids, return_inverse=True)
+        ascending = len(ids) < 2 or bool((ids[1:] > ids[:-1]).all())  # already unique (a collection's): no sort
+        found[t] = (ids, np.arange(len(ids))) if ascending else np.unique(ids, return_inverse=True)
     return found
 
 

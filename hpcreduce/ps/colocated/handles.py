@@ -10,7 +10,7 @@ slot order: the same bits) and applies them once, to the owner's shard and to th
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -18,6 +18,8 @@ from mpi4py import MPI
 from ...errors import PSInputError
 from ...runtime.failures import wait_all
 from ..handles import PushResult
+from ..kernels import kernel
+from ..optimizers import FUSED_DTYPES
 from ..tables import ParamSpec
 from ..updates import sum_rows
 from .flat import move, natural_to_wire, offsets, regroup, word
@@ -26,6 +28,7 @@ from .store import ShardStore
 
 
 ID_BYTES = 8  # an int64 id
+MERGE_RUNS = kernel("rows", "merge_runs")
 Collective = Callable[[Callable[[], Any]], Any]  # runs a step of a call, handling a process failure
 
 
@@ -126,20 +129,43 @@ class PushHandle:
         grads = regroup(self.received[1], incoming * self.row_bytes)
         first_id, first_grad = offsets(incoming.sum(0)), offsets((incoming * self.row_bytes).sum(0))
         duplicates = {t: 0 for t in self.tables}
-        for s in range(incoming.shape[1]):
-            count, t = int(incoming[:, s].sum()), s % tables
-            if not count:
-                continue
-            spec, first = self.specs[t], int(first_grad[s])
-            rows = grads[first:first + count * int(self.row_bytes[s])].view(spec.dtype)
-            rows = rows.reshape((count,) + tuple(spec.shape[1:]))
-            bounds = np.cumsum(incoming[:, s])[:-1]
-            parts = [(i, g) for i, g in zip(np.split(ids[first_id[s]:first_id[s] + count], bounds),
-                                            np.split(rows, bounds)) if len(i)]
-            summed_ids, summed_grads = sum_rows(parts)
+        for s, summed_ids, summed_grads in self._summed(ids, grads, first_id, first_grad):
+            t = s % tables
             duplicates[t] += not self.stores[s // tables].apply(t, summed_ids, summed_grads, self.step)
         return {self.specs[t].name: PushResult(int(np.count_nonzero(self.route.counts[:, t])), duplicates[t])
                 for t in self.tables}
+
+    def _summed(self, ids: np.ndarray, grads: np.ndarray, first_id: np.ndarray, first_grad: np.ndarray
+                ) -> Iterator[Tuple[int, np.ndarray, np.ndarray]]:
+        """(segment, its ids summed, their gradients) for every segment that received items:
+        every segment in one compiled merge of the senders' sorted runs when the tables share
+        one float dtype, else ``updates.sum_rows`` segment by segment (the same sums)."""
+        tables, incoming = len(self.specs), self.incoming
+        dtypes = {np.dtype(spec.dtype) for spec in self.specs}
+        shapes = [tuple(self.specs[s % tables].shape[1:]) for s in range(incoming.shape[1])]
+        if len(dtypes) == 1 and dtypes <= set(FUSED_DTYPES):
+            dtype = dtypes.pop()
+            flat = grads.view(dtype)
+            out_ids, out_grads = np.empty_like(ids), np.empty_like(flat)
+            sums = np.zeros(incoming.shape[1], np.int64)
+            widths = self.row_bytes // dtype.itemsize
+            MERGE_RUNS(ids, flat, np.ascontiguousarray(incoming), first_id, first_grad // dtype.itemsize, widths,
+                       out_ids, out_grads, sums)
+            for s in np.flatnonzero(sums).tolist():
+                n, at, row = int(sums[s]), int(first_id[s]), int(first_grad[s]) // dtype.itemsize
+                yield s, out_ids[at:at + n], out_grads[row:row + n * int(widths[s])].reshape((n,) + shapes[s])
+            return
+        for s in range(incoming.shape[1]):
+            count = int(incoming[:, s].sum())
+            if not count:
+                continue
+            first = int(first_grad[s])
+            rows = grads[first:first + count * int(self.row_bytes[s])].view(self.specs[s % tables].dtype)
+            rows = rows.reshape((count,) + shapes[s])
+            bounds = np.cumsum(incoming[:, s])[:-1]
+            parts = [(i, g) for i, g in zip(np.split(ids[first_id[s]:first_id[s] + count], bounds),
+                                            np.split(rows, bounds)) if len(i)]
+            yield (s, *sum_rows(parts))
 
 
 def interrupted(handle) -> None:

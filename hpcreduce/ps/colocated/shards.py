@@ -35,6 +35,7 @@ from ...runtime.nodes import rank_nodes
 from ..init import PartInit, counter_normal
 from ..optimizers import make_optimizer
 from ..tables import ParamSpec
+from ..updates import joined
 from . import checkpoint, checks, exchange
 from .exchange import HEAD
 from .handles import ID_BYTES, PullHandle, PushHandle
@@ -265,7 +266,7 @@ class ColocatedTables:
         if not chosen:
             return np.empty(0, np.uint8), np.empty(0, np.uint8)
         ids = np.concatenate([np.asarray(i, np.int64) for i, _ in chosen])[sent.order]
-        grads = np.concatenate([np.ascontiguousarray(g).reshape(-1).view(np.uint8) for _, g in chosen])
+        grads = joined([np.ascontiguousarray(g).reshape(-1).view(np.uint8) for _, g in chosen])
         natural_at, wire_at, width = natural_to_wire(sent.order, sent.counts.sum(0), row_bytes)
         wire = np.empty_like(grads)
         move(grads, natural_at, wire, wire_at, width, self.unit)

@@ -78,14 +78,16 @@ class ShardStore:
     def rows(self, t: int, ids: np.ndarray) -> np.ndarray:
         """The current values of rows ``ids`` of table ``t`` (ids this shard owns)."""
         table = self.tables[t]
-        missing = table.foreign(ids)
-        if missing is not None:
-            raise RuntimeError(f"shard {self.key} asked for row {missing} of table "
-                               f"{self.specs[t].name!r}, which it does not hold (placements differ)")
         if self.lazy is not None and self.specs[t].dynamic is None:
             slots = self._made(t, ids)  # first: making rows may reallocate the values
             return gather_rows(table.values, slots)
-        return table.rows(ids)
+        if table.dynamic:
+            return table.rows(ids)
+        local = table.position[ids]  # one probe: checked, then gathered
+        if (local < 0).any():
+            raise RuntimeError(f"shard {self.key} asked for row {int(ids[np.argmax(local < 0)])} of table "
+                               f"{self.specs[t].name!r}, which it does not hold (placements differ)")
+        return gather_rows(table.values, local)
 
     def _made(self, t: int, ids: np.ndarray) -> np.ndarray:
         """The slots of rows ``ids`` (unique) of a lazy fixed table, those it did not hold yet

@@ -2,9 +2,10 @@
 
 ``index``: the id index's probes (``find``; ``cells``, which ``IdIndex.remove`` and ``move``
 use) and ``insert``; ``sketch``: the admission sketch's count-min sighting; ``rows``: summing
-duplicate ids' gradients and the row optimizers (SGD, momentum, Adagrad, Adam) fused with the
-gather and scatter; ``route``: a worker's shard routing (rendezvous owners and the group-by);
-``normal``: counter-based normal initial values. Each kernel computes what
+duplicate ids' gradients (``merge_runs``: several senders' sorted runs at once), the row
+optimizers (SGD, momentum, Adagrad, Adam) fused with the gather and scatter, and a pooled
+lookup's backward (``pooled_grad``); ``route``: a worker's shard routing (rendezvous owners, the
+group-by, a radix-sort ``unique_inverse``); ``normal``: counter-based normal initial values. Each kernel computes what
 the numpy code it replaced computed, bit for bit (float32 arithmetic stays float32).
 
 ``kernel(module, name)`` gives a function that imports numba and the module on its first
@@ -46,6 +47,7 @@ def warm() -> None:
     sketch.sighting(np.zeros((1, 2), np.uint16), ids, np.uint64(1), 65535)
     route.owners(ids, np.ones(2, np.uint64))
     route.group(ids, 1)
+    route.unique_inverse(ids, 1)
     normal.counter_normal(np.uint64(1), ids, 1.0, np.zeros(1, np.float32))
     normal.counter_normal(np.uint64(1), ids.view(np.uint64), 1.0, np.zeros(1, np.float32))
     for dtype in (np.float32, np.float64):
@@ -53,7 +55,10 @@ def warm() -> None:
         rows.gather(values, ids)
         rows.scatter(values, ids, values.copy())
         rows.sum_into(values.copy(), ids, values)
+        flat, counts, start = values.reshape(-1), np.ones((1, 1), np.int64), np.zeros(1, np.int64)
+        rows.merge_runs(ids[:1], flat, counts, start, start, counts[0], ids[:1].copy(), flat.copy(), start.copy())
         rows.sgd(values, ids, values.copy(), one)
+        rows.pooled_grad(values.copy(), ids[:1], ids[:1], values, flat[:0])
         rows.momentum(values, values.copy(), ids, values.copy(), one, one)
         rows.adagrad(values, values.copy(), ids, values.copy(), one, one)
         rows.adam(values, values.copy(), values.copy(), ids, values.copy(), *[one] * 8)

@@ -83,3 +83,64 @@ def adam(values, m, v, local, grads, lr, beta1, beta2, one_minus1, one_minus2, c
             m[row, j] = mm
             v[row, j] = vv
             values[row, j] -= lr * (mm / correction1) / (np.sqrt(vv / correction2) + eps)
+
+
+@njit(nogil=True, cache=True)
+def merge_runs(ids, grads, counts, id_start, grad_start, widths, out_ids, out_grads, out_counts):
+    """Per segment s: its items (``ids``, rows of ``widths[s]`` elements in the flat ``grads``)
+    come as one sorted run of unique ids per sender r (``counts[r, s]`` items, senders in order,
+    from ``id_start[s]`` / ``grad_start[s]``); each id's rows summed in sender order into
+    ``out_ids`` / ``out_grads`` at the same starts, ``out_counts[s]`` ids: the sums
+    ``updates.sum_rows`` makes (0 + each sender's row, in order; a lone run copied), bit for bit."""
+    senders = counts.shape[0]
+    at = np.empty(senders, np.int64)
+    end = np.empty(senders, np.int64)
+    for s in range(counts.shape[1]):
+        width, first, runs = widths[s], id_start[s], 0
+        for r in range(senders):
+            at[r] = first
+            first += counts[r, s]
+            end[r] = first
+            runs += counts[r, s] > 0
+        n = 0
+        while True:
+            low, found = 0, False
+            for r in range(senders):
+                if at[r] < end[r] and (not found or ids[at[r]] < low):
+                    low, found = ids[at[r]], True
+            if not found:
+                break
+            out_ids[id_start[s] + n] = low
+            row = grad_start[s] + n * width
+            if runs > 1:
+                for j in range(width):
+                    out_grads[row + j] = 0
+            for r in range(senders):
+                if at[r] < end[r] and ids[at[r]] == low:
+                    src = grad_start[s] + (at[r] - id_start[s]) * width
+                    if runs > 1:
+                        for j in range(width):
+                            out_grads[row + j] += grads[src + j]
+                    else:
+                        for j in range(width):
+                            out_grads[row + j] = grads[src + j]
+                    at[r] += 1
+            n += 1
+        out_counts[s] = n
+
+
+@njit(nogil=True, cache=True)
+def pooled_grad(out, inverse, bag_of, grad, scale):
+    """``out[inverse[k]] += grad[bag_of[k]] * scale[k]`` for every lookup k in order (no
+    ``scale``: an empty array, factor 1): a sum-pooled bag's backward into its rows, as
+    ``index_select`` then ``index_add_`` compute it, without the per-lookup copy."""
+    scaled = len(scale) > 0
+    for k in range(len(inverse)):
+        row, bag = inverse[k], bag_of[k]
+        if scaled:
+            factor = scale[k]
+            for j in range(out.shape[1]):
+                out[row, j] += grad[bag, j] * factor
+        else:
+            for j in range(out.shape[1]):
+                out[row, j] += grad[bag, j]
