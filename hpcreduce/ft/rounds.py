@@ -26,7 +26,7 @@ from typing import Callable, Generic, List, Optional, TypeVar
 from mpi4py import MPI
 
 from ..runtime.context import Context
-from ..runtime.failures import release, is_process_failure, revoke
+from ..runtime.failures import is_process_failure, revoke, shrink_agreed
 from .watchdog import watchdog
 
 T = TypeVar("T")
@@ -96,29 +96,8 @@ def shrink_and_rebuild(comm: MPI.Intracomm, *, before_shrink: Callable[[], None]
     the middle of a recovery). Returns the new communicator (errors returned, not fatal).
     """
     started = time.perf_counter()
-    original, current, rounds = comm, comm, 0
-    while True:
-        rounds += 1
-        revoke(current)
-        before_shrink()
-        try:
-            survivors = current.Shrink()
-        except MPI.Exception as error:
-            if not is_process_failure(error):
-                raise
-            continue
-        survivors.Set_errhandler(MPI.ERRORS_RETURN)
-        if current is not original:
-            release(current)
-        current = survivors
-        try:
-            current.Agree(1)
-        except MPI.Exception as error:
-            if not is_process_failure(error):
-                raise
-            continue
-        break
-    old_group, new_group = original.Get_group(), current.Get_group()
+    current, rounds = shrink_agreed(comm, before_shrink)
+    old_group, new_group = comm.Get_group(), current.Get_group()
     new_rank = MPI.Group.Translate_ranks(old_group, list(range(old_group.Get_size())), new_group)
     old_group.Free()
     new_group.Free()

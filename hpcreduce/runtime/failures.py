@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, List, NoReturn, Optional
+from typing import Callable, Iterable, Iterator, List, NoReturn, Optional, Tuple
 
 from mpi4py import MPI
 
@@ -73,6 +73,35 @@ def abandon(comm: MPI.Comm, requests: Iterable[MPI.Request]) -> None:
             pass
         if request:
             _ABANDONED.append(request)
+
+
+def shrink_agreed(comm: MPI.Intracomm, before_shrink: Callable[[], None] = lambda: None
+                  ) -> Tuple[MPI.Intracomm, int]:
+    """Revoke ``comm``, shrink it to the survivors and agree; again while ranks keep failing.
+    ``before_shrink`` runs after each revoke (fault injection kills a rank there). Returns the
+    survivors' communicator (errors returned, not fatal) and the rounds it took; the
+    intermediate communicators are released, ``comm`` is left to its owner."""
+    current, rounds = comm, 0
+    while True:
+        rounds += 1
+        revoke(current)
+        before_shrink()
+        try:
+            survivors = current.Shrink()
+        except MPI.Exception as error:
+            if not is_process_failure(error):
+                raise
+            continue
+        survivors.Set_errhandler(MPI.ERRORS_RETURN)
+        if current is not comm:
+            release(current)
+        current = survivors
+        try:
+            current.Agree(1)
+            return current, rounds
+        except MPI.Exception as error:
+            if not is_process_failure(error):
+                raise
 
 
 def release(comm: MPI.Comm) -> None:

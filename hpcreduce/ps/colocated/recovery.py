@@ -2,8 +2,8 @@
 
 After a call raised a process failure, every survivor calls ``ColocatedTables.recover()``:
 
-1. the communicator is revoked, shrunk to the survivors and agreed (``shrink``, the skeleton
-   of ``ft.rounds``, a layer the ps may not import); survivors keep their order and shard keys;
+1. the communicator is revoked, shrunk to the survivors and agreed (``runtime.failures.shrink_agreed``,
+   the loop ``ft.rounds`` uses too); survivors keep their order and shard keys;
 2. each lost key's rows come from its replica, held by the key's ring successor (a key lost
    with its replica is a ``PSTrainingError`` on every rank); the placement is recomputed over
    the live keys (rendezvous hashing: only the lost rows move) and each replicated row goes to
@@ -27,7 +27,7 @@ from typing import List, Optional
 from mpi4py import MPI
 
 from ...errors import PSTrainingError
-from ...runtime.failures import is_process_failure, release, revoke
+from ...runtime.failures import is_process_failure, revoke, shrink_agreed
 from ...runtime.nodes import rank_nodes
 from .layout import ColocatedLayout
 from .moves import deliver, replicate
@@ -43,29 +43,6 @@ class Restored:
     store: ShardStore
     replica: Optional[ShardStore]
     lost: List[int]
-
-
-def shrink(comm: MPI.Intracomm) -> MPI.Intracomm:
-    """Revoke ``comm``, shrink it to the survivors and agree; again while ranks keep failing."""
-    current = comm
-    while True:
-        revoke(current)
-        try:
-            survivors = current.Shrink()
-        except MPI.Exception as error:
-            if not is_process_failure(error):
-                raise
-            continue
-        survivors.Set_errhandler(MPI.ERRORS_RETURN)
-        if current is not comm:
-            release(current)
-        current = survivors
-        try:
-            current.Agree(1)
-            return current
-        except MPI.Exception as error:
-            if not is_process_failure(error):
-                raise
 
 
 def restore(comm: MPI.Intracomm, layout: ColocatedLayout, key: int, store: ShardStore,
@@ -93,7 +70,7 @@ def rebuilt(comm: MPI.Intracomm, layout: ColocatedLayout, key: int, store: Shard
             replica: Optional[ShardStore], clock: int) -> Restored:
     """Shrink, restore and commit, in rounds until a round commits (steps 1-4)."""
     while True:
-        comm = shrink(comm)
+        comm, _ = shrink_agreed(comm)
         try:
             restored = restore(comm, layout, key, store, replica, clock)
             ok = True
