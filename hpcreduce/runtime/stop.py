@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Tuple
 
+from ..errors import OutputFileError
 from .environment import detect_launcher
 from .settings import Setting
 
@@ -118,3 +119,16 @@ class StoppedEarly(SystemExit):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+def stopped_after(comm: Any, problem: Optional[str], done: int, saved: Optional[str],
+                  unit: str = "step") -> NoReturn:
+    """Every rank (collective): after each wrote its part of the stop's checkpoint into ``saved``
+    (``problem``: why its write failed, None if it did not), the first problem of any rank as an
+    ``OutputFileError`` on every rank (the run cannot resume), else ``StoppedEarly``. ``comm`` is
+    an mpi4py communicator, not imported here: the launcher uses this module before MPI starts."""
+    problem = next(filter(None, comm.allgather(problem)), None)
+    if problem is not None:
+        raise OutputFileError(f"{problem} (a stop signal came: the run stopped after {unit} {done} and cannot "
+                              "resume from it)")
+    raise StoppedEarly(done, saved, requests.seen, unit=unit)

@@ -27,7 +27,7 @@ from mpi4py import MPI
 from ...errors import OutputFileError
 from ...ps.server import Server
 from ...runtime.failures import wait_all
-from ...runtime.stop import StoppedEarly, requests
+from ...runtime.stop import requests, stopped_after
 from ..config import TrainConfig
 from .dense_checkpoints import save_dense
 from .dense_replica import DenseReplica
@@ -109,8 +109,4 @@ def save_stop(comm: MPI.Comm, config: TrainConfig, server: Optional[Server], ste
             save_dense(fault.checkpoint_dir, step, replica, identity, fault.checkpoint_keep)
         except OutputFileError as err:
             problem = str(err)
-    problem = next(filter(None, comm.allgather(problem)), None)
-    if problem is not None:
-        raise OutputFileError(f"{problem} (a stop signal came: the run stopped after step {step} and cannot "
-                              "resume from it)")
-    raise StoppedEarly(step, fault.checkpoint_dir, requests.seen)
+    stopped_after(comm, problem, step, fault.checkpoint_dir)

@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 from ...errors import CheckpointMismatchError, OutputFileError, SettingProblem, setting_problem
 from ...ft import checkpoint_files
-from ...runtime.stop import StoppedEarly, requests
+from ...runtime.stop import requests, stopped_after
 from ...sandblaster.placement import Placement
 from ...sandblaster.record import Committed
 from ...sandblaster.server import ServerState
@@ -87,11 +87,7 @@ def save_stop(comm: MPI.Intracomm, config: TrainConfig, server: Optional[ServerS
                                           {"identity": ident}, keep=config.fault.checkpoint_keep)
         except OutputFileError as err:
             problem = str(err)
-    problem = next(filter(None, comm.allgather(problem)), None)
-    if problem is not None:
-        raise OutputFileError(f"{problem} (a stop signal came: the run stopped after iteration {iteration} and "
-                              "cannot resume from it)")
-    raise StoppedEarly(iteration, directory, requests.seen, unit="iteration")
+    stopped_after(comm, problem, iteration, directory, unit="iteration")
 
 
 def resume(comm: MPI.Intracomm, config: TrainConfig, ident: Dict[str, object],
