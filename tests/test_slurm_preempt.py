@@ -21,8 +21,10 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 def signal_when_under_way(cluster, name: str, metrics: Path, sent: list) -> None:
     """``scancel --signal=USR1 --batch`` the job named ``name`` once ``metrics`` has 3 steps; once
-    it is requeued, let it start at once (Slurm holds a requeued job back for about two minutes;
-    the deadline covers a slow start of both jobs on a loaded machine)."""
+    it is requeued, let it start 2 s later, not after Slurm's two-minute hold (the deadline covers a
+    slow start of both jobs on a loaded machine). Not at once: slurmd revokes the job's credential
+    at the requeue, to the second, and refuses a launch whose credential is of the same second
+    ("Job credential revoked"), which ends the job FAILED with exit 1."""
     deadline = time.monotonic() + 360
     while time.monotonic() < deadline and not sent:
         if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
@@ -34,9 +36,17 @@ def signal_when_under_way(cluster, name: str, metrics: Path, sent: list) -> None
     while time.monotonic() < deadline and sent:
         state = cluster.command(["squeue", "-h", "-j", sent[0], "-o", "%T %r"], check=False).stdout.split()
         if state[:1] == ["PENDING"] and "BeginTime" in state:
+            time.sleep(2)
             cluster.command(["scontrol", "update", f"JobId={sent[0]}", "StartTime=now"], check=False)
             return
         time.sleep(0.2)
+
+
+def job_log(cluster, job: str) -> str:
+    """The daemons' log lines about ``job`` (what Slurm did with it), for a failure message."""
+    lines = [line for path in sorted((cluster.run / "log").glob("slurm*.log"))
+             for line in path.read_text(errors="replace").splitlines() if job in line]
+    return "[slurm logs]\n" + "\n".join(lines[-60:])
 
 
 def requeued_job_end(cluster, job: str, log: Path, code: int):
@@ -49,7 +59,7 @@ def requeued_job_end(cluster, job: str, log: Path, code: int):
         if state in ENDED:  # nothing shown (slurmctld busy at the requeue) or under way: look again
             exit_code = next((w.split("=", 1)[1] for w in shown.split() if w.startswith("ExitCode=")), None)
             return (int(exit_code.split(":")[0]) if exit_code else code), \
-                f"{log.read_text(errors='replace')}\n[scontrol] {shown}"
+                f"{log.read_text(errors='replace')}\n[scontrol] {shown}\n{job_log(cluster, job)}"
         time.sleep(0.2)
     raise AssertionError(f"requeued job {job} did not end within 180 s\n{log.read_text(errors='replace')}")
 
