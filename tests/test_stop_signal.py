@@ -55,7 +55,7 @@ def test_a_ps_worker_finishes_the_step_it_read_and_hybrid_checkpoints_need_the_d
     assert not point.after_read(3) and point.at is None  # no signal: nothing named, nothing sent
     monkeypatch.setattr(stop.requests, "seen", signal.SIGUSR1)
     assert not point.after_read(4) and point.at == 5  # the signal during step 5: that step is finished
-    assert point.after_read(5) and point.agree(5) == 5  # and the loop stops before step 6
+    assert point.after_read(5) and stop_point.agreed([point.vote(5)]) == 5  # and the loop stops before step 6
     replica = SimpleNamespace(params={"w": np.arange(4.0)}, state={"w": {"sum": np.ones(4)}}, applied=5)
     dense_checkpoints.save_when_due(str(tmp_path), 7, replica, 0, 3, 0, {"run": 1}, 2)  # step 6 done: due
     dense_checkpoints.save_when_due(str(tmp_path), 7, replica, 1, 3, 0, {"run": 1}, 2)  # not the first worker

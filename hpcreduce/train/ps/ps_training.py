@@ -21,7 +21,7 @@ events (rank 0's, a server: it times the next step). Without ULFM but with a che
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from .loop import WorkerLoop
 from .ps_driver import PSDriver
 from .ps_results import ps_result
 from .ps_setup import PSSetup
-from .stop_point import StopPoint, save_stop
+from .stop_point import StopPoint, agreed, save_stop
 
 
 def run_ps_training(ctx: Context, config: TrainConfig, model: Model, dataset: Dataset,
@@ -95,12 +95,17 @@ def run_ps_training(ctx: Context, config: TrainConfig, model: Model, dataset: Da
     return ps_result(ctx, setup, role.layout, None, loop.result, started, placement=placement)
 
 
+def _stop_vote(stop: StopPoint, loop: Optional[WorkerLoop]) -> int:
+    """This rank's vote on where the run stopped (``StopPoint.vote``)."""
+    return stop.vote(None if loop is None else loop.step, failed=loop is not None and loop.result.failure is not None)
+
+
 def _stop_here(ctx: Context, setup: PSSetup, stop: StopPoint, server: Optional[Server],
-               loop: Optional[WorkerLoop]) -> None:
-    """Collective: when a stop signal stopped the workers, the servers checkpoint the step they
-    stopped after and every rank raises ``StoppedEarly`` (``stop_point``); else nothing."""
-    done = None if loop is None else loop.step
-    step = stop.agree(done, failed=loop is not None and loop.result.failure is not None)
+               loop: Optional[WorkerLoop], votes: Optional[List[int]] = None) -> None:
+    """Collective (unless every rank's ``votes`` came with an exchange already made): when a stop
+    signal stopped the workers, the servers checkpoint the step they stopped after and every
+    rank raises ``StoppedEarly`` (``stop_point``); else nothing."""
+    step = agreed(ctx.comm.allgather(_stop_vote(stop, loop)) if votes is None else votes)
     if step is not None:
         first = loop is not None and loop.worker.index == 0
         save_stop(ctx.comm, setup.config, server, step, setup.identity,
@@ -141,13 +146,16 @@ def _run_elastic(ctx: Context, setup: PSSetup, observer: Observer, started: floa
     driver.progress.on_server = _lines(observer, setup.config.steps, driver.epoch.resume_mark)  # from a resume's step
     driver.run()
     epoch = driver.epoch
-    _stop_here(ctx, setup, driver.stop, driver.server, epoch.worker.loop)
     loop = epoch.worker.loop_or_former
     mine = None if loop is None else (loop.worker.slot, len(loop.pushed), epoch.worker.lost_updates)
+    # the stop's agreement rides in this allgather: one collective less before MPI_Finalize, which
+    # (Open MPI 5.0.11) left a rank spawned into a shrunk world spinning for 30 s after another one
+    gathered = ctx.comm.allgather((_stop_vote(driver.stop, epoch.worker.loop), mine))
+    _stop_here(ctx, setup, driver.stop, driver.server, epoch.worker.loop, votes=[vote for vote, _ in gathered])
     layout = epoch.layout
     made = np.full(layout.slot_count, -1, np.int64)
     lost = np.full(layout.slot_count, -1, np.int64)
-    for slot, count, missing in [*filter(None, ctx.comm.allgather(mine)), *epoch.departed]:  # departed: left
+    for slot, count, missing in [*filter(None, (part for _, part in gathered)), *epoch.departed]:  # departed: left
         made[slot], lost[slot] = count, missing
     placement = next(filter(None, ctx.comm.allgather(driver.placement)), [])  # the founders know it
     return ps_result(ctx, setup, layout, epoch.holdings.own, loop.result if loop else None,

@@ -12,7 +12,7 @@ every read and stops, before computing, at the first step >= S. Every worker thu
 S steps done. Under ASP/SSP a worker that learns of S after passing it stops where it is; the
 servers' checkpoint is then of the slowest worker's step (resumed as ``resume_point`` says).
 Cost with no signal: one ``Iprobe`` per step per worker, no collective. At the end, one
-reduction says whether and where the run stopped (``agree``), the servers write their shard
+exchange says whether and where the run stopped (``agreed``), the servers write their shard
 (``save_stop``: the same files as ``--checkpoint-every``) and every rank raises ``StoppedEarly``.
 With ``--ft`` each membership epoch has its own ``StopPoint`` (``ps_driver``): the ranks that saw
 the signal tell the first worker of the epoch again after a recovery.
@@ -80,14 +80,18 @@ class StopPoint:
             at = np.array([self.at], np.int64)
             self._sends += [comm.Isend(at, rank, TAG_AT) for rank in self.others]
 
-    def agree(self, done: Optional[int], failed: bool = False) -> Optional[int]:
-        """Every rank (collective): the step the servers checkpoint (the fewest steps a stopped
-        worker did; ``done``: this worker's, None on a server), or None when no worker stopped
-        or some worker ``failed`` (the failure is reported, not a stop)."""
+    def vote(self, done: Optional[int], failed: bool = False) -> int:
+        """This rank's part of the end's agreement (``agreed``; its stop messages delivered first): ``done`` (this
+        worker's steps, None on a server) when it stopped, -1 when it ``failed``, else none."""
         wait_all(self._sends)
-        mine = -1 if failed else done if self.stopped and done is not None else NOT_STOPPED
-        step = self.comm.allreduce(mine, op=MPI.MIN)
-        return None if step in (NOT_STOPPED, -1) else step
+        return -1 if failed else done if self.stopped and done is not None else NOT_STOPPED
+
+
+def agreed(votes: Sequence[int]) -> Optional[int]:
+    """The step the servers checkpoint (the fewest steps a stopped worker did), or None when no
+    worker stopped or some worker failed (the failure is reported, not a stop)."""
+    step = min(votes)
+    return None if step in (NOT_STOPPED, -1) else step
 
 
 def save_stop(comm: MPI.Comm, config: TrainConfig, server: Optional[Server], step: int,
