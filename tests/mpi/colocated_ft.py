@@ -14,7 +14,6 @@ Run: python colocated_ft.py before-push|in-push.
 import os
 import signal
 import sys
-import traceback
 
 import numpy as np
 from mpi4py import MPI
@@ -23,17 +22,10 @@ import hpcreduce
 from hpcreduce.ps import Dynamic, ParamSpec, PSInputError, dynamic_table
 from hpcreduce.ps.colocated import ColocatedTables
 from hpcreduce.runtime.failures import is_process_failure
-from shared_checks import expect
+from shared_checks import abort_job_on_error, expect
 
 
-def abort_on_error(kind, value, trace):
-    """Under ULFM a rank that exits is not a failure to its peers: end the whole job instead."""
-    traceback.print_exception(kind, value, trace)
-    sys.stderr.flush()
-    MPI.COMM_WORLD.Abort(1)
-
-
-sys.excepthook = abort_on_error
+abort_job_on_error()
 ctx = hpcreduce.init(ft=True)
 assert ctx.size == 3, "run with 3 ranks"
 SPECS = [ParamSpec("a", (500, 4), sparse=True), dynamic_table("d", 2, Dynamic(seed=3))]

@@ -13,25 +13,15 @@ Adam (two optimizer-state arrays per element) three times in one launch:
 Every surviving rank asserts; rank 0 prints the summary line the pytest side looks for.
 """
 import dataclasses
-import sys
-import traceback
-
-from mpi4py import MPI
 
 import hpcreduce
 from hpcreduce.ft.inject import Kill
 from hpcreduce.ft.faults import FaultConfig
 from hpcreduce.train import PS, TrainConfig, train
 from hpcreduce.train.models import MLP, digits_dataset
+from shared_checks import abort_job_on_error
 
-def abort_on_error(kind, value, trace):
-    """Under ULFM a rank that exits is not a failure to its peers: end the whole job instead."""
-    traceback.print_exception(kind, value, trace)
-    sys.stderr.flush()
-    MPI.COMM_WORLD.Abort(1)
-
-
-sys.excepthook = abort_on_error
+abort_job_on_error()
 ctx = hpcreduce.init(ft=True)
 assert ctx.size == 6, "run with 6 ranks"
 model, data = MLP(hidden=300), digits_dataset(0)

@@ -1,4 +1,8 @@
-"""Helpers the MPI check scripts share: expecting an error, and a model that misbehaves on one rank."""
+"""Helpers the MPI check scripts share: expecting an error, ending the job on one rank's error,
+and a model that misbehaves on one rank."""
+import sys
+import traceback
+
 from mpi4py import MPI
 
 from hpcreduce.train.model import Model
@@ -14,6 +18,16 @@ def expect(error, fragment, call):
         assert fragment in str(err), f"rank {RANK}: {fragment!r} not in {err}"
         return str(err)
     raise AssertionError(f"rank {RANK}: no {error.__name__} for {fragment!r}")
+
+
+def abort_job_on_error() -> None:
+    """An uncaught error on this rank ends the whole job (MPI_Abort): under ULFM a rank that
+    exits is not a failure to its peers, which would wait for it."""
+    def abort(kind, value, trace):
+        traceback.print_exception(kind, value, trace)
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+    sys.excepthook = abort
 
 
 class Wrapped(Model):

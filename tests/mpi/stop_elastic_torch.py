@@ -15,20 +15,17 @@ import sys
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 import hpcreduce
 import hpcreduce.torch as hpt
 from hpcreduce import elastic
+from torch_loop import BATCH, CLASSES, EPOCHS, FEATURES, SEED, data, one_process_run, relative_gaps, step
 
-SAMPLES, FEATURES, CLASSES, BATCH, EPOCHS, SEED = 48, 10, 3, 12, 2, 5
+SAMPLES = 48
 folder, stop_at = sys.argv[1], int(sys.argv[2])
 
 ctx = hpcreduce.init()
-generator = torch.Generator().manual_seed(0)
-X = torch.randn(SAMPLES, FEATURES, generator=generator)
-Y = (X[:, :CLASSES] * torch.tensor([1.0, -2.0, 0.5])).argmax(dim=1)
-dataset = torch.utils.data.TensorDataset(X, Y, torch.arange(SAMPLES))
+X, Y, dataset = data(SAMPLES)
 
 
 def make_model(seed: int):
@@ -36,14 +33,6 @@ def make_model(seed: int):
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, CLASSES))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     return model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
-
-
-def step(model, optimizer, scheduler, x, y, reduce) -> None:
-    optimizer.zero_grad()
-    (F.cross_entropy(model(x), y, reduction="sum") / BATCH).backward()
-    reduce()
-    optimizer.step()
-    scheduler.step()
 
 
 model, optimizer, scheduler = make_model(100)
@@ -81,12 +70,7 @@ if ctx.rank == 0:
     assert (state.seen == 1).all(), state.seen
     print("ok every_sample_once", flush=True)
     reference, ref_optimizer, ref_scheduler = make_model(100)
-    for epoch in range(EPOCHS):
-        order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(SEED + epoch))
-        for start in range(0, SAMPLES, BATCH):
-            batch = order[start:start + BATCH]
-            step(reference, ref_optimizer, ref_scheduler, X[batch], Y[batch], lambda: None)
-    with torch.no_grad():
-        gaps = [float((p - r).abs().max() / r.abs().max()) for p, r in zip(model.parameters(), reference.parameters())]
+    one_process_run(reference, ref_optimizer, ref_scheduler, X, Y)
+    gaps = relative_gaps(model.parameters(), reference.parameters())
     assert max(gaps) < 1e-5 and scheduler.last_epoch == ref_scheduler.last_epoch, gaps
     print(f"ok equals_one_process_run (largest relative gap {max(gaps):.1e})", flush=True)

@@ -24,13 +24,13 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 import hpcreduce
 import hpcreduce.torch as hpt
 from hpcreduce import elastic
+from torch_loop import BATCH, CLASSES, EPOCHS, FEATURES, SEED, data, one_process_run, relative_gaps, step
 
-SAMPLES, FEATURES, CLASSES, BATCH, EPOCHS, SEED = 96, 10, 3, 12, 2, 5
+SAMPLES = 96
 discovery, kill_log = sys.argv[1], sys.argv[2]
 SHARDED = sys.argv[3:] in (["zero"], ["zero-first"], ["zero2"])
 WRAPPED = sys.argv[3:] == ["zero2"]  # ZeRO-2 over our DistributedDataParallel
@@ -39,10 +39,7 @@ RESIZED = sys.argv[3:] == ["zero-first"]  # rank 0 killed, then a leave and a gr
 KILLED = 0 if RESIZED else 2
 
 ctx = hpcreduce.init()
-generator = torch.Generator().manual_seed(0)
-X = torch.randn(SAMPLES, FEATURES, generator=generator)
-Y = (X[:, :CLASSES] * torch.tensor([1.0, -2.0, 0.5])).argmax(dim=1)
-dataset = torch.utils.data.TensorDataset(X, Y, torch.arange(SAMPLES))
+X, Y, dataset = data(SAMPLES)
 
 
 def make_model(seed: int, sharded: bool = SHARDED):
@@ -53,15 +50,6 @@ def make_model(seed: int, sharded: bool = SHARDED):
     optimizer = hpt.ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9) \
         if sharded else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     return model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=6, gamma=0.5)
-
-
-def step(model, optimizer, scheduler, x, y, reduce, ranks: int = 1) -> None:
-    """One step; ``ranks``: the wrapper's mean is over that many ranks (the loss scaled up to a sum)."""
-    optimizer.zero_grad()
-    (F.cross_entropy(model(x), y, reduction="sum") * ranks / BATCH).backward()
-    reduce()
-    optimizer.step()
-    scheduler.step()
 
 
 model, optimizer, scheduler = make_model(100 + ctx.rank)
@@ -148,16 +136,8 @@ if not ctx.joined:
           and failure["recovered_s"] < 30, state.events)
 if ctx.rank == 0:
     reference, ref_optimizer, ref_scheduler = make_model(100, sharded=False)
-    for epoch in range(EPOCHS):
-        order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(SEED + epoch))
-        for start in range(0, SAMPLES, BATCH):
-            batch = order[start:start + BATCH]
-            step(reference, ref_optimizer, ref_scheduler, X[batch], Y[batch], lambda: None)
-    with torch.no_grad():
-        gaps = [float((p - r).abs().max() / r.abs().max()) for p, r in zip(params, reference.parameters())]
-    with torch.no_grad():
-        gaps += [float((b - ref_optimizer.state[r]["momentum_buffer"]).abs().max()
-                       / ref_optimizer.state[r]["momentum_buffer"].abs().max())
-                 for b, r in zip(buffers, reference.parameters())]
+    one_process_run(reference, ref_optimizer, ref_scheduler, X, Y)
+    gaps = relative_gaps(params, reference.parameters()) + relative_gaps(
+        buffers, [ref_optimizer.state[r]["momentum_buffer"] for r in reference.parameters()])
     check("equals_one_process_run", max(gaps) < 1e-5 and scheduler.last_epoch == ref_scheduler.last_epoch, gaps)
     print(f"largest relative gap {max(gaps):.2e}; events {state.events}", flush=True)
