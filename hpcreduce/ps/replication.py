@@ -24,6 +24,7 @@ from typing import Deque, Dict, List
 import numpy as np
 from mpi4py import MPI
 
+from ..runtime.failures import wait_all
 from . import inbox, protocol
 from .engine import ShardEngine
 from .inbox import Request
@@ -187,7 +188,7 @@ class Replication:
         ack = np.empty(HEADER_LEN, dtype=np.int64)
         self.server.comm.Recv(ack, source, TAG_FORWARD_ACK)
         entry = self.awaiting.popleft()
-        MPI.Request.Waitall(entry.sends)  # the backup has the data: these are complete
+        wait_all(entry.sends)  # the backup has the data: these are complete
         entry.acked = True
         self.unpin(entry.request)
         self.server.engine.recycle_unpinned()

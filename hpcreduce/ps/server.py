@@ -349,10 +349,10 @@ class Server:
         self.outbox.append((self.comm.Isend(buffer, dest, tag), buffer, reads))
 
     def _retire_sends(self) -> None:
+        """Drop the replies that went (one ``MPI_Test`` each: ``Testsome``, like ``Waitall``, may
+        null a request still in flight after a failure, which ``abandon`` then cannot complete)."""
         if self.outbox:
-            done = set(MPI.Request.Testsome([entry[0] for entry in self.outbox]) or ())
-            if done:
-                self.outbox = [entry for i, entry in enumerate(self.outbox) if i not in done]
+            self.outbox = [entry for entry in self.outbox if not entry[0].Test()]
 
     def _wait_reads(self, table_id: int) -> None:
         """Finish the replies still reading ``table_id``'s values before they change."""

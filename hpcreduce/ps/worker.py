@@ -385,7 +385,6 @@ class Worker:
                 self._unanswered.append((self.comm.Isend(header, rank, TAG_REQUEST), header))
 
     def _retire_unanswered(self) -> None:
-        if self._unanswered:
-            done = set(MPI.Request.Testsome([request for request, _ in self._unanswered]) or ())
-            self._unanswered = [entry for i, entry in enumerate(self._unanswered) if i not in done]
+        """Drop the sends that went (one ``MPI_Test`` each, as the server's ``_retire_sends``)."""
+        self._unanswered = [entry for entry in self._unanswered if not entry[0].Test()]
 
