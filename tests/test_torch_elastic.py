@@ -21,12 +21,13 @@ def test_state_sync_refusals_sampler_and_checkpoints(tmp_path):
         assert f"ok check_{check}" in result.output, result
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "zero", "zero-first", "zero2"])
+@pytest.mark.parametrize("optimizer", ["sgd", "zero-first", "zero2"])
 def test_a_torch_loop_survives_a_kill_and_a_growth_and_equals_a_one_process_run(tmp_path, optimizer):
-    """zero: the optimizer is a ZeroRedundancyOptimizer, its killed slice (the last rank's) rebuilt
-    from the ring neighbour's copy and re-sharded over 2 ranks, then 3; zero-first: rank 0 killed,
-    then a leave to 2 ranks and a growth back to 3, each re-sharding the state; zero2: as zero, with
-    the model in our DistributedDataParallel (ZeRO-2)."""
+    """zero-first: the optimizer is a ZeroRedundancyOptimizer (ZeRO-1), rank 0 killed (its slice
+    rebuilt from the ring neighbour's copy), then a leave to 2 ranks and a growth back to 3, each
+    re-sharding the state; zero2: the model in our DistributedDataParallel (ZeRO-2), the last rank
+    killed, its slice rebuilt and re-sharded over 2 ranks, then 3. (The script's ``zero``, ZeRO-1
+    with the last rank killed, is the union of the two and not run here, for the suite's time.)"""
     discovery = tmp_path / "ranks.txt"
     discovery.write_text("3\n")
     result = hpcreduce_cli("launch", "-n", "3", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "torch_elastic.py"),
