@@ -11,6 +11,7 @@ tolerance one allreduce of 14 int64, a collective of its own.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -146,12 +147,16 @@ def planned(context: Context, x, op: str, algorithm: str, out, check: Optional[b
     return out
 
 
-def allreduce_pieces(pieces: Sequence[np.ndarray], out: np.ndarray, op: str = "sum", *, comm: Comm = None):
+def allreduce_pieces(pieces: Sequence[np.ndarray], out: np.ndarray, op: str = "sum", *, comm: Comm = None,
+                     check_finite: bool = False) -> bool:
     """``allreduce(x, op, out=out)`` of the ``x`` that the flat host arrays ``pieces`` (``out``'s
     dtype, ``out.size`` values in all; any may be a view of ``out`` at its own place) make end
     to end, written into the contiguous 1-D ``out``. Where the hierarchical allreduce runs it
     reads each piece where it lies (``hierarchical_pieces``); elsewhere the pieces are copied
-    into ``out`` first. The same check as ``allreduce``'s, so either meets the other's."""
+    into ``out`` first. The same check as ``allreduce``'s, so either meets the other's.
+    Returns whether the result may hold only finite values (its sum is finite: the same verdict
+    on every rank; with ``check_finite``, else True), the sum taken in the hierarchical
+    allreduce's copy out (``finite_copy``) or, elsewhere, in a pass of its own."""
     context = comm if type(comm) is Context else resolve(comm)
     plan = _plan_of(context, out, op, "auto")
     if plan is None or plan.function is not hierarchical_allreduce or plan.shot is not None:
@@ -160,11 +165,13 @@ def allreduce_pieces(pieces: Sequence[np.ndarray], out: np.ndarray, op: str = "s
             if start_address(piece) != start_address(out[start:]):
                 out[start:start + piece.size] = piece
             start += piece.size
-        return allreduce(out, op, comm=context, out=out)
+        allreduce(out, op, comm=context, out=out)
+        return not check_finite or out.dtype.kind != "f" or math.isfinite(float(np.sum(out)))
     if plan.checking:
         plan.check.run(context)
-    context.traffic.add(*hierarchical_pieces(context.comm, pieces, out, plan.op))
-    return out
+    sent, received, total = hierarchical_pieces(context.comm, pieces, out, plan.op, summed=check_finite)
+    context.traffic.add(sent, received)
+    return math.isfinite(total)
 
 
 def _plan_of(context: Context, x: np.ndarray, op: str, algorithm: str) -> Optional[CallPlan]:

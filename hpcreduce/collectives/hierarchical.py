@@ -28,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..arrays import copy_into, host_pair, is_device_array
+from .finite_copy import finish_sum
 from .memory import start_address
 from .native import native_moved
 from .node_window import node_window
@@ -47,19 +48,21 @@ def hierarchical_allreduce(comm: MPI.Intracomm, x, out, op: ReduceOp,
         moved = hierarchical_allreduce(comm, host_x, host_out, op, transfer)
         copy_into(out, host_out)
         return moved
-    return hierarchical_pieces(comm, [x], out, op)
+    return hierarchical_pieces(comm, [x], out, op)[:2]
 
 
 def hierarchical_pieces(comm: MPI.Intracomm, pieces: Sequence[np.ndarray], out: np.ndarray,
-                        op: ReduceOp) -> Tuple[int, int]:
+                        op: ReduceOp, summed: bool = False) -> Tuple[int, int, float]:
     """``hierarchical_allreduce`` of the host arrays ``pieces`` laid end to end (flat, ``out``'s
     dtype, ``out.size`` values in all; any may be a view of ``out`` at its own place): each is
-    read where it lies, so a buffer of scattered arrays needs no gathering copy of its own."""
+    read where it lies, so a buffer of scattered arrays needs no gathering copy of its own.
+    The third value is the result's sum when ``summed`` (taken in the copy out, ``finish_sum``:
+    the same on every rank), else 0."""
     if comm.Get_size() == 1:
         for piece, start in _placed(pieces):
             if start_address(piece) != start_address(out[start:start + piece.size]):
                 out[start:start + piece.size] = piece
-        return 0, 0
+        return 0, 0, float(np.sum(out, dtype=np.float64)) if summed and out.dtype.kind == "f" else 0.0
     shared = node_window(comm)
     n, size, me = out.size, shared.node_size, shared.node_rank
     slots, result = shared.areas(out.nbytes, out.dtype)
@@ -88,9 +91,13 @@ def hierarchical_pieces(comm: MPI.Intracomm, pieces: Sequence[np.ndarray], out: 
         if shared.leaders is not None:
             shared.leaders.Allreduce(MPI.IN_PLACE, result, op=op.mpi_op)
         shared.fence()
-    op.finish_into(result, out, comm.Get_size())
+    total = 0.0
+    if summed:
+        total = finish_sum(op, result, out, comm.Get_size())
+    else:
+        op.finish_into(result, out, comm.Get_size())
     moved = native_moved(out.nbytes, comm.Get_size())
-    return moved, moved
+    return moved, moved, total
 
 
 def _placed(pieces: Sequence[np.ndarray]) -> Iterator[Tuple[np.ndarray, int]]:

@@ -187,26 +187,26 @@ class Reducer:
                 if shards is not None:  # ZeRO-2: this rank's chunk, always checked (its peers' are not here)
                     self._finite[bucket.index] = shards.reduce(bucket)
                     return
-                self._run_hook(context, bucket, direct)
+                verdict = self._run_hook(context, bucket, direct, check)
                 if ready is not None:
                     torch.cuda.current_stream(bucket.flat.device).synchronize()
             except MPI.Exception:
                 if resolve(self.comm_arg).ft:
                     context.comm.Revoke()  # peers still waiting in this bucket's reduction learn of it
                 raise
-            self._finite[bucket.index] = not check or bucket_finite(bucket)
+            self._finite[bucket.index] = not check or (verdict if direct else bucket_finite(bucket))
 
         self.thread.submit(job)
 
-    def _run_hook(self, context: Context, bucket: Bucket, direct: bool) -> None:
+    def _run_hook(self, context: Context, bucket: Bucket, direct: bool, check: bool) -> bool:
         """The hook's reduction of ``bucket`` into its buffer (``direct``: the default hook's,
-        from autograd's tensors where they lie); a local failure is agreed on."""
+        from autograd's tensors where they lie, returning whether the result may be finite when
+        ``check``); a local failure is agreed on."""
         try:
             if direct:
-                allreduce_pieces([(view if source is None else source).detach().numpy().reshape(-1)
-                                  for source, view in zip(bucket.sources, bucket.views)],
-                                 bucket.flat.numpy(), "mean", comm=context)
-                return
+                return allreduce_pieces([(view if source is None else source).detach().numpy().reshape(-1)
+                                         for source, view in zip(bucket.sources, bucket.views)],
+                                        bucket.flat.numpy(), "mean", comm=context, check_finite=check)
             with running_on(context):
                 future = self.hook(self.state, self._grad_buckets[bucket.index])
             result = hook_result(future, bucket.flat)
@@ -222,6 +222,7 @@ class Reducer:
             raise
         if result is not bucket.flat:
             bucket.flat.copy_(result)
+        return True
 
     def context(self) -> Context:
         """The library's context over its duplicate of the context's communicator (made again
