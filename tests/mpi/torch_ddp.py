@@ -169,8 +169,8 @@ def check_bfloat16_model():
 
 
 if __name__ == "__main__":
-    run_checks(check_equals_one_process, check_large_buckets_reduced_where_autograd_left_them, check_no_sync_accumulates, check_unused_parameter_counts_as_zeros,
-               check_compressed_wires, check_different_modules_refused, check_nan_on_one_rank_stops_every_rank,
+    run_checks(check_equals_one_process, check_large_buckets_reduced_where_autograd_left_them,
+               check_no_sync_accumulates, check_unused_parameter_counts_as_zeros, check_compressed_wires, check_different_modules_refused, check_nan_on_one_rank_stops_every_rank,
                check_changed_shape_on_one_rank, check_step_inside_no_sync_refused, check_bfloat16_model)
     if rank == 0:
         print("torch ddp: all checks passed", flush=True)
