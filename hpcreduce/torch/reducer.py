@@ -2,8 +2,10 @@
 
 The reducer decides *when* a bucket goes; its comm hook (torch's ``hook(state, bucket)``,
 ``hooks``; ``allreduce_hook`` by default) decides *how*. Each parameter's
-post-accumulate-grad hook puts its gradient into its bucket view (a gradient autograd made
-anew, after ``zero_grad(set_to_none=True)``, is copied in, as DDP does) and counts it; once a
+post-accumulate-grad hook counts its gradient; one autograd made anew (after
+``zero_grad(set_to_none=True)``) is copied into its bucket view, as DDP does, except under the
+default hook on a host bucket, whose reduction reads it where it lies (``allreduce_pieces``,
+the NaN/Inf verdict taken in the same copy out) before the view becomes its ``.grad``; once a
 bucket's last gradient is ready, it and any later buckets already complete are handed to the
 reduction thread, in bucket order, which is the same on every rank, where the hook runs with
 the library's communicator current. At the end of backward (an autograd callback) buckets
