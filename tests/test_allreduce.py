@@ -12,10 +12,10 @@ def test_every_op_dtype_size_and_algorithm_matches_native(ranks):
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_fusion_bad_input_staging_and_private_communicator(ranks):
+def test_fusion_bad_input_staging_private_communicator_and_pieces(ranks):
     result = mpirun(ranks, "collective_contracts.py", timeout=120)
     assert result.returncode == 0, result
-    assert result.output.count("ok check_") == 5, result
+    assert result.output.count("ok check_") == 6, result
 
 
 def test_one_shot_and_shared_checks_past_the_few_ranks_compared_one_by_one():

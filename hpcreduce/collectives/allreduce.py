@@ -11,7 +11,8 @@ tolerance one allreduce of 14 int64, a collective of its own.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import math
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -20,7 +21,7 @@ from ..errors import ConfigurationError
 from ..runtime.context import Comm, Context, resolve
 from ..runtime.settings import Setting, generation, switch
 from ..arrays import array_module, is_device_array
-from .hierarchical import hierarchical_allreduce, stepped_aside
+from .hierarchical import hierarchical_allreduce, hierarchical_pieces, stepped_aside
 from .memory import start_address
 from .native import native_allreduce, native_moved
 from .one_shot import checked_one_shot, one_shot_allreduce, shot_plan
@@ -32,7 +33,7 @@ from .transfer import transfer_for
 from .validate import (ALGORITHMS, InputProblem, PlannedCheck, ProblemKind, agree, array_problem, choice_problem,
                        out_problem, raise_local, setting_value, stable_hash)
 
-__all__ = ["allreduce"]
+__all__ = ["allreduce", "allreduce_pieces"]
 
 ALGORITHM_FUNCTIONS = {
     "ring": ring_allreduce,
@@ -95,22 +96,22 @@ class CallPlan:
     the bytes counted as moved (native's) and whether to divide."""
 
     __slots__ = ("generation", "checking", "algorithm", "function", "op", "check", "native", "flatten",
-                 "steps_aside", "shot", "moved", "divide", "size")
+                 "shot", "moved", "divide", "size")
 
     def __init__(self, context: Context, x: np.ndarray, op: str, algorithm: str, checking: bool, table,
                  generation: int) -> None:
         size = context.size
         self.generation, self.checking = generation, checking
         self.algorithm = choose(x.nbytes, table) if algorithm == "auto" else algorithm
-        self.function = ALGORITHM_FUNCTIONS[self.algorithm]
+        self.function = ALGORITHM_FUNCTIONS[stepped_aside(self.algorithm, context.ft, x.nbytes)]
         self.op = OPS[op]
         self.check = PlannedCheck("allreduce", signature(x, op, algorithm, self.algorithm))
-        self.native = self.algorithm == "native"
-        self.steps_aside = self.algorithm in ("hierarchical", "one_shot")
+        self.native = self.function is native_allreduce
         self.shot = shot_plan(context, x, self.op) if self.algorithm == "one_shot" else None
         self.flatten = x.ndim != 1
         self.moved = native_moved(x.nbytes, size)
-        self.divide, self.size = self.op.divide_by_size, size
+        self.divide = self.op.divide_by_size and (self.shot is not None or not finishes(self.function))
+        self.size = size
 
 
 PLAN_LIMIT = 256
@@ -125,13 +126,8 @@ def planned(context: Context, x, op: str, algorithm: str, out, check: Optional[b
     algorithm: about 1 us of Python on top of them."""
     if type(x) is not np.ndarray:
         return None
-    plans = context.cache.get("allreduce.plans")
-    plan = plans.get((x.dtype, x.shape, op, algorithm)) if plans is not None else None
-    if plan is None or plan.generation != generation():
-        plan = _new_plan(context, x, op, algorithm)
-        if plan is None:
-            return None
-    if not x.flags.c_contiguous:
+    plan = _plan_of(context, x, op, algorithm)
+    if plan is None or not x.flags.c_contiguous:
         return None
     if out is None:
         try:
@@ -151,6 +147,42 @@ def planned(context: Context, x, op: str, algorithm: str, out, check: Optional[b
     return out
 
 
+def allreduce_pieces(pieces: Sequence[np.ndarray], out: np.ndarray, op: str = "sum", *, comm: Comm = None,
+                     check_finite: bool = False) -> bool:
+    """``allreduce(x, op, out=out)`` of the ``x`` that the flat host arrays ``pieces`` (``out``'s
+    dtype, ``out.size`` values in all; any may be a view of ``out`` at its own place) make end
+    to end, written into the contiguous 1-D ``out``. Where the hierarchical allreduce runs it
+    reads each piece where it lies (``hierarchical_pieces``); elsewhere the pieces are copied
+    into ``out`` first. The same check as ``allreduce``'s, so either meets the other's.
+    Returns whether the result may hold only finite values (its sum is finite: the same verdict
+    on every rank; with ``check_finite``, else True), the sum taken in the hierarchical
+    allreduce's copy out (``finite_copy``) or, elsewhere, in a pass of its own."""
+    context = comm if type(comm) is Context else resolve(comm)
+    plan = _plan_of(context, out, op, "auto")
+    if plan is None or plan.function is not hierarchical_allreduce or plan.shot is not None:
+        start = 0
+        for piece in pieces:
+            if start_address(piece) != start_address(out[start:]):
+                out[start:start + piece.size] = piece
+            start += piece.size
+        allreduce(out, op, comm=context, out=out)
+        return not check_finite or out.dtype.kind != "f" or math.isfinite(float(np.sum(out)))
+    if plan.checking:
+        plan.check.run(context)
+    sent, received, total = hierarchical_pieces(context.comm, pieces, out, plan.op, summed=check_finite)
+    context.traffic.add(sent, received)
+    return math.isfinite(total)
+
+
+def _plan_of(context: Context, x: np.ndarray, op: str, algorithm: str) -> Optional[CallPlan]:
+    """The kept plan of ``x``'s signature (made if new or stale), or None (the full path's)."""
+    plans = context.cache.get("allreduce.plans")
+    plan = plans.get((x.dtype, x.shape, op, algorithm)) if plans is not None else None
+    if plan is None or plan.generation != generation():
+        plan = _new_plan(context, x, op, algorithm)
+    return plan
+
+
 def _planned_reduce(context: Context, plan: CallPlan, x: np.ndarray, out: np.ndarray, checking: bool) -> None:
     """The planned path's check (when ``checking``) and reduction, apart from a one-shot call."""
     comm = context.comm
@@ -162,9 +194,7 @@ def _planned_reduce(context: Context, plan: CallPlan, x: np.ndarray, out: np.nda
     else:
         flat_x, flat_out = (x.reshape(-1), out.reshape(-1)) if plan.flatten else (x, out)
         transfer = context.cache.get("transfer.host") or transfer_for(context, x)
-        function = ALGORITHM_FUNCTIONS[stepped_aside(plan.algorithm, context.ft, x.nbytes)] \
-            if plan.steps_aside else plan.function
-        sent, received = function(comm, flat_x, flat_out, plan.op, transfer)
+        sent, received = plan.function(comm, flat_x, flat_out, plan.op, transfer)
     traffic = context.traffic
     traffic.sent += sent
     traffic.received += received
@@ -256,4 +286,11 @@ def reduce_flat(context: Context, x, out, op: ReduceOp, algorithm: str = "auto")
     function = ALGORITHM_FUNCTIONS[stepped_aside(algorithm, context.ft, x.nbytes)]
     sent, received = function(context.comm, x, out, op, transfer_for(context, x))
     context.traffic.add(sent, received)
-    op.finish(out, context.size)
+    if not finishes(function):
+        op.finish(out, context.size)
+
+
+def finishes(function) -> bool:
+    """Whether the algorithm ``function`` applies the operator's ``finish`` itself (the
+    hierarchical allreduce divides a mean in its copy out)."""
+    return function is hierarchical_allreduce

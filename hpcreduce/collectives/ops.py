@@ -44,6 +44,16 @@ class ReduceOp:
             else:
                 xp.floor_divide(out, size, out=out)
 
+    def finish_into(self, reduced, out, size: int) -> None:
+        """``out`` = the operator's result of ``reduced`` (the copy and, for mean, the division
+        in one pass; bit for bit ``out[...] = reduced`` then ``finish``)."""
+        if not (self.divide_by_size and size > 1):
+            out[...] = reduced
+        elif out.dtype.kind == "f":
+            array_module(out).divide(reduced, out.dtype.type(size), out=out)
+        else:
+            array_module(out).floor_divide(reduced, size, out=out)
+
 
 OPS = {op.name: op for op in (
     ReduceOp("sum", "add", MPI.SUM),

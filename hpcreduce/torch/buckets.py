@@ -9,7 +9,7 @@ rank builds the same plan from the same module; ``layout`` is what the ranks com
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -30,6 +30,8 @@ class Bucket:
     params: List[torch.nn.Parameter]
     views: List[torch.Tensor]
     waiting: int = field(default=0, init=False)  # gradients not yet ready in this backward
+    sources: List[Optional[torch.Tensor]] = field(default_factory=list, init=False)
+    """Per parameter, autograd's own gradient to reduce in place of its view (None: the view)."""
 
     @property
     def nbytes(self) -> int:

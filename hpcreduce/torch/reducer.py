@@ -2,8 +2,10 @@
 
 The reducer decides *when* a bucket goes; its comm hook (torch's ``hook(state, bucket)``,
 ``hooks``; ``allreduce_hook`` by default) decides *how*. Each parameter's
-post-accumulate-grad hook puts its gradient into its bucket view (a gradient autograd made
-anew, after ``zero_grad(set_to_none=True)``, is copied in, as DDP does) and counts it; once a
+post-accumulate-grad hook counts its gradient; one autograd made anew (after
+``zero_grad(set_to_none=True)``) is copied into its bucket view, as DDP does, except under the
+default hook on a host bucket, whose reduction reads it where it lies (``allreduce_pieces``,
+the NaN/Inf verdict taken in the same copy out) before the view becomes its ``.grad``; once a
 bucket's last gradient is ready, it and any later buckets already complete are handed to the
 reduction thread, in bucket order, which is the same on every rank, where the hook runs with
 the library's communicator current. At the end of backward (an autograd callback) buckets
@@ -32,12 +34,14 @@ import torch
 from mpi4py import MPI
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ..collectives.allreduce import allreduce_pieces
 from ..collectives.validate import InputProblem, ProblemKind, agree
 from ..errors import TrainingError, UnsupportedInputError
 from ..ft.watchdog import watchdog
 from ..runtime.context import Context, resolve
 from .buckets import Bucket
 from .comm_thread import CommThread, has_spare_core
+from .dtypes import NARROW
 from .finite import bucket_finite, nonfinite
 from .hooks.bucket import REPORT_FIELDS, GradBucket, all_reduce, running_on
 from .hooks.default import allreduce_hook
@@ -104,9 +108,13 @@ class Reducer:
             if not self.running:
                 self._begin()
             bucket, position = self.where[id(param)]
-            view = param.grad
-            if view is None or view.data_ptr() != bucket.views[position].data_ptr():
-                self._take(bucket, position, param)
+            grad = param.grad
+            if grad is None or grad.data_ptr() != bucket.views[position].data_ptr():
+                if grad is not None and self.syncing and self._direct(bucket) and grad.is_contiguous() \
+                        and _why(grad, bucket.views[position]) is None:
+                    bucket.sources[position] = grad  # reduced where it lies, no copy into the bucket
+                else:
+                    self._take(bucket, position, param)
             self.fresh.add(id(param))
             if self.syncing:
                 self._fired.add(id(param))
@@ -127,19 +135,18 @@ class Reducer:
         except Exception:  # the error that matters is the one being raised
             pass
 
+    def _direct(self, bucket: Bucket) -> bool:
+        """Whether ``bucket`` is reduced from autograd's own tensors (``allreduce_pieces``): the
+        default hook on a host bucket of 32 or 64 bits, no ZeRO-2; other hooks see the bucket."""
+        return self.hook is allreduce_hook and self.state is None and self.shards is None \
+            and bucket.flat.device.type == "cpu" and bucket.flat.dtype not in NARROW
+
     def _take(self, bucket: Bucket, position: int, param: torch.Tensor) -> None:
         """Put a gradient autograd made anew into its view (or note why it cannot go there)."""
         grad, view = param.grad, bucket.views[position]
         if grad is None:
             return
-        why = None
-        if grad.is_sparse:
-            why = "its gradient is sparse (use a dense layer, or the parameter server's rows)"
-        elif grad.shape != view.shape:
-            why = (f"its gradient has shape {tuple(grad.shape)}, its bucket {tuple(view.shape)} "
-                   f"(it changed after wrapping)")
-        elif grad.dtype != view.dtype or grad.device != view.device:
-            why = f"its gradient is {grad.dtype} on {grad.device}, its bucket {view.dtype} on {view.device}"
+        why = _why(grad, view)
         if why:
             self.problems[(bucket.index, position)] = why
             return
@@ -155,6 +162,7 @@ class Reducer:
             self.shards.restore()
         for bucket in self.buckets:
             bucket.waiting = len(bucket.params)
+            bucket.sources = [None] * len(bucket.params)
         torch.autograd.Variable._execution_engine.queue_callback(self._finish)
 
     def _hand_over_ready(self) -> None:
@@ -166,9 +174,10 @@ class Reducer:
     def _hand_over(self, bucket: Bucket) -> None:
         for (index, position) in self.problems:
             if index == bucket.index:
+                bucket.sources[position] = None
                 bucket.views[position].fill_(float("nan"))
         context, check = self.context(), self.check_finite or bool(self.problems)
-        shards, ready = self.shards, None
+        shards, ready, direct = self.shards, None, self._direct(bucket)
         if bucket.flat.device.type == "cuda":
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(bucket.flat.device))
@@ -180,20 +189,26 @@ class Reducer:
                 if shards is not None:  # ZeRO-2: this rank's chunk, always checked (its peers' are not here)
                     self._finite[bucket.index] = shards.reduce(bucket)
                     return
-                self._run_hook(context, bucket)
+                verdict = self._run_hook(context, bucket, direct, check)
                 if ready is not None:
                     torch.cuda.current_stream(bucket.flat.device).synchronize()
             except MPI.Exception:
                 if resolve(self.comm_arg).ft:
                     context.comm.Revoke()  # peers still waiting in this bucket's reduction learn of it
                 raise
-            self._finite[bucket.index] = not check or bucket_finite(bucket)
+            self._finite[bucket.index] = not check or (verdict if direct else bucket_finite(bucket))
 
         self.thread.submit(job)
 
-    def _run_hook(self, context: Context, bucket: Bucket) -> None:
-        """The hook's reduction of ``bucket`` into its buffer; a local failure is agreed on."""
+    def _run_hook(self, context: Context, bucket: Bucket, direct: bool, check: bool) -> bool:
+        """The hook's reduction of ``bucket`` into its buffer (``direct``: the default hook's,
+        from autograd's tensors where they lie, returning whether the result may be finite when
+        ``check``); a local failure is agreed on."""
         try:
+            if direct:
+                return allreduce_pieces([(view if source is None else source).detach().numpy().reshape(-1)
+                                         for source, view in zip(bucket.sources, bucket.views)],
+                                        bucket.flat.numpy(), "mean", comm=context, check_finite=check)
             with running_on(context):
                 future = self.hook(self.state, self._grad_buckets[bucket.index])
             result = hook_result(future, bucket.flat)
@@ -209,6 +224,7 @@ class Reducer:
             raise
         if result is not bucket.flat:
             bucket.flat.copy_(result)
+        return True
 
     def context(self) -> Context:
         """The library's context over its duplicate of the context's communicator (made again
@@ -250,6 +266,7 @@ class Reducer:
             problems, self.problems = self.problems, {}
             self.fresh.clear()
             self.steps += 1
+            self._adopt_views()
         self.sent_last_step = context.traffic.sent - sent
         resolve(self.comm_arg).traffic.add(self.sent_last_step, self.sent_last_step)
         if shards is not None:
@@ -264,6 +281,14 @@ class Reducer:
             bad = [name for bucket, ok in zip(self.buckets, self._finite) if not ok for name in nonfinite(bucket)]
         if bad or problems:
             raise TrainingError(self._verdict(bad, problems))
+
+    def _adopt_views(self) -> None:
+        """Each gradient reduced from autograd's tensor becomes its view of the bucket again."""
+        for bucket in self.buckets:
+            for position, source in enumerate(bucket.sources):
+                if source is not None:
+                    bucket.params[position].grad = bucket.views[position]
+                    bucket.sources[position] = None
 
     def _used_anywhere(self, context: Context, unused: List[torch.nn.Parameter],
                        bad: Optional[List[torch.nn.Parameter]]) -> Tuple[Set[int], Set[int]]:
@@ -292,6 +317,17 @@ class Reducer:
                 f"holds NaN or Inf (a rank's gradient did, or could not be reduced"
                 f"{': on this rank, ' + mine if mine else ''}); the optimizer must not step on it. "
                 f"Under loss scaling, which expects this, pass check_finite=False")
+
+
+def _why(grad: torch.Tensor, view: torch.Tensor) -> Optional[str]:
+    """Why ``grad`` cannot be reduced as its bucket ``view`` (None: it can)."""
+    if grad.is_sparse:
+        return "its gradient is sparse (use a dense layer, or the parameter server's rows)"
+    if grad.shape != view.shape:
+        return f"its gradient has shape {tuple(grad.shape)}, its bucket {tuple(view.shape)} (it changed after wrapping)"
+    if grad.dtype != view.dtype or grad.device != view.device:
+        return f"its gradient is {grad.dtype} on {grad.device}, its bucket {view.dtype} on {view.device}"
+    return None
 
 
 def hook_result(future: object, flat: torch.Tensor) -> torch.Tensor:

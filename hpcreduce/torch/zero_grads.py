@@ -14,7 +14,7 @@ copies the other ranks' slices into the parameters.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -74,14 +74,9 @@ class GradientShards:
             for other in (o for o in range(size) if o != rank):
                 at = segments[other]
                 for number in group:
-                    bucket, bounds = self.buckets[number], self.bounds[number]
-                    begin, end, offset = bounds[other], bounds[other + 1], 0
-                    for param in bucket.params:
-                        a, b = max(begin, offset), min(end, offset + param.numel())
-                        if a < b:
-                            pieces.append((param.detach().view(-1)[a - offset:b - offset], at + a - begin,
-                                           at + b - begin))
-                        offset += param.numel()
+                    begin, end = self.bounds[number][other], self.bounds[number][other + 1]
+                    pieces += [(param.detach().view(-1)[a:b], at + start - begin, at + start - begin + b - a)
+                               for param, a, b, start in _overlaps(self.buckets[number], begin, end)]
                     at += end - begin
             self._groups.append((group, segments, pieces))
         self._scratch = torch.empty(max(segments[-1] for _, segments, _ in self._groups),
@@ -95,13 +90,9 @@ class GradientShards:
         index = {id(p): i for i, p in enumerate(params)}
         slices, places = [], []
         for number, (bucket, bounds) in enumerate(zip(self.buckets, self.bounds)):
-            begin, end, offset = bounds[rank], bounds[rank + 1], 0
-            for param in bucket.params:
-                a, b = max(begin, offset), min(end, offset + param.numel())
-                if a < b:
-                    slices.append((index[id(param)], a - offset, b - offset))
-                    places.append((number, a))
-                offset += param.numel()
+            for param, a, b, start in _overlaps(bucket, bounds[rank], bounds[rank + 1]):
+                slices.append((index[id(param)], a, b))
+                places.append((number, start))
         return slices, places
 
     def gradient(self, place: Place, length: int) -> torch.Tensor:
@@ -231,3 +222,14 @@ def _packed(sizes: Sequence[int], room: int) -> List[List[int]]:
         groups[-1].append(index)
         used += size
     return groups
+
+
+def _overlaps(bucket: Bucket, begin: int, end: int) -> Iterator[Tuple[torch.nn.Parameter, int, int, int]]:
+    """Each parameter of ``bucket`` with values in the buffer's ``[begin, end)``: the parameter,
+    that part of it as ``[a, b)`` of its own values, and where it starts in the buffer."""
+    offset = 0
+    for param in bucket.params:
+        a, b = max(begin, offset), min(end, offset + param.numel())
+        if a < b:
+            yield param, a - offset, b - offset, a
+        offset += param.numel()

@@ -48,18 +48,19 @@ def reference_step(model, opt, step: int, use_extra=lambda who: True, micro=1):
     opt.step()
 
 
-def train_both(steps=4, use_extra=lambda who: True, micro=1, hook=None, **options):
+def train_both(steps=4, use_extra=lambda who: True, micro=1, hook=None, width=16, cap=0.001, set_to_none=True,
+               **options):
     torch.manual_seed(rank)  # different on every rank: construction broadcasts rank 0's
-    model = Net()
-    ddp = hpt.DistributedDataParallel(model, bucket_cap_mb=0.001, **options)
+    model = Net(width)
+    ddp = hpt.DistributedDataParallel(model, bucket_cap_mb=cap, **options)
     if hook is not None:
         ddp.register_comm_hook(*hook)
-    reference = Net()
+    reference = Net(width)
     reference.load_state_dict(model.state_dict())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     for step in range(steps):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=set_to_none)
         for m in range(micro):
             x, y = batch(step * micro + m, rank)
             if m < micro - 1:
@@ -81,6 +82,22 @@ def assert_close(model, reference, tolerance):
 def check_equals_one_process():
     for overlap in (True, False):
         assert_close(*train_both(overlap=overlap), 1e-5)
+
+
+def check_large_buckets_reduced_where_autograd_left_them():
+    """Buckets past the one-shot size (the hierarchical allreduce reading autograd's tensors in
+    place, the NaN/Inf verdict taken in its copy out): one process's numbers; a NaN or an Inf on
+    one rank stops every rank, naming the parameter."""
+    for overlap, set_to_none in ((False, True), (True, False)):
+        assert_close(*train_both(width=256, cap=25, overlap=overlap, set_to_none=set_to_none), 1e-5)
+    ddp = hpt.DistributedDataParallel(Net(256))
+    for bad in (float("nan"), float("inf")):
+        x, y = batch(0, rank)
+        if rank == size - 1:
+            x[0, 0] = bad
+        expect_raised(TrainingError, "body.0.weight",
+                      lambda: torch.nn.functional.cross_entropy(ddp(x), y).backward(), rank)
+        ddp.module.zero_grad()
 
 
 def check_no_sync_accumulates():
@@ -152,8 +169,8 @@ def check_bfloat16_model():
 
 
 if __name__ == "__main__":
-    run_checks(check_equals_one_process, check_no_sync_accumulates, check_unused_parameter_counts_as_zeros,
-               check_compressed_wires, check_different_modules_refused, check_nan_on_one_rank_stops_every_rank,
+    run_checks(check_equals_one_process, check_large_buckets_reduced_where_autograd_left_them,
+               check_no_sync_accumulates, check_unused_parameter_counts_as_zeros, check_compressed_wires, check_different_modules_refused, check_nan_on_one_rank_stops_every_rank,
                check_changed_shape_on_one_rank, check_step_inside_no_sync_refused, check_bfloat16_model)
     if rank == 0:
         print("torch ddp: all checks passed", flush=True)
