@@ -95,6 +95,7 @@ def protocol_session():
     touched = worker.pull_rows("emb", [7, 8, 9, 10, 11])
     expected = INITIAL["emb"][[7, 8, 9, 10, 11]] - LR * np.array([1, 1, 2, 1, 0])[:, None]
     assert np.array_equal(touched, expected), touched
+    workers_comm.Barrier()  # ASP: the other worker's next push of bias must not land before these reads
 
     # Exactly once: the same (worker, step) again is acknowledged and not applied.
     assert pushed(worker.push("bias", np.ones(3, np.float32))) == (1, 0)
