@@ -19,7 +19,7 @@ import torch
 import hpcreduce
 import hpcreduce.torch as hpt
 from hpcreduce import elastic
-from torch_loop import BATCH, CLASSES, EPOCHS, FEATURES, SEED, data, one_process_run, relative_gaps, step
+from torch_loop import CLASSES, EPOCHS, FEATURES, SEED, batches, data, one_process_run, relative_gaps, step
 
 SAMPLES = 48
 folder, stop_at = sys.argv[1], int(sys.argv[2])
@@ -46,23 +46,19 @@ if ctx.rank == 0:
 
 @elastic.run(on_stop=lambda state: hpt.save_checkpoint(state, folder, state.step))
 def train(state):
-    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH // ctx.size, sampler=sampler)
-    for epoch in range(sampler.epoch, EPOCHS):
-        sampler.set_epoch(epoch)
-        for x, y, index in loader:
-            counts = np.bincount(index.numpy(), minlength=SAMPLES).astype(np.int64)
+    for epoch, x, y, index, counts in batches(dataset, sampler, ctx.size):
 
-            def reduce():
-                hpt.allreduce_gradients(model, "sum")
-                hpcreduce.allreduce(counts, "sum", out=counts)
+        def reduce():
+            hpt.allreduce_gradients(model, "sum")
+            hpcreduce.allreduce(counts, "sum", out=counts)
 
-            step(model, optimizer, scheduler, x, y, reduce)
-            state.seen[epoch] += counts
-            sampler.record_batch(len(index))
-            state.step += 1
-            if state.step == stop_at and ctx.rank == 1:
-                os.kill(os.getpid(), signal.SIGUSR1)
-            state.commit()
+        step(model, optimizer, scheduler, x, y, reduce)
+        state.seen[epoch] += counts
+        sampler.record_batch(len(index))
+        state.step += 1
+        if state.step == stop_at and ctx.rank == 1:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        state.commit()
 
 
 train(state)

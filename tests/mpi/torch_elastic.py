@@ -28,7 +28,7 @@ import torch
 import hpcreduce
 import hpcreduce.torch as hpt
 from hpcreduce import elastic
-from torch_loop import BATCH, CLASSES, EPOCHS, FEATURES, SEED, data, one_process_run, relative_gaps, step
+from torch_loop import CLASSES, EPOCHS, FEATURES, SEED, batches, data, one_process_run, relative_gaps, step
 
 SAMPLES = 96
 discovery, kill_log = sys.argv[1], sys.argv[2]
@@ -80,28 +80,24 @@ state.register_reset_callbacks([newcomer_has_momentum])
 
 @elastic.run
 def train(state):
-    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH // ctx.size, sampler=sampler)
-    for epoch in range(sampler.epoch, EPOCHS):
-        sampler.set_epoch(epoch)
-        for x, y, index in loader:
-            counts = np.bincount(index.numpy(), minlength=SAMPLES).astype(np.int64)
+    for epoch, x, y, index, counts in batches(dataset, sampler, ctx.size):
 
-            def reduce():
-                if state.commits == 6 and state.members.me == KILLED and not state.events:
-                    with open(kill_log, "w", encoding="utf-8") as log:
-                        log.write(f"{time.time()}\n")
-                    os.kill(os.getpid(), signal.SIGKILL)  # between backward and the reduction
-                if not WRAPPED:  # the wrapper reduced them in backward
-                    hpt.allreduce_gradients(model, "sum")
-                hpcreduce.allreduce(counts, "sum", out=counts)
+        def reduce():
+            if state.commits == 6 and state.members.me == KILLED and not state.events:
+                with open(kill_log, "w", encoding="utf-8") as log:
+                    log.write(f"{time.time()}\n")
+                os.kill(os.getpid(), signal.SIGKILL)  # between backward and the reduction
+            if not WRAPPED:  # the wrapper reduced them in backward
+                hpt.allreduce_gradients(model, "sum")
+            hpcreduce.allreduce(counts, "sum", out=counts)
 
-            step(model, optimizer, scheduler, x, y, reduce, ctx.size if WRAPPED else 1)
-            state.seen[epoch] += counts
-            sampler.record_batch(len(index))
-            if RESIZED and ctx.rank == 0 and state.commits in (9, 12):
-                with open(discovery, "w", encoding="utf-8") as wanted:
-                    wanted.write("2\n" if state.commits == 9 else "3\n")
-            state.commit()
+        step(model, optimizer, scheduler, x, y, reduce, ctx.size if WRAPPED else 1)
+        state.seen[epoch] += counts
+        sampler.record_batch(len(index))
+        if RESIZED and ctx.rank == 0 and state.commits in (9, 12):
+            with open(discovery, "w", encoding="utf-8") as wanted:
+                wanted.write("2\n" if state.commits == 9 else "3\n")
+        state.commit()
 
 
 train(state)

@@ -1,5 +1,6 @@
-"""What the elastic torch loop scripts share: the data, one step, and the one-process run they
-must equal."""
+"""What the elastic torch loop scripts share: the data, its batches, one step, and the
+one-process run they must equal."""
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -11,6 +12,16 @@ def data(samples: int):
     X = torch.randn(samples, FEATURES, generator=torch.Generator().manual_seed(0))
     Y = (X[:, :CLASSES] * torch.tensor([1.0, -2.0, 0.5])).argmax(dim=1)
     return X, Y, torch.utils.data.TensorDataset(X, Y, torch.arange(samples))
+
+
+def batches(dataset, sampler, ranks: int):
+    """(epoch, x, y, index, counts) of this rank's share of each global batch from the sampler's
+    epoch on (``counts``: how often each sample is in it, to be summed over the ranks)."""
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH // ranks, sampler=sampler)
+    for epoch in range(sampler.epoch, EPOCHS):
+        sampler.set_epoch(epoch)
+        for x, y, index in loader:
+            yield epoch, x, y, index, np.bincount(index.numpy(), minlength=len(dataset)).astype(np.int64)
 
 
 def step(model, optimizer, scheduler, x, y, reduce, ranks: int = 1) -> None:
