@@ -137,6 +137,23 @@ def test_radix_unique_inverse_equals_torch_unique(bits):
         assert np.array_equal(unique, expected.numpy()) and np.array_equal(inverse, expected_inverse.numpy())
 
 
+def test_table_keys_split_keys_and_bag_of_round_trip():
+    table_keys, split_keys, bag_of = (kernel("route", n) for n in ("table_keys", "split_keys", "bag_of"))
+    sizes, counts = np.array([5, 1, 7, 3], np.int64), np.array([4, 0, 6, 2], np.int64)
+    ids = np.concatenate([RNG.integers(0, s, c) for s, c in zip(sizes, counts)]).astype(np.int64)
+    keys, outside = table_keys(ids, counts, sizes)
+    assert outside == -1 and np.array_equal(keys, ids + np.repeat([0, 5, 6, 13], counts))
+    local, starts = split_keys(np.unique(keys), sizes)
+    for t in range(len(sizes)):
+        assert np.array_equal(local[starts[t]:starts[t + 1]], np.unique(ids[sum(counts[:t]):sum(counts[:t + 1])]))
+    bad = ids.copy()
+    bad[5] = 7  # table 2 (7 rows) its second id: one past its last row
+    assert table_keys(bad, counts, sizes)[1] == 5 and table_keys(-ids - 1, counts, sizes)[1] == 0
+    assert np.array_equal(split_keys(np.empty(0, np.int64), sizes)[1], np.zeros(5))
+    lengths = np.array([2, 0, 3, 1], np.int64)
+    assert np.array_equal(bag_of(lengths), np.repeat(np.arange(4), lengths))
+
+
 @pytest.mark.parametrize("scaled", [False, True])
 def test_pooled_grad_equals_index_select_then_index_add(scaled):
     torch = pytest.importorskip("torch")

@@ -48,6 +48,9 @@ def warm() -> None:
     route.owners(ids, np.ones(2, np.uint64))
     route.group(ids, 1)
     route.unique_inverse(ids, 1)
+    route.table_keys(ids, ids[:1] + 1, ids[:1] + 1)
+    route.split_keys(ids, ids[:1] + 1)
+    route.bag_of(ids[:1] + 1)
     normal.counter_normal(np.uint64(1), ids, 1.0, np.zeros(1, np.float32))
     normal.counter_normal(np.uint64(1), ids.view(np.uint64), 1.0, np.zeros(1, np.float32))
     for dtype in (np.float32, np.float64):
