@@ -37,24 +37,48 @@ class PullHandle:
 
     def __init__(self, specs: Sequence[ParamSpec], tables: Dict[int, Tuple[np.ndarray, np.ndarray]],
                  route: Route, row_bytes: np.ndarray, requests: List[MPI.Request], received: np.ndarray,
-                 collective: Collective):
+                 collective: Collective, wire_ids: np.ndarray, layout: object):
         self.specs, self.tables, self.route, self.row_bytes = specs, tables, route, row_bytes
         self.unit = word(row_bytes)
         self.collective = collective
-        self.requests, self.received = requests, received
+        self.requests, self.received, self.wire_ids = requests, received, wire_ids
+        self.layout = layout  # the layout routed on (a push may reuse the route while it holds)
         self._result: Optional[Dict[str, np.ndarray]] = None
-        self.abandoned = False
+        self.arrived = self.abandoned = False
 
     @property
     def done(self) -> bool:
-        return self._result is not None or self.abandoned
+        return self.arrived or self.abandoned
 
     def wait(self) -> Dict[str, np.ndarray]:
-        interrupted(self)
         if self._result is None:
-            self.collective(lambda: wait_all(self.requests))
+            self._arrive()
             self._result = self._scatter()
         return self._result
+
+    def wait_stacked(self, names: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """Every table's rows as they arrived (one rows x width array, no copy: row k is the
+        k-th unique id sent, ``wire_ids[k]``) and, for tables ``names`` stacked in that order,
+        each asked id's row in it; None (use ``wait``) unless ``names`` are this pull's tables and
+        their rows share one width and dtype."""
+        by_name = {self.specs[t].name: t for t in self.tables}
+        tables = [by_name.get(name) for name in names]
+        if sorted(t for t in tables if t is not None) != sorted(self.tables) or len(tables) != len(self.tables) or \
+                len({(np.dtype(self.specs[t].dtype), tuple(self.specs[t].shape[1:])) for t in tables}) != 1:
+            return None
+        self._arrive()
+        spec, route = self.specs[tables[0]], self.route
+        where = np.empty(len(route.order), np.int64)  # natural item -> its wire position (its row)
+        where[route.order] = np.arange(len(route.order))
+        asked = [route.offsets[t] + self.tables[t][1].reshape(-1) for t in tables]
+        rows = self.received.view(spec.dtype).reshape((len(route.order),) + tuple(spec.shape[1:]))
+        return rows, where[np.concatenate(asked)]
+
+    def _arrive(self) -> None:
+        interrupted(self)
+        if not self.arrived:
+            self.collective(lambda: wait_all(self.requests))
+            self.arrived = True
 
     def _scatter(self) -> Dict[str, np.ndarray]:
         """Every row asked for (repeats included) moved from where its unique id's row arrived,
