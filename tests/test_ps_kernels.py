@@ -63,7 +63,8 @@ def test_merged_sender_runs_equal_sum_rows_segment_by_segment(dtype):
     id_start = np.concatenate([[0], np.cumsum(counts.sum(0))[:-1]])
     grad_start = np.concatenate([[0], np.cumsum(counts.sum(0) * widths)[:-1]])
     out_ids, out_grads, sums = np.empty_like(ids), np.empty_like(flat), np.zeros(4, np.int64)
-    kernel("rows", "merge_runs")(ids, flat, counts, id_start, grad_start, widths, out_ids, out_grads, sums)
+    first = np.empty_like(ids)
+    kernel("rows", "merge_runs")(ids, flat, counts, id_start, grad_start, widths, out_ids, out_grads, sums, first)
     for s in range(4):
         parts = [(runs[r][s], grads[r][s]) for r in range(3) if counts[r, s]]
         if not parts:
@@ -72,6 +73,8 @@ def test_merged_sender_runs_equal_sum_rows_segment_by_segment(dtype):
         expected_ids, expected = sum_rows(parts)
         n = sums[s]
         assert np.array_equal(out_ids[id_start[s]:id_start[s] + n], expected_ids)
+        items = ids[id_start[s]:id_start[s] + counts[:, s].sum()]  # where each summed id first came
+        assert first[id_start[s]:id_start[s] + n].tolist() == [int(np.flatnonzero(items == i)[0]) for i in expected_ids]
         got = out_grads[grad_start[s]:grad_start[s] + n * widths[s]].reshape(n, widths[s])
         assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
 

@@ -59,7 +59,8 @@ def warm() -> None:
         rows.scatter(values, ids, values.copy())
         rows.sum_into(values.copy(), ids, values)
         flat, counts, start = values.reshape(-1), np.ones((1, 1), np.int64), np.zeros(1, np.int64)
-        rows.merge_runs(ids[:1], flat, counts, start, start, counts[0], ids[:1].copy(), flat.copy(), start.copy())
+        rows.merge_runs(ids[:1], flat, counts, start, start, counts[0], ids[:1].copy(), flat.copy(), start.copy(),
+                        ids[:1].copy())
         rows.sgd(values, ids, values.copy(), one)
         rows.pooled_grad(values.copy(), ids[:1], ids[:1], values, flat[:0])
         rows.momentum(values, values.copy(), ids, values.copy(), one, one)
