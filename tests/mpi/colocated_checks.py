@@ -127,30 +127,29 @@ def check_a_push_of_rows_as_they_arrived_equals_the_per_table_push():
     for bit; NaN on one rank is refused on every rank, nothing applied."""
     specs = [SPECS[0], ParamSpec("c", (200, 4), sparse=True)]
     names = ["c", "a"]  # stacked in another order than the tables'
-    plain = ColocatedTables(specs, lr=LR, comm=ctx, seed=SEED)
-    for replicas in (False, True):
-        stacked = ColocatedTables(specs, lr=LR, comm=ctx, seed=SEED, replicas=replicas)
-        for step in range(STEPS if not replicas else 2):
+    every = {"a": np.arange(300), "c": np.arange(200)}
+    for replicas in (True, False):
+        made = default_init(specs, SEED)  # rows made at start: the owner reuses a read's slots
+        plain = ColocatedTables(specs, lr=LR, comm=ctx, init=made, replicas=replicas)
+        stacked = ColocatedTables(specs, lr=LR, comm=ctx, init=made, replicas=replicas)
+        for step in range(STEPS):
             rng = np.random.default_rng([rank, step, 9])
             mine = {name: np.unique(rng.integers(0, 200, 30)) for name in names}
             grads = {name: (rng.integers(-8, 9, (len(ids), 4)) / 64).astype(np.float32) for name, ids in mine.items()}
-            rows = plain.pull_rows_many_async(mine).wait() if not replicas else None
+            rows = plain.pull_rows_many_async(mine).wait()
             handle = stacked.pull_rows_many_async(mine)
             arrived, at = handle.wait_stacked(names)
-            if rows is not None:
-                assert np.array_equal(arrived[at], np.concatenate([rows[n] for n in names])), (rank, step)
-                plain.push_rows_many_async({n: (mine[n], grads[n]) for n in names}).wait()
-                plain.clock()
+            assert np.array_equal(arrived[at], np.concatenate([rows[n] for n in names])), (rank, step, replicas)
+            plain.push_rows_many_async({n: (mine[n], grads[n]) for n in names}).wait()
             wire = np.empty_like(arrived)
             wire[at] = np.concatenate([grads[n] for n in names])
             stacked.push_stacked_async(handle, wire).wait()
-            stacked.clock()
-        if not replicas:
-            every = {"a": np.arange(300), "c": np.arange(200)}
-            got, want = stacked.pull_rows_many_async(every).wait(), plain.pull_rows_many_async(every).wait()
-            assert all(np.array_equal(got[n], want[n]) for n in every), rank
             plain.clock()
             stacked.clock()
+        got, want = stacked.pull_rows_many_async(every).wait(), plain.pull_rows_many_async(every).wait()
+        assert all(np.array_equal(got[n], want[n]) for n in every), (rank, replicas)
+        plain.clock()
+        stacked.clock()
     assert ColocatedTables(SPECS[:2], comm=ctx, seed=SEED).pull_rows_many_async(
         {"a": np.arange(3), "b": np.arange(3)}).wait_stacked(["a", "b"]) is None  # two widths: per table
     handle = plain.pull_rows_many_async({"a": np.arange(10)})  # the other ranks' pushes leave as they are
