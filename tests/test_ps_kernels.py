@@ -63,7 +63,8 @@ def test_merged_sender_runs_equal_sum_rows_segment_by_segment(dtype):
     id_start = np.concatenate([[0], np.cumsum(counts.sum(0))[:-1]])
     grad_start = np.concatenate([[0], np.cumsum(counts.sum(0) * widths)[:-1]])
     out_ids, out_grads, sums = np.empty_like(ids), np.empty_like(flat), np.zeros(4, np.int64)
-    kernel("rows", "merge_runs")(ids, flat, counts, id_start, grad_start, widths, out_ids, out_grads, sums)
+    first = np.empty_like(ids)
+    kernel("rows", "merge_runs")(ids, flat, counts, id_start, grad_start, widths, out_ids, out_grads, sums, first)
     for s in range(4):
         parts = [(runs[r][s], grads[r][s]) for r in range(3) if counts[r, s]]
         if not parts:
@@ -72,6 +73,8 @@ def test_merged_sender_runs_equal_sum_rows_segment_by_segment(dtype):
         expected_ids, expected = sum_rows(parts)
         n = sums[s]
         assert np.array_equal(out_ids[id_start[s]:id_start[s] + n], expected_ids)
+        items = ids[id_start[s]:id_start[s] + counts[:, s].sum()]  # where each summed id first came
+        assert first[id_start[s]:id_start[s] + n].tolist() == [int(np.flatnonzero(items == i)[0]) for i in expected_ids]
         got = out_grads[grad_start[s]:grad_start[s] + n * widths[s]].reshape(n, widths[s])
         assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
 
@@ -135,6 +138,23 @@ def test_radix_unique_inverse_equals_torch_unique(bits):
         unique, inverse = unique_inverse(keys, bits)
         expected, expected_inverse = torch.unique(torch.from_numpy(keys), sorted=True, return_inverse=True)
         assert np.array_equal(unique, expected.numpy()) and np.array_equal(inverse, expected_inverse.numpy())
+
+
+def test_table_keys_split_keys_and_bag_of_round_trip():
+    table_keys, split_keys, bag_of = (kernel("route", n) for n in ("table_keys", "split_keys", "bag_of"))
+    sizes, counts = np.array([5, 1, 7, 3], np.int64), np.array([4, 0, 6, 2], np.int64)
+    ids = np.concatenate([RNG.integers(0, s, c) for s, c in zip(sizes, counts)]).astype(np.int64)
+    keys, outside = table_keys(ids, counts, sizes)
+    assert outside == -1 and np.array_equal(keys, ids + np.repeat([0, 5, 6, 13], counts))
+    local, starts = split_keys(np.unique(keys), sizes)
+    for t in range(len(sizes)):
+        assert np.array_equal(local[starts[t]:starts[t + 1]], np.unique(ids[sum(counts[:t]):sum(counts[:t + 1])]))
+    bad = ids.copy()
+    bad[5] = 7  # table 2 (7 rows) its second id: one past its last row
+    assert table_keys(bad, counts, sizes)[1] == 5 and table_keys(-ids - 1, counts, sizes)[1] == 0
+    assert np.array_equal(split_keys(np.empty(0, np.int64), sizes)[1], np.zeros(5))
+    lengths = np.array([2, 0, 3, 1], np.int64)
+    assert np.array_equal(bag_of(lengths), np.repeat(np.arange(4), lengths))
 
 
 @pytest.mark.parametrize("scaled", [False, True])

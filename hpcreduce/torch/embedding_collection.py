@@ -65,7 +65,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         self._dims = [config.embedding_dim for config in self._configs for _ in config.feature_names]
         self.store, self.scale, self.context = None, 1.0, None
         self._check = BatchCheck(None, self._keys)
-        self._pending: List[Tuple[BatchPlan, Rows]] = []
+        self._pending: List[Tuple[BatchPlan, Rows, Optional[tuple]]] = []  # and (pull handle, rows at) or None
         self._prefetched: Optional[Tuple[BatchPlan, object]] = None
         self._given: Optional[Rows] = None
         self._given_ids: Dict[str, torch.Tensor] = {}
@@ -145,15 +145,15 @@ class EmbeddingBagCollection(torch.nn.Module):
             else:
                 self.prefetch(features)
                 (routed, handle), self._prefetched = self._prefetched, None
-            pulled = handle.wait()
             if routed.fused is not None:
-                return self._fused_forward(routed, pulled)
+                return self._fused_forward(routed, handle)
+            pulled = handle.wait()
             rows = {name: torch.from_numpy(values) for name, values in pulled.items()}
             inverse = {name: table.inverse for name, table in routed.tables.items()}
             if torch.is_grad_enabled():
                 for leaf in rows.values():
                     leaf.requires_grad_(True)
-                self._pending.append((routed, rows))
+                self._pending.append((routed, rows, None))
         pooled = []
         for config in self._configs:
             table = routed.tables[config.name]
@@ -163,15 +163,23 @@ class EmbeddingBagCollection(torch.nn.Module):
                           .reshape(routed.stride, -1))
         return self._keyed(torch.cat(pooled, dim=1) if len(pooled) > 1 else pooled[0])
 
-    def _fused_forward(self, routed: BatchPlan, pulled: Dict[str, np.ndarray]) -> KeyedTensor:
+    def _fused_forward(self, routed: BatchPlan, handle) -> KeyedTensor:
         """Every table in one lookup over their rows stacked (one leaf; each table's gradient
-        is a view of its gradient)."""
+        is a view of its gradient). Colocated tables' rows are used as they arrived (their
+        handle's ``wait_stacked``: no copy; the push sends the leaf's gradient as it is)."""
         fused, config = routed.fused, self._configs[0]
-        stacked = torch.from_numpy(joined([pulled[c.name] for c in self._configs]))  # a view of the pull's rows
+        arrived = getattr(handle, "wait_stacked", lambda names: None)([c.name for c in self._configs])
+        if arrived is None:
+            pulled = handle.wait()
+            stacked = torch.from_numpy(joined([pulled[c.name] for c in self._configs]))  # a view of the pull's rows
+            inverse, source = fused.inverse, None
+        else:
+            stacked, at = (torch.from_numpy(a) for a in arrived)
+            inverse, source = at[fused.inverse], (handle, at)
         if torch.is_grad_enabled():
             stacked.requires_grad_(True)
-            self._pending.append((routed, {"": stacked}))
-        bags = PooledRows.apply(stacked, fused.inverse, fused.offsets, fused.bag_of, fused.scale)
+            self._pending.append((routed, {"": stacked}, source))
+        bags = PooledRows.apply(stacked, inverse, fused.offsets, fused.bag_of, fused.scale)
         return self._keyed(bags.view(len(self._keys), routed.stride, config.embedding_dim).transpose(0, 1)
                            .reshape(routed.stride, -1))
 
@@ -185,7 +193,11 @@ class EmbeddingBagCollection(torch.nn.Module):
         under ``no_grad``) still pushes, no rows, on every trainer alike (a colocated push is collective)."""
         pending, self._pending = self._pending, []
         grads: Dict[str, List[Tuple[torch.Tensor, Grad]]] = {c.name: [] for c in self._configs}
-        for routed, rows in pending:
+        if len(pending) == 1 and pending[0][2] is not None and pending[0][1][""].grad is not None:
+            (handle, _), grad = pending[0][2], pending[0][1][""].grad
+            return self._bound().push_stacked_async(handle, (grad * self.scale if self.scale != 1.0 else grad)
+                                                    .detach().numpy())
+        for routed, rows, source in pending:
             for name, leaf in rows.items():
                 if leaf.grad is None:
                     continue
@@ -193,6 +205,8 @@ class EmbeddingBagCollection(torch.nn.Module):
                 if name:
                     grads[name].append((routed.tables[name].unique, grad))
                     continue
+                if source is not None:  # rows as they arrived: each table's in stacked order
+                    grad = grad[source[1]]
                 whole = grad.detach().numpy()  # fused: views of one array (the push sends it uncopied)
                 for start, (table, part) in zip(routed.fused.starts, routed.tables.items()):
                     grads[table].append((part.unique, whole[start:start + len(part.unique)]))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ..ps.kernels import kernel
@@ -22,6 +23,7 @@ from .embedding_configs import EmbeddingBagConfig
 from .jagged import KeyedJaggedTensor
 
 UNIQUE_INVERSE = kernel("route", "unique_inverse")  # torch.unique(sorted, return_inverse) by a radix sort
+TABLE_KEYS, SPLIT_KEYS, BAG_OF = (kernel("route", name) for name in ("table_keys", "split_keys", "bag_of"))
 
 
 @dataclass
@@ -117,24 +119,21 @@ def plan(configs: Sequence[EmbeddingBagConfig], features: KeyedJaggedTensor, wei
 
 
 def _unique_fixed(configs: Sequence[EmbeddingBagConfig], joined) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Fixed tables deduplicated in one ``torch.unique``: table t's ids shifted by the rows of
-    the tables before it (after checking they are inside it). Per table (unique ids, inverse,
-    the inverse into every table's unique ids together: the fused lookup's)."""
-    sizes = torch.tensor([c.num_embeddings for c in configs])
-    bases = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
-    counts = torch.tensor([len(ids) for ids, _, _ in joined])
-    table_of = torch.repeat_interleave(torch.arange(len(configs)), counts)
-    ids = torch.cat([ids for ids, _, _ in joined])
-    outside = (ids < 0) | (ids >= sizes[table_of])  # every table's range checked in one pass
-    if bool(outside.any()):
-        first = int(table_of[outside][0])
+    """Fixed tables deduplicated in one compiled radix unique: table t's ids shifted by the rows
+    of the tables before it (checked inside it in the same pass). Per table (unique ids,
+    inverse, the inverse into every table's unique ids together: the fused lookup's)."""
+    sizes = np.array([c.num_embeddings for c in configs], np.int64)
+    counts = np.array([len(ids) for ids, _, _ in joined], np.int64)
+    ids = torch.cat([ids for ids, _, _ in joined]) if len(joined) > 1 else joined[0][0]
+    keys, outside = TABLE_KEYS(ids.numpy(), counts, sizes)
+    if outside >= 0:
+        first = int(np.searchsorted(np.cumsum(counts), outside, side="right"))
         _check_range(configs[first], torch.unique(joined[first][0]))
-    keys = ids + bases[table_of]
-    bits = max(int(bases[-1]) - 1, 1).bit_length()  # every key is below the tables' rows together
-    unique, inverse = (torch.from_numpy(a) for a in UNIQUE_INVERSE(keys.numpy(), bits))
-    row_starts = torch.searchsorted(unique, bases)
-    local = unique - torch.repeat_interleave(bases[:-1], torch.diff(row_starts))  # each table's own ids, one pass
-    rows, values = row_starts.tolist(), [0] + counts.cumsum(0).tolist()
+    bits = max(int(sizes.sum()) - 1, 1).bit_length()  # every key is below the tables' rows together
+    unique, inverse = UNIQUE_INVERSE(keys, bits)
+    local, starts = SPLIT_KEYS(unique, sizes)  # each table's own ids, one pass
+    local, inverse = torch.from_numpy(local), torch.from_numpy(inverse)
+    rows, values = starts.tolist(), [0] + np.cumsum(counts).tolist()
     return [(local[rows[t]:rows[t + 1]], inverse[values[t]:values[t + 1]] - rows[t], inverse)
             for t in range(len(configs))]
 
@@ -154,7 +153,7 @@ def _fused(tables: List[TableBatch], lengths: torch.Tensor, inverse: Optional[to
     if inverse is None:
         inverse = torch.cat([t.inverse + base for t, base in zip(tables, rows)])
     offsets = torch.cumsum(lengths, 0) - lengths  # every bag's start, in table order
-    bag_of = torch.repeat_interleave(torch.arange(len(offsets)), lengths)
+    bag_of = torch.from_numpy(BAG_OF(np.ascontiguousarray(lengths.numpy())))
     scale = None if tables[0].weights is None else torch.cat([t.weights for t in tables])
     if mode == "mean":
         scale = 1.0 / lengths.clamp(min=1).to(torch.float32)[bag_of]

@@ -121,6 +121,45 @@ def check_equals_a_dedicated_server_run():
         role.serve()
 
 
+def check_a_push_of_rows_as_they_arrived_equals_the_per_table_push():
+    """``wait_stacked`` + ``push_stacked_async`` (the collection's path: no regrouping without
+    replicas, through the per-table push with them) give the rows the per-table calls give, bit
+    for bit; NaN on one rank is refused on every rank, nothing applied."""
+    specs = [SPECS[0], ParamSpec("c", (200, 4), sparse=True)]
+    names = ["c", "a"]  # stacked in another order than the tables'
+    every = {"a": np.arange(300), "c": np.arange(200)}
+    for replicas in (True, False):
+        made = default_init(specs, SEED)  # rows made at start: the owner reuses a read's slots
+        plain = ColocatedTables(specs, lr=LR, comm=ctx, init=made, replicas=replicas)
+        stacked = ColocatedTables(specs, lr=LR, comm=ctx, init=made, replicas=replicas)
+        for step in range(STEPS):
+            rng = np.random.default_rng([rank, step, 9])
+            mine = {name: np.unique(rng.integers(0, 200, 30)) for name in names}
+            grads = {name: (rng.integers(-8, 9, (len(ids), 4)) / 64).astype(np.float32) for name, ids in mine.items()}
+            rows = plain.pull_rows_many_async(mine).wait()
+            handle = stacked.pull_rows_many_async(mine)
+            arrived, at = handle.wait_stacked(names)
+            assert np.array_equal(arrived[at], np.concatenate([rows[n] for n in names])), (rank, step, replicas)
+            plain.push_rows_many_async({n: (mine[n], grads[n]) for n in names}).wait()
+            wire = np.empty_like(arrived)
+            wire[at] = np.concatenate([grads[n] for n in names])
+            stacked.push_stacked_async(handle, wire).wait()
+            plain.clock()
+            stacked.clock()
+        got, want = stacked.pull_rows_many_async(every).wait(), plain.pull_rows_many_async(every).wait()
+        assert all(np.array_equal(got[n], want[n]) for n in every), (rank, replicas)
+        plain.clock()
+        stacked.clock()
+    assert ColocatedTables(SPECS[:2], comm=ctx, seed=SEED).pull_rows_many_async(
+        {"a": np.arange(3), "b": np.arange(3)}).wait_stacked(["a", "b"]) is None  # two widths: per table
+    handle = plain.pull_rows_many_async({"a": np.arange(10)})  # the other ranks' pushes leave as they are
+    before, at = handle.wait_stacked(["a"])
+    before = before[at].copy()
+    bad = np.ones((10, 4), np.float32) * (np.nan if rank == size - 1 else 1)
+    expect(PSInputError, "NaN or Inf", lambda: plain.push_stacked_async(handle, bad).wait())
+    assert np.array_equal(plain.pull_rows_many_async({"a": np.arange(10)}).wait()["a"], before)
+
+
 def check_bad_input_raises_on_every_rank_and_changes_nothing():
     tables = ColocatedTables(SPECS, lr=LR, comm=ctx, seed=SEED)
     ids = np.arange(10)
@@ -165,6 +204,7 @@ def check_tables_declared_differently_are_refused_everywhere():
 check_bsp_sgd_matches_the_reference_and_replicas_match_their_shards()
 check_a_step_pushed_twice_is_applied_once()
 check_equals_a_dedicated_server_run()
+check_a_push_of_rows_as_they_arrived_equals_the_per_table_push()
 check_bad_input_raises_on_every_rank_and_changes_nothing()
 check_tables_declared_differently_are_refused_everywhere()
 if rank == 0:

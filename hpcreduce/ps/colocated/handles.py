@@ -37,24 +37,48 @@ class PullHandle:
 
     def __init__(self, specs: Sequence[ParamSpec], tables: Dict[int, Tuple[np.ndarray, np.ndarray]],
                  route: Route, row_bytes: np.ndarray, requests: List[MPI.Request], received: np.ndarray,
-                 collective: Collective):
+                 collective: Collective, wire_ids: np.ndarray, layout: object):
         self.specs, self.tables, self.route, self.row_bytes = specs, tables, route, row_bytes
         self.unit = word(row_bytes)
         self.collective = collective
-        self.requests, self.received = requests, received
+        self.requests, self.received, self.wire_ids = requests, received, wire_ids
+        self.layout = layout  # the layout routed on (a push may reuse the route while it holds)
         self._result: Optional[Dict[str, np.ndarray]] = None
-        self.abandoned = False
+        self.arrived = self.abandoned = False
 
     @property
     def done(self) -> bool:
-        return self._result is not None or self.abandoned
+        return self.arrived or self.abandoned
 
     def wait(self) -> Dict[str, np.ndarray]:
-        interrupted(self)
         if self._result is None:
-            self.collective(lambda: wait_all(self.requests))
+            self._arrive()
             self._result = self._scatter()
         return self._result
+
+    def wait_stacked(self, names: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """Every table's rows as they arrived (one rows x width array, no copy: row k is the
+        k-th unique id sent, ``wire_ids[k]``) and, for tables ``names`` stacked in that order,
+        each asked id's row in it; None (use ``wait``) unless ``names`` are this pull's tables and
+        their rows share one width and dtype."""
+        by_name = {self.specs[t].name: t for t in self.tables}
+        tables = [by_name.get(name) for name in names]
+        if sorted(t for t in tables if t is not None) != sorted(self.tables) or len(tables) != len(self.tables) or \
+                len({(np.dtype(self.specs[t].dtype), tuple(self.specs[t].shape[1:])) for t in tables}) != 1:
+            return None
+        self._arrive()
+        spec, route = self.specs[tables[0]], self.route
+        where = np.empty(len(route.order), np.int64)  # natural item -> its wire position (its row)
+        where[route.order] = np.arange(len(route.order))
+        asked = [route.offsets[t] + self.tables[t][1].reshape(-1) for t in tables]
+        rows = self.received.view(spec.dtype).reshape((len(route.order),) + tuple(spec.shape[1:]))
+        return rows, where[np.concatenate(asked)]
+
+    def _arrive(self) -> None:
+        interrupted(self)
+        if not self.arrived:
+            self.collective(lambda: wait_all(self.requests))
+            self.arrived = True
 
     def _scatter(self) -> Dict[str, np.ndarray]:
         """Every row asked for (repeats included) moved from where its unique id's row arrived,
@@ -129,31 +153,35 @@ class PushHandle:
         grads = regroup(self.received[1], incoming * self.row_bytes)
         first_id, first_grad = offsets(incoming.sum(0)), offsets((incoming * self.row_bytes).sum(0))
         duplicates = {t: 0 for t in self.tables}
-        for s, summed_ids, summed_grads in self._summed(ids, grads, first_id, first_grad):
+        for s, summed_ids, summed_grads, came in self._summed(ids, grads, first_id, first_grad):
             t = s % tables
-            duplicates[t] += not self.stores[s // tables].apply(t, summed_ids, summed_grads, self.step)
+            items = ids[first_id[s]:first_id[s] + int(incoming[:, s].sum())]
+            duplicates[t] += not self.stores[s // tables].apply(t, summed_ids, summed_grads, self.step,
+                                                                None if came is None else (items, came))
         return {self.specs[t].name: PushResult(int(np.count_nonzero(self.route.counts[:, t])), duplicates[t])
                 for t in self.tables}
 
     def _summed(self, ids: np.ndarray, grads: np.ndarray, first_id: np.ndarray, first_grad: np.ndarray
-                ) -> Iterator[Tuple[int, np.ndarray, np.ndarray]]:
-        """(segment, its ids summed, their gradients) for every segment that received items:
-        every segment in one compiled merge of the senders' sorted runs when the tables share
-        one float dtype, else ``updates.sum_rows`` segment by segment (the same sums)."""
+                ) -> Iterator[Tuple[int, np.ndarray, np.ndarray, Optional[np.ndarray]]]:
+        """(segment, its ids summed, their gradients, where each first came among the segment's
+        items or None) for every segment that received items: every segment in one compiled
+        merge of the senders' sorted runs when the tables share one float dtype, else
+        ``updates.sum_rows`` segment by segment (the same sums)."""
         tables, incoming = len(self.specs), self.incoming
         dtypes = {np.dtype(spec.dtype) for spec in self.specs}
         shapes = [tuple(self.specs[s % tables].shape[1:]) for s in range(incoming.shape[1])]
         if len(dtypes) == 1 and dtypes <= set(FUSED_DTYPES):
             dtype = dtypes.pop()
             flat = grads.view(dtype)
-            out_ids, out_grads = np.empty_like(ids), np.empty_like(flat)
+            out_ids, out_grads, came = np.empty_like(ids), np.empty_like(flat), np.empty_like(ids)
             sums = np.zeros(incoming.shape[1], np.int64)
             widths = self.row_bytes // dtype.itemsize
             MERGE_RUNS(ids, flat, np.ascontiguousarray(incoming), first_id, first_grad // dtype.itemsize, widths,
-                       out_ids, out_grads, sums)
+                       out_ids, out_grads, sums, came)
             for s in np.flatnonzero(sums).tolist():
                 n, at, row = int(sums[s]), int(first_id[s]), int(first_grad[s]) // dtype.itemsize
-                yield s, out_ids[at:at + n], out_grads[row:row + n * int(widths[s])].reshape((n,) + shapes[s])
+                yield s, out_ids[at:at + n], out_grads[row:row + n * int(widths[s])].reshape((n,) + shapes[s]), \
+                    came[at:at + n]
             return
         for s in range(incoming.shape[1]):
             count = int(incoming[:, s].sum())
@@ -165,7 +193,7 @@ class PushHandle:
             bounds = np.cumsum(incoming[:, s])[:-1]
             parts = [(i, g) for i, g in zip(np.split(ids[first_id[s]:first_id[s] + count], bounds),
                                             np.split(rows, bounds)) if len(i)]
-            yield (s, *sum_rows(parts))
+            yield (s, *sum_rows(parts), None)
 
 
 def interrupted(handle) -> None:

@@ -125,7 +125,7 @@ class ColocatedTables:
         request = self.comm.Ialltoallv(byte_spec(reply, (incoming * self.row_bytes).sum(1)),
                                        byte_spec(received, (sent.counts * self.row_bytes).sum(1)))
         handle = PullHandle(self.layout.specs, tables, sent, self.row_bytes, sends + [request], received,
-                            self._collective)
+                            self._collective, ids, self.layout)
         self._pulls = [h for h in self._pulls if not h.done] + [handle]
         return handle
 
@@ -155,6 +155,48 @@ class ColocatedTables:
         handle = PushHandle(self.layout.specs, sorted(tables), self.clock_value, sent, row_bytes, sends,
                             lambda: self._receive(call, len(dests)), stores, self._collective, self._commit,
                             self._settle)
+        self._pushes.append(handle)
+        return handle
+
+    def push_stacked_async(self, pulled: PullHandle, grads: np.ndarray) -> PushHandle:
+        """``push_rows_many_async`` of the gradients of ``pulled``'s ids laid out as its rows
+        arrived (``PullHandle.wait_stacked``: row k for ``pulled.wire_ids[k]``). The same
+        messages; without replicas they leave as they are (the pull's route, no regrouping),
+        else (or when they need its checks: a wrong shape or dtype, NaN or Inf) through it."""
+        self._check_open("push_stacked_async()")
+        if self._pushed_as_is(pulled, grads):
+            self._settle()
+            return self._collective(lambda: self._push_as_pulled(pulled, grads))
+        route, tables = pulled.route, sorted(pulled.tables)
+        if not (isinstance(grads, np.ndarray) and grads.shape[:1] == pulled.wire_ids.shape):
+            grads = np.empty((len(pulled.wire_ids), 0))  # refused by the push's checks, on every rank
+        natural = np.empty(len(route.order), np.int64)  # natural item -> its row in grads
+        natural[route.order] = np.arange(len(route.order))
+        return self.push_rows_many_async({self.layout.specs[t].name: (
+            pulled.tables[t][0], grads[natural[route.offsets[t]:route.offsets[t] + len(pulled.tables[t][0])]])
+            for t in tables})
+
+    def _pushed_as_is(self, pulled: PullHandle, grads) -> bool:
+        """Whether ``grads`` can leave as they are: no replicas, the pull not abandoned and made
+        on this layout (not before a recovery), one
+        row width and dtype over its tables, and gradients of that shape and dtype, finite."""
+        if self.replica is not None or pulled.abandoned or pulled.layout is not self.layout or not pulled.tables \
+                or not isinstance(grads, np.ndarray):
+            return False
+        first = self.layout.specs[min(pulled.tables)]
+        return len({self.row_bytes[t] for t in pulled.tables}) == 1 and grads.dtype == np.dtype(first.dtype) and \
+            grads.shape == pulled.wire_ids.shape + tuple(first.shape[1:]) and grads.flags.c_contiguous and \
+            bool(np.isfinite(grads).all())
+
+    def _push_as_pulled(self, pulled: PullHandle, grads: np.ndarray) -> PushHandle:
+        """The push of ``push_stacked_async``'s fast case: the pull's ids and route, ``grads`` as they are."""
+        tables, sent = sorted(pulled.tables), pulled.route
+        call = self._call("push_rows_many", None, tables)
+        sends = self._post(call, sent.counts, [(pulled.wire_ids.view(np.uint8), np.full(sent.segments, ID_BYTES)),
+                                               (grads.reshape(-1).view(np.uint8), self.row_bytes)])
+        handle = PushHandle(self.layout.specs, tables, self.clock_value, sent, self.row_bytes, sends,
+                            lambda: self._receive(call, sent.segments), [self.store], self._collective,
+                            self._commit, self._settle)
         self._pushes.append(handle)
         return handle
 

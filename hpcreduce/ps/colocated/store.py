@@ -28,7 +28,7 @@ from ..optimizers import Optimizer
 from ..placement import Placement
 from ..shard_state import make_row_store
 from ..tables import Dynamic, ParamSpec, initial_rows
-from ..updates import gather_rows
+from ..updates import gather_rows, update_rows
 
 Exported = Tuple[np.ndarray, np.ndarray, Dict[str, np.ndarray]]
 HEAT = ("last_used", "uses")  # a dynamic row's use counters, carried beside its optimizer state
@@ -52,6 +52,7 @@ class ShardStore:
         self.lazy = lazy
         self.last_step = {t: -1 for t in tables}
         self.events: Counter = Counter()
+        self._read: Dict[int, Tuple[np.ndarray, np.ndarray, object]] = {}  # t -> the last rows read: ids, slots, index
 
     @classmethod
     def create(cls, placement: Placement, key: int, init: Optional[PartInit],
@@ -87,6 +88,7 @@ class ShardStore:
         if (local < 0).any():
             raise RuntimeError(f"shard {self.key} asked for row {int(ids[np.argmax(local < 0)])} of table "
                                f"{self.specs[t].name!r}, which it does not hold (placements differ)")
+        self._read[t] = (ids, local, table.position)
         return gather_rows(table.values, local)
 
     def _made(self, t: int, ids: np.ndarray) -> np.ndarray:
@@ -99,13 +101,22 @@ class ShardStore:
             slots[new] = table.take(ids[new], initial_rows(table.spec, ids[new]), {})
         return slots
 
-    def apply(self, t: int, ids: np.ndarray, grads: np.ndarray, step: int) -> bool:
+    def apply(self, t: int, ids: np.ndarray, grads: np.ndarray, step: int,
+              came: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> bool:
         """One optimizer update of rows ``ids`` (sorted, unique) of table ``t`` for ``step``;
-        False (nothing changed) when that step was applied already."""
+        False (nothing changed) when that step was applied already. ``came``: (the items the
+        ids were summed from, where each id first came among them): when those are the ids the
+        last ``rows`` of a fixed table read, the rows' slots are known (no second probe)."""
         if step <= self.last_step[t]:
             return False
         if len(ids):
-            self.tables[t].apply(ids, grads, self.optimizers[t], step + 1, self.events)
+            read = self._read.pop(t, None)
+            table = self.tables[t]
+            if came is not None and read is not None and read[2] is getattr(table, "position", None) and \
+                    np.array_equal(read[0], came[0]):
+                update_rows(table, read[1][came[1]], grads, self.optimizers[t], step + 1)
+            else:
+                table.apply(ids, grads, self.optimizers[t], step + 1, self.events)
         self.last_step[t] = step
         return True
 

@@ -48,6 +48,9 @@ def warm() -> None:
     route.owners(ids, np.ones(2, np.uint64))
     route.group(ids, 1)
     route.unique_inverse(ids, 1)
+    route.table_keys(ids, ids[:1] + 1, ids[:1] + 1)
+    route.split_keys(ids, ids[:1] + 1)
+    route.bag_of(ids[:1] + 1)
     normal.counter_normal(np.uint64(1), ids, 1.0, np.zeros(1, np.float32))
     normal.counter_normal(np.uint64(1), ids.view(np.uint64), 1.0, np.zeros(1, np.float32))
     for dtype in (np.float32, np.float64):
@@ -56,7 +59,8 @@ def warm() -> None:
         rows.scatter(values, ids, values.copy())
         rows.sum_into(values.copy(), ids, values)
         flat, counts, start = values.reshape(-1), np.ones((1, 1), np.int64), np.zeros(1, np.int64)
-        rows.merge_runs(ids[:1], flat, counts, start, start, counts[0], ids[:1].copy(), flat.copy(), start.copy())
+        rows.merge_runs(ids[:1], flat, counts, start, start, counts[0], ids[:1].copy(), flat.copy(), start.copy(),
+                        ids[:1].copy())
         rows.sgd(values, ids, values.copy(), one)
         rows.pooled_grad(values.copy(), ids[:1], ids[:1], values, flat[:0])
         rows.momentum(values, values.copy(), ids, values.copy(), one, one)

@@ -71,3 +71,54 @@ def unique_inverse(keys, bits):
             unique[u] = sorted_keys[i]
         inverse[order[i]] = u
     return unique[:u + 1].copy(), inverse
+
+
+@njit(nogil=True, cache=True)
+def table_keys(ids, counts, sizes):
+    """Ids of tables looked up one after another (``counts[t]`` of table t, whose ids are in
+    [0, ``sizes[t]``)) as keys over every table's rows together (table t's ids shifted past the
+    rows of the tables before it); (keys, the first id outside its table or -1)."""
+    keys = np.empty(len(ids), np.int64)
+    k, base = 0, 0
+    for t in range(len(counts)):
+        for _ in range(counts[t]):
+            value = ids[k]
+            if value < 0 or value >= sizes[t]:
+                return keys, k
+            keys[k] = value + base
+            k += 1
+        base += sizes[t]
+    return keys, -1
+
+
+@njit(nogil=True, cache=True)
+def split_keys(unique, sizes):
+    """Sorted unique keys (``table_keys``') back to each table's ids; (ids, where each table's
+    start among them, one more entry: the end)."""
+    local = np.empty(len(unique), np.int64)
+    starts = np.empty(len(sizes) + 1, np.int64)
+    t, base, end = 0, 0, sizes[0] if len(sizes) else 0
+    starts[0] = 0
+    for i in range(len(unique)):
+        while unique[i] >= end:
+            t += 1
+            starts[t] = i
+            base = end
+            end += sizes[t]
+        local[i] = unique[i] - base
+    while t < len(sizes):
+        t += 1
+        starts[t] = len(unique)
+    return local, starts
+
+
+@njit(nogil=True, cache=True)
+def bag_of(lengths):
+    """For bags of ``lengths`` laid one after another: each item's bag."""
+    out = np.empty(lengths.sum(), np.int64)
+    k = 0
+    for b in range(len(lengths)):
+        for _ in range(lengths[b]):
+            out[k] = b
+            k += 1
+    return out

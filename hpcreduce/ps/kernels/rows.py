@@ -86,12 +86,13 @@ def adam(values, m, v, local, grads, lr, beta1, beta2, one_minus1, one_minus2, c
 
 
 @njit(nogil=True, cache=True)
-def merge_runs(ids, grads, counts, id_start, grad_start, widths, out_ids, out_grads, out_counts):
+def merge_runs(ids, grads, counts, id_start, grad_start, widths, out_ids, out_grads, out_counts, out_first):
     """Per segment s: its items (``ids``, rows of ``widths[s]`` elements in the flat ``grads``)
     come as one sorted run of unique ids per sender r (``counts[r, s]`` items, senders in order,
     from ``id_start[s]`` / ``grad_start[s]``); each id's rows summed in sender order into
     ``out_ids`` / ``out_grads`` at the same starts, ``out_counts[s]`` ids: the sums
-    ``updates.sum_rows`` makes (0 + each sender's row, in order; a lone run copied), bit for bit."""
+    ``updates.sum_rows`` makes (0 + each sender's row, in order; a lone run copied), bit for bit.
+    ``out_first``: where each summed id first came among its segment's items."""
     senders = counts.shape[0]
     at = np.empty(senders, np.int64)
     end = np.empty(senders, np.int64)
@@ -111,12 +112,15 @@ def merge_runs(ids, grads, counts, id_start, grad_start, widths, out_ids, out_gr
             if not found:
                 break
             out_ids[id_start[s] + n] = low
+            came = -1
             row = grad_start[s] + n * width
             if runs > 1:
                 for j in range(width):
                     out_grads[row + j] = 0
             for r in range(senders):
                 if at[r] < end[r] and ids[at[r]] == low:
+                    if came < 0:
+                        came = at[r] - id_start[s]
                     src = grad_start[s] + (at[r] - id_start[s]) * width
                     if runs > 1:
                         for j in range(width):
@@ -125,6 +129,7 @@ def merge_runs(ids, grads, counts, id_start, grad_start, widths, out_ids, out_gr
                         for j in range(width):
                             out_grads[row + j] = grads[src + j]
                     at[r] += 1
+            out_first[id_start[s] + n] = came
             n += 1
         out_counts[s] = n
 
