@@ -33,12 +33,18 @@ class Shape:
 
 
 class EmbeddingBags(torch.nn.Module):
-    """One ``nn.EmbeddingBag(rows, dim, mode="sum", sparse=True)`` per field; ids (B, F, L) -> (B, F, dim)."""
+    """One ``nn.EmbeddingBag(rows, dim, mode="sum", sparse=True)`` per field; ids (B, F, L) -> (B, F, dim).
+    Rows drawn as TorchRec's and hpcreduce's tables draw them by default, uniform in
+    +-sqrt(1 / rows) (torch's own default, N(0, 1), made the peers' losses incomparable)."""
 
     def __init__(self, shape: Shape):
         super().__init__()
         self.bags = torch.nn.ModuleList(torch.nn.EmbeddingBag(shape.rows, shape.dim, mode="sum", sparse=True)
                                         for _ in range(shape.fields))
+        bound = (1.0 / shape.rows) ** 0.5
+        with torch.no_grad():
+            for bag in self.bags:
+                bag.weight.uniform_(-bound, bound)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.stack([bag(ids[:, field]) for field, bag in enumerate(self.bags)], dim=1)
