@@ -17,12 +17,23 @@ TESTS = Path(__file__).resolve().parent
 MPI_SCRIPTS = TESTS / "mpi"
 
 
+# mpirun's own start failing before any rank ran (Open MPI 5's PMIx server could not open its
+# listener; seen once in this round's six runs of the suite): not what a test tests, so it runs once more.
+LAUNCHER_DID_NOT_START = "The PMIx server's listener thread failed to start"
+
+
 def run_job(argv: Sequence[str], *, timeout: float, env: Optional[Dict[str, str]] = None,
             cwd: Optional[str] = None) -> jobs.JobResult:
-    """Run ``argv`` as a job of its own; past ``timeout`` seconds kill it whole and fail."""
-    result = jobs.run_job(argv, timeout=timeout, env=env, cwd=cwd, grace=0)
-    if result.timed_out:
-        raise AssertionError(f"timed out after {timeout} s (a hang is a bug): {result.command}\n{result.output}")
+    """Run ``argv`` as a job of its own; past ``timeout`` seconds kill it whole and fail. A job
+    whose mpirun did not start (``LAUNCHER_DID_NOT_START``) is run once more, saying so."""
+    for attempt in (1, 2):
+        result = jobs.run_job(argv, timeout=timeout, env=env, cwd=cwd, grace=0)
+        if result.timed_out:
+            raise AssertionError(f"timed out after {timeout} s (a hang is a bug): {result.command}\n{result.output}")
+        if attempt == 2 or LAUNCHER_DID_NOT_START not in result.output:
+            return result
+        print(f"mpi_run: mpirun did not start ({LAUNCHER_DID_NOT_START}); running it once more: {result.command}",
+              file=sys.stderr)
     return result
 
 
