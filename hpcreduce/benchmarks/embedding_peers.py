@@ -13,8 +13,8 @@
   trains (where ``hpcreduce.ps.colocated`` exists).
 
 A candidate that cannot run here is left out on every rank, with the reason in the JSON. The
-rest are timed interleaved (``timing.interleaved_medians``, each round starting one candidate
-later), ``STEPS_PER_CALL`` steps a call, one torch thread per rank, SGD everywhere. Reported
+rest are timed interleaved (``timing.interleaved_medians``, each round in another order),
+``STEPS_PER_CALL`` steps a call, one torch thread per rank, SGD everywhere. Reported
 per candidate: examples/s (training ranks x ``--batch`` / step time) and its ratio to TorchRec's
 (``vs_torchrec``, where TorchRec ran), the loss of its last step
 (every candidate takes the same number of steps on the same batches), the bytes the busiest
@@ -75,7 +75,7 @@ def measure(context: Context, args) -> Dict[str, object]:
         built[name].steps(1)
         added_rss[name] = comm.allgather(rss_bytes() - before)
     medians = interleaved_medians(comm, {name: lambda c=c: c.steps(STEPS_PER_CALL) for name, c in built.items()},
-                                  warmup=args.warmup, iterations=args.iterations, rotate=True) if built else {}
+                                  warmup=args.warmup, iterations=args.iterations, shuffle=True) if built else {}
     sent = {name: comm.allreduce(c.bytes_per_step, op=MPI.MAX) for name, c in built.items()}  # the busiest trainer
     losses = {name: [x for x in comm.allgather(c.loss()) if x is not None] for name, c in built.items()}
     rows = {name: {"step_s": medians[name] / STEPS_PER_CALL, "trainers": c.trainers,

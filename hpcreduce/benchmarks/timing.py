@@ -19,15 +19,16 @@ Call = Callable[[], object]
 
 
 def interleaved_medians(comm: MPI.Intracomm, candidates: Dict[str, Call], *,
-                        warmup: int, iterations: int, rotate: bool = False) -> Dict[str, float]:
-    """Median seconds per call of each candidate, calls interleaved round-robin (with ``rotate``,
-    each round starts one candidate later, so none always follows the same one: a candidate
-    that leaves threads busy, as torch's gloo does, slows every candidate alike)."""
+                        warmup: int, iterations: int, shuffle: bool = False) -> Dict[str, float]:
+    """Median seconds per call of each candidate, calls interleaved round by round (with
+    ``shuffle``, each round in another order, the same on every rank, so no candidate keeps
+    following the same one: one that leaves threads busy, as torch's gloo does, slows every
+    candidate alike; a rotation of one order would leave it slowing its successor nearly always)."""
     names = list(candidates)
     times = np.zeros((len(names), iterations))
     for round_index in range(warmup + iterations):
-        shift = round_index % len(names) if rotate else 0
-        for row, name in [(row, names[row]) for row in (*range(shift, len(names)), *range(shift))]:
+        order = np.random.default_rng(round_index).permutation(len(names)) if shuffle else range(len(names))
+        for row, name in [(int(row), names[row]) for row in order]:
             comm.Barrier()
             start = time.perf_counter()
             candidates[name]()

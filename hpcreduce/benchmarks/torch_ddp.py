@@ -2,7 +2,7 @@
 
 Per model (``mlp``: 6 x 512-wide linear layers, 6.3 MB of gradients; ``cnn``: convolutions whose
 backward takes longer than the reduction), every candidate of ``torch_peers`` steps in turn,
-interleaved round by round (each round starting one candidate later), one torch thread per rank,
+interleaved round by round (each round in another order), one torch thread per rank,
 the same batch and the same starting parameters: median step times, each relative to torch DDP's
 and to the plain loop's, and the share of the plain loop's communication (its step minus
 ``compute``) that the wrapper hides. Then torch DDP and the wrapper train 30 steps more from the
@@ -42,7 +42,7 @@ def run(context: Context, args) -> Dict[str, object]:
         steps, modules, kept = candidates(model, comm, BATCH[model], initial, args.bucket_cap_mb)
         cpu: Dict[str, List[float]] = {name: [] for name in steps}
         medians = interleaved_medians(comm, {name: with_cpu_time(step, cpu[name]) for name, step in steps.items()},
-                                      warmup=args.warmup, iterations=args.iterations, rotate=True)
+                                      warmup=args.warmup, iterations=args.iterations, shuffle=True)
         wrapper = modules["hpcreduce_ddp"]
         row: Dict[str, object] = {"model": model, "batch_per_rank": BATCH[model], "step_s": medians,
                                   "cpu_s": {name: statistics.median(times[args.warmup:])
