@@ -45,10 +45,15 @@ def test_a_rank_that_computes_no_gradients_is_not_a_straggler():
 def test_factor_for_and_slow_down_take_factor_times_as_long():
     fault = FaultConfig(slow=[(2, 3.0)])
     assert factor_for(fault, 2) == 3.0 and factor_for(fault, 0) == 1.0
-    started = time.perf_counter()
-    with slow_down(3.0):
-        time.sleep(0.05)
+    started, cpu = time.perf_counter(), time.process_time()
+    with slow_down(3.0):  # 50 ms of compute
+        while time.process_time() - cpu < 0.05:
+            pass
     assert time.perf_counter() - started >= 0.15
+    started = time.perf_counter()
+    with slow_down(1000.0):  # paused, not computing (as a rank descheduled by the others): not stretched
+        time.sleep(0.05)
+    assert time.perf_counter() - started < 5.0
     with pytest.raises(KeyError), slow_down(50.0):  # an error ends the block without the sleep
         raise KeyError("model")
 
@@ -72,8 +77,9 @@ def test_a_slowed_rank_computes_longer_and_changes_nothing(tmp_path, mode, slowe
     final = [json.loads((tmp_path / name).read_text())["final"] for name in ("plain.json", "slow.json")]
     assert final[0]["checksum"] == final[1]["checksum"] and final[0]["loss"] == final[1]["loss"]
     medians = compute_medians(tmp_path / "slow.trace.json")
-    # not a speed assertion: the injection works (4x expected; > 2 whatever the machine's noise)
-    assert all(medians[slowed] > 2 * medians[rank] for rank in others), medians
+    # not a speed assertion: the injection works (4x the CPU time expected; > 2x the fastest other rank's
+    # whatever the machine's noise: a rank that shares its core with another computes longer without being slowed)
+    assert medians[slowed] > 2 * min(medians[rank] for rank in others), medians
 
 
 def test_a_straggler_that_does_not_exist_is_refused_on_every_rank():

@@ -7,7 +7,11 @@
 ``slow_down`` times the block and then sleeps (factor - 1) x that time, so the block
 with its sleep lasts factor x as long as the block alone, however fast or slow the
 machine is today: a rank that really is slower (another job on its cores, a smaller
-GPU), not a fixed delay. The sleep gives its cores to the other ranks.
+GPU), not a fixed delay. The sleep gives its cores to the other ranks. The block's time
+is the lesser of its wall time and the process's CPU time over it: a block the scheduler
+paused (other ranks on its core) is not stretched by the pause x factor (a 0.1 ms unit
+paused for 150 ms once slept 150 s at factor 1000), and a block on several threads
+counts its wall time.
 Cost: none on the wire; factor - 1 times the block's time on the slowed rank.
 """
 from __future__ import annotations
@@ -26,11 +30,11 @@ def factor_for(fault: FaultConfig, stable_id: int) -> float:
 
 @contextmanager
 def slow_down(factor: float) -> Iterator[None]:
-    """Around a compute block: afterwards sleep (factor - 1) x the block's measured time
-    (nothing at 1.0; nothing either when the block raises)."""
+    """Around a compute block: afterwards sleep (factor - 1) x the block's time, the lesser of
+    wall and CPU time (nothing at 1.0; nothing either when the block raises)."""
     if factor == 1.0:
         yield
         return
-    started = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     yield
-    time.sleep((factor - 1.0) * (time.perf_counter() - started))
+    time.sleep((factor - 1.0) * min(time.perf_counter() - wall, time.process_time() - cpu))

@@ -14,7 +14,8 @@ from .flat import FlatParams
 
 class ModelUnits:
     """Unit u is examples ``indices[u*unit:(u+1)*unit]`` of the training split; a straggler
-    (``slow``: its factor, 1.0 when not) runs each unit's compute under ``train.straggler.slow_down``.
+    (``slow``: its factor, 1.0 when not) runs each unit's compute (not its first read of the
+    examples) under ``train.straggler.slow_down``.
     The batch is fixed, so each unit's examples and the rows they touch are read once and kept
     (every later pass computes on them again): at most the whole batch per worker."""
 
@@ -36,8 +37,8 @@ class ModelUnits:
         return self.kept[unit]
 
     def unit(self, unit: int, out: np.ndarray) -> Tuple[float, float, float]:
+        batch, rows = self._examples(unit)  # reading is not compute: a straggler reads at full speed
         with slow_down(self.slow):
-            batch, rows = self._examples(unit)
             output = self.model.loss_and_grads(batch_view(self.model, self.params, batch, rows), batch)
             self.flat.add(checked_grads(self.model, self.flat.specs, output), out)
         return float(output.loss_sum), float(output.correct), float(output.count)
