@@ -1,0 +1,321 @@
+"""``TableWiseTables``: every table whole on one trainer rank, pooled there (TorchRec's
+``ShardingType.TABLE_WISE``).
+
+    tables = TableWiseTables(specs, optimizer="sgd", lr=0.01, comm=comm)      # collective
+    pooled = tables.pool_async(lookups).wait()          # per table: its bags' pooled rows
+    tables.push_pooled_async(grads, scale=1 / trainers).wait()   # the bags' gradients
+    tables.clock()
+
+Tables go to ranks greedily by bytes (largest first, each to the least loaded rank; the same
+on every rank from the specs alone: ``owners``). A forward sends each table's lookups (bag
+lengths, ids, per-lookup factors when weighted or MEAN) to the table's owner with the count
+header of ``exchange`` (one round, checked on every rank before anything moves: ``checks.refuse``);
+the owner pools each bag whole, in the bag's id order, with ``embedding_bag`` (the trainer's
+own fused lookup: the same bits whatever the layout), and the pooled rows come back through an
+``Ialltoallv``. The backward sends the bags' pooled gradients to the owners; the owner turns
+them into row gradients (``kernels.pool.pooled_rows``: per sender in rank order, then bag
+order, scaled by 1/trainers, summed over senders: the row-wise path's sums) and applies them
+once with the tables' optimizer. Bytes per step: ids and lengths, and two batch x dim per
+feature, against the rows and their gradients of row-wise sharding.
+
+Not yet: fault tolerance (refused when it is on), dynamic tables, checkpoints.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from mpi4py import MPI
+
+from ...errors import PSInputError
+from ...runtime.context import Comm, resolve
+from ...runtime.failures import release, wait_all
+from ..init import PartInit
+from ..kernels import kernel
+from ..optimizers import make_optimizer
+from ..tables import ParamSpec
+from . import checks, exchange
+from .exchange import HEAD
+from .flat import offsets
+from .routes import byte_spec
+from .shards import default_init
+
+Lookups = Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]  # ids, bag lengths (int64), factors (float32) or None
+POOLED_ROWS = kernel("pool", "pooled_rows")
+BAG_OF = kernel("route", "bag_of")
+WORD = 8  # an id or a bag length: int64
+
+
+def owners(specs: Sequence[ParamSpec], ranks: int) -> np.ndarray:
+    """The rank holding each table: largest first (then by position), each to the rank with
+    the fewest bytes so far (the lowest on a tie)."""
+    size = [int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize for spec in specs]
+    load, out = [0] * ranks, np.zeros(len(specs), np.int64)
+    for t in sorted(range(len(specs)), key=lambda t: (-size[t], t)):
+        out[t] = min(range(ranks), key=lambda r: (load[r], r))
+        load[out[t]] += size[t]
+    return out
+
+
+class PoolHandle:
+    """Pooled rows on their way back; ``wait()`` -> per table, (its bags, dim) rows."""
+
+    def __init__(self, request: MPI.Request, received: np.ndarray, pieces: List[Tuple[int, int, int]],
+                 specs: Sequence[ParamSpec]):
+        self.request, self.received, self.pieces, self.specs = request, received, pieces, specs
+        self._result: Optional[List[np.ndarray]] = None
+
+    def wait(self) -> List[np.ndarray]:
+        if self._result is None:
+            wait_all([self.request])
+            out: List[Optional[np.ndarray]] = [None] * len(self.specs)
+            for t, start, bags in self.pieces:
+                spec = self.specs[t]
+                out[t] = self.received[start:start + bags * row_bytes(spec)].view(spec.dtype).reshape(
+                    (bags,) + tuple(spec.shape[1:]))
+            self._result = out
+        return self._result
+
+
+class PooledPush:
+    """Pooled gradients on their way to the tables' owners; ``wait()`` applies them (with every
+    push made before it, in order)."""
+
+    def __init__(self, tables: "TableWiseTables", requests: List[MPI.Request], scale: float, what: Tuple):
+        self.tables, self.requests, self.scale, self.what = tables, requests, scale, what
+        self.done = False
+
+    def wait(self) -> None:
+        self.tables._settle(self)
+
+
+class TableWiseTables:
+    """Sparse fixed tables ``specs``, each whole on one rank of ``comm`` (``owners``); see the
+    module docstring. ``init``: a ``ps.init.PartInit`` (default ``default_init(specs, seed)``)."""
+
+    def __init__(self, specs: Sequence[ParamSpec], *, optimizer: str = "sgd", lr: float = 0.01,
+                 comm: Comm = None, init: Optional[PartInit] = None, seed: int = 0):
+        context = resolve(comm)
+        self.comm = context.comm.Dup()
+        self.specs = tuple(specs)
+        problem = checks.spec_problem(self.specs, optimizer, lr, init)
+        if problem is None and context.ft:
+            problem = "table-wise sharding has no fault tolerance yet: use sharding=\"row_wise\" under --ft"
+        if problem is None and any(spec.dynamic is not None for spec in self.specs):
+            problem = "table-wise sharding holds fixed tables only: use sharding=\"row_wise\" for dynamic ones"
+        checks.agree_on_setup(self.comm, problem, {"tables": list(self.specs), "optimizer": optimizer,
+                                                   "learning rate": lr, "seed": seed})
+        self.owner = owners(self.specs, self.comm.Get_size())
+        self.mine = [t for t in range(len(self.specs)) if self.owner[t] == self.comm.Get_rank()]
+        init = default_init(self.specs, seed) if init is None else init
+        self.optimizer = make_optimizer(optimizer, lr)
+        self.values = checks.made_everywhere(self.comm, lambda: {
+            t: np.ascontiguousarray(init.rows(t, np.arange(self.specs[t].shape[0])).reshape(self.specs[t].shape[0], -1))
+            for t in self.mine})
+        self.state = {t: self.optimizer.init_state(values) for t, values in self.values.items()}
+        self._scratch = np.full((max([self.specs[t].shape[0] for t in self.mine], default=0), 3), -1, np.int64)
+        self.last_step = {t: -1 for t in self.mine}
+        self.clock_value = 0
+        self.released = False
+        self._forward: Optional[List[Tuple[np.ndarray, ...]]] = None  # my tables' last lookups with grad
+        self._pushes: List[PooledPush] = []
+
+    @property
+    def worker_count(self) -> int:
+        return self.comm.Get_size()
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+    def table_rows(self, t: int) -> np.ndarray:
+        """Table ``t``'s rows (held here), rows x row width."""
+        return self.values[t]
+
+    # -- a step ------------------------------------------------------------------------
+    def pool_async(self, lookups: Sequence[Lookups], problem: Optional[str] = None) -> PoolHandle:
+        """Start pooling every table's bags (``lookups[t]``: ids, bag lengths, factors or None;
+        factors for every table or none) at its owner; collective. ``problem``: this rank's
+        input is bad (raised on every rank, nothing sent). Under grad mode the owners keep the
+        lookups for the step's push."""
+        self._check_open("pool_async()")
+        self._settle()
+        count, grad = len(self.specs), torch.is_grad_enabled()
+        if problem is None and len(lookups) != count:
+            problem = f"pool_async takes the lookups of all {count} tables, got {len(lookups)}"
+        lookups = lookups if problem is None else [(np.empty(0, np.int64),) * 2 + (None,)] * count
+        weighted = any(factors is not None for _, _, factors in lookups)
+        headers = self._headers(("pool", grad), problem, [len(ids) for ids, _, _ in lookups],
+                                [len(lengths) for _, lengths, _ in lookups])
+        parts = [self._joined([[lengths, ids] for ids, lengths, _ in lookups]),
+                 self._joined([[factors if factors is not None else np.ones(len(ids), np.float32)]
+                               for ids, _, factors in lookups]) if weighted else np.empty(0, np.uint8)]
+        headers[:, 3] = self._sizes(headers, lambda t: np.int64(WORD), both=True)
+        headers[:, 4] = self._sizes(headers, lambda t: np.int64(4)) if weighted else 0
+        sends = exchange.post(self.comm, headers, parts)
+        incoming, (asked, factors) = exchange.receive(self.comm, HEAD + 2 * count)
+        checks.refuse(self.comm, "pool_async", problem, incoming, f"pool (grad {grad}) at step {self.clock_value}")
+        wait_all(sends)
+        reply, reply_sizes = self._pooled(incoming, asked, factors, grad)
+        pieces, start, sizes = [], 0, np.zeros(self.worker_count, np.int64)
+        for d in range(self.worker_count):
+            for t in np.flatnonzero(self.owner == d).tolist():
+                bags = len(lookups[t][1])
+                pieces.append((t, start, bags))
+                start += bags * row_bytes(self.specs[t])
+                sizes[d] += bags * row_bytes(self.specs[t])
+        received = np.empty(start, np.uint8)
+        request = self.comm.Ialltoallv(byte_spec(reply, reply_sizes), byte_spec(received, sizes))
+        return PoolHandle(request, received, pieces, self.specs)
+
+    def push_pooled_async(self, grads: Sequence[Optional[np.ndarray]], scale: float = 1.0,
+                          problem: Optional[str] = None) -> PooledPush:
+        """Start sending the gradients of the last forward's pooled bags (``grads[t]``: bags x
+        dim, or None: the loss did not reach table t); the owners scale them by ``scale``, make
+        row gradients and apply them (at the next ``wait``, pool or clock). Collective;
+        ``problem``: this rank's push is bad (raised on every rank, nothing applied)."""
+        self._check_open("push_pooled_async()")
+        count = len(self.specs)
+        if problem is None and len(grads) != count:
+            problem = f"push_pooled_async takes all {count} tables, got {len(grads)}"
+        for t, grad in enumerate(grads if problem is None else ()):
+            if grad is not None and not (isinstance(grad, np.ndarray) and grad.dtype == np.dtype(self.specs[t].dtype)
+                                         and grad.ndim == 2 and grad.shape[1] == self.specs[t].shape[1]):
+                problem = f"table {self.specs[t].name!r}: gradients must be bags x {self.specs[t].shape[1]} " \
+                          f"{np.dtype(self.specs[t].dtype)}"
+            elif grad is not None and not np.isfinite(grad).all():
+                problem = f"table {self.specs[t].name!r}: the pooled gradients hold NaN or Inf"
+        if problem is not None:
+            grads = [None] * count
+        headers = self._headers(("push",), problem, [0] * count,
+                                [0 if g is None else len(g) for g in grads])
+        headers[:, 3] = self._sizes(headers, lambda t: np.int64(row_bytes(self.specs[t])), both=False, bags=True)
+        parts = [self._joined([[g] if g is not None else [] for g in grads]), np.empty(0, np.uint8)]
+        push = PooledPush(self, exchange.post(self.comm, headers, parts), scale,
+                          (problem, f"push at step {self.clock_value}"))
+        self._pushes.append(push)
+        return push
+
+    def clock(self) -> int:
+        """End this step: the pushes in flight applied; the new step."""
+        self._check_open("clock()")
+        self._settle()
+        self._forward = None
+        self.clock_value += 1
+        return self.clock_value
+
+    def release(self) -> None:
+        """Done (collective): the pushes in flight applied, the communicator freed."""
+        self._check_open("release()")
+        self._settle()
+        self.released = True
+        release(self.comm)
+
+    # -- internals ---------------------------------------------------------------------
+    def _check_open(self, call: str) -> None:
+        if self.released:
+            raise PSInputError(f"{call} after release(): the table-wise tables take no call")
+
+    def _headers(self, what: Tuple, problem: Optional[str], ids: Sequence[int], bags: Sequence[int]) -> np.ndarray:
+        """Every destination's header row: problem, signature, step, then per table the ids and
+        bags sent to it (a table's go to its owner only)."""
+        count = len(self.specs)
+        headers = np.zeros((self.worker_count, HEAD + 2 * count), np.int64)
+        headers[:, :3] = int(problem is not None), zlib.crc32(repr(what).encode()) & 0x7FFFFFFF, self.clock_value
+        headers[self.owner, HEAD + np.arange(count)] = ids
+        headers[self.owner, HEAD + count + np.arange(count)] = bags
+        return headers
+
+    def _sizes(self, headers: np.ndarray, item: callable, both: bool = False, bags: bool = False) -> np.ndarray:
+        """Bytes to each destination: per table ``item(t)`` bytes per id (and per bag: ``both``;
+        per bag only: ``bags``)."""
+        count = len(self.specs)
+        width = np.array([item(t) for t in range(count)], np.int64)
+        ids, lengths = headers[:, HEAD:HEAD + count], headers[:, HEAD + count:HEAD + 2 * count]
+        return (lengths * width).sum(1) if bags else (ids * width).sum(1) + ((lengths * width).sum(1) if both else 0)
+
+    def _joined(self, per_table: List[List[np.ndarray]]) -> np.ndarray:
+        """Every table's arrays as bytes, tables grouped by owner rank (then in table order)."""
+        blocks = [np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+                  for t in np.argsort(self.owner, kind="stable").tolist() for a in per_table[t]]
+        return np.concatenate(blocks) if blocks else np.empty(0, np.uint8)
+
+    def _pooled(self, incoming: np.ndarray, asked: np.ndarray, factors: np.ndarray, grad: bool
+                ) -> Tuple[np.ndarray, np.ndarray]:
+        """The owner's reply: every sender's bags of my tables pooled, as bytes in (sender,
+        table) order, and the bytes to each sender; under grad mode the lookups kept."""
+        count, senders = len(self.specs), self.worker_count
+        ids_in, bags_in = incoming[:, HEAD:HEAD + count], incoming[:, HEAD + count:HEAD + 2 * count]
+        weighted = bool(incoming[:, 4].any())
+        words = asked.view(np.int64)
+        floats = factors.view(np.float32)
+        at_word, at_float = offsets(incoming[:, 3] // WORD), offsets(incoming[:, 4] // 4)
+        mine: List[List[Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]]] = [[] for _ in self.mine]
+        for r in range(senders):
+            w, f = int(at_word[r]), int(at_float[r])
+            for i, t in enumerate(self.mine):
+                n, b = int(ids_in[r, t]), int(bags_in[r, t])
+                lengths, ids = words[w:w + b], words[w + b:w + b + n]
+                mine[i].append((ids, lengths, floats[f:f + n] if incoming[r, 4] else
+                                (np.ones(n, np.float32) if weighted else None)))
+                w, f = w + b + n, f + n
+        pooled, kept = [], []
+        for i, t in enumerate(self.mine):
+            ids = np.concatenate([p[0] for p in mine[i]])
+            lengths = np.concatenate([p[1] for p in mine[i]])
+            scale = torch.from_numpy(np.concatenate([p[2] for p in mine[i]])) if weighted else None
+            values = torch.from_numpy(self.values[t])
+            pooled.append(F.embedding_bag(torch.from_numpy(ids), values, torch.from_numpy(offsets(lengths)), mode="sum",
+                                          per_sample_weights=scale).numpy() if len(lengths) else
+                          np.empty((0, values.shape[1]), self.values[t].dtype))
+            if grad:
+                kept.append((ids, BAG_OF(lengths), np.empty(0, np.float32) if scale is None else scale.numpy(),
+                             offsets(np.append(ids_in[:, t], 0)), offsets(np.append(bags_in[:, t], 0))))
+        self._forward = kept if grad else self._forward
+        width = np.array([row_bytes(self.specs[t]) for t in self.mine], np.int64)
+        bag_starts = [offsets(np.append(bags_in[:, t], 0)) for t in self.mine]
+        blocks = [pooled[i][bag_starts[i][r]:bag_starts[i][r + 1]].reshape(-1).view(np.uint8)
+                  for r in range(senders) for i in range(len(self.mine))]
+        reply = np.concatenate(blocks) if blocks else np.empty(0, np.uint8)
+        return reply, (bags_in[:, self.mine] * width).sum(1)
+
+    def _settle(self, through: Optional[PooledPush] = None) -> None:
+        """Receive, check and apply the pushes in flight in the order they were made (all, or
+        up to ``through``)."""
+        while self._pushes and (through is None or not through.done):
+            push = self._pushes.pop(0)
+            self._apply(push)
+
+    def _apply(self, push: PooledPush) -> None:
+        """One push: every sender's pooled gradients of my tables into row gradients, applied once."""
+        count = len(self.specs)
+        incoming, (grads, _) = exchange.receive(self.comm, HEAD + 2 * count)
+        push.done = True
+        wait_all(push.requests)
+        problem, described = push.what
+        checks.refuse(self.comm, "push_pooled_async", problem, incoming, described)
+        bags_in = incoming[:, HEAD + count:HEAD + 2 * count]
+        at = offsets(incoming[:, 3])
+        for i, t in enumerate(self.mine):
+            if not bags_in[:, t].any() or self._forward is None or self.clock_value <= self.last_step[t]:
+                continue
+            ids, bag_of, factors, lookup_starts, bag_starts = self._forward[i]
+            spec, width = self.specs[t], row_bytes(self.specs[t])
+            table = np.zeros((int(bag_starts[-1]), spec.shape[1]), spec.dtype)
+            live = bags_in[:, t] > 0
+            for r in np.flatnonzero(live).tolist():
+                start = int(at[r]) + int((bags_in[r, self.mine[:i]] * [row_bytes(self.specs[s]) for s in
+                                                                         self.mine[:i]]).sum())
+                table[bag_starts[r]:bag_starts[r + 1]] = grads[start:start + int(bags_in[r, t]) * width] \
+                    .view(spec.dtype).reshape(-1, spec.shape[1])
+            rows, summed = POOLED_ROWS(ids, bag_of, factors, table, lookup_starts, live,
+                                       np.dtype(spec.dtype).type(push.scale), self._scratch)
+            self.optimizer.update_rows(self.values[t], self.state[t], rows, summed, self.clock_value + 1)
+            self.last_step[t] = self.clock_value
+
+
+def row_bytes(spec: ParamSpec) -> int:
+    return int(np.prod(spec.shape[1:], dtype=np.int64)) * np.dtype(spec.dtype).itemsize
