@@ -194,25 +194,35 @@ class EmbeddingBagCollection(torch.nn.Module):
                            .reshape(routed.stride, -1))
 
     def _owner_pooled(self, routed: BatchPlan, handle) -> KeyedTensor:
-        """The bags the tables' owners pooled, one leaf per table (its ``.grad``: the bags'
-        gradients, which ``push`` sends back to the owner)."""
-        leaves = [torch.from_numpy(rows) for rows in handle.wait()]
+        """The bags the tables' owners pooled, laid out as the output (batch, the features'
+        dims) in one leaf, whose ``.grad`` ``push`` sends back to the owners."""
+        pooled, stride, column = handle.wait(), routed.stride, 0
+        out = np.empty((stride, sum(self._dims)), pooled[0].dtype if pooled else np.float32)
+        for config, rows in zip(self._configs, pooled):
+            for j in range(len(config.feature_names)):
+                out[:, column:column + config.embedding_dim] = rows[j * stride:(j + 1) * stride]
+                column += config.embedding_dim
+        leaf = torch.from_numpy(out)
         if torch.is_grad_enabled():
-            for leaf in leaves:
-                leaf.requires_grad_(True)
-            self._pending.append((routed, {c.name: leaf for c, leaf in zip(self._configs, leaves)}, "pooled"))
-        pooled = [leaf.view(len(c.feature_names), routed.stride, c.embedding_dim).transpose(0, 1)
-                  .reshape(routed.stride, -1) for c, leaf in zip(self._configs, leaves)]
-        return self._keyed(torch.cat(pooled, dim=1) if len(pooled) > 1 else pooled[0])
+            self._pending.append((routed, {"": leaf.requires_grad_(True)}, "pooled"))
+        return self._keyed(leaf)
 
     def _push_pooled(self, pending):
-        """``push`` under table-wise sharding: the last forward's bag gradients to the owners."""
+        """``push`` under table-wise sharding: the last forward's bag gradients to the owners
+        (per table, its features' columns of the output's gradient, feature after feature)."""
         problem = "table-wise sharding pushes one forward's gradients per step, got several" \
             if len(pending) > 1 else None
-        leaves = pending[-1][1] if pending else {}
-        grads = [None if leaves.get(c.name) is None or leaves[c.name].grad is None else
-                 leaves[c.name].grad.detach().numpy() for c in self._configs]
-        return self._bound().push_pooled_async(grads, self.scale, problem)
+        leaf = pending[-1][1][""] if pending else None
+        grad = None if leaf is None or leaf.grad is None else leaf.grad.detach().numpy()
+        grads, column = [], 0
+        for config in self._configs:
+            width = config.embedding_dim * len(config.feature_names)
+            if grad is not None:
+                part = grad[:, column:column + width].reshape(len(grad), -1, config.embedding_dim)
+                grads.append(np.ascontiguousarray(part.transpose(1, 0, 2)).reshape(-1, config.embedding_dim))
+            column += width
+        return self._bound().push_pooled_async(grads if grad is not None else [None] * len(self._configs),
+                                               self.scale, problem)
 
     def _keyed(self, values: torch.Tensor) -> KeyedTensor:
         return KeyedTensor(self._keys, self._dims, values if self.device is None else values.to(self.device))

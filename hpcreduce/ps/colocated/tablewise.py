@@ -72,10 +72,9 @@ class PoolHandle:
         if self._result is None:
             wait_all([self.request])
             out: List[Optional[np.ndarray]] = [None] * len(self.specs)
-            for t, start, bags in self.pieces:
+            for t, start, size in self.pieces:
                 spec = self.specs[t]
-                out[t] = self.received[start:start + bags * row_bytes(spec)].view(spec.dtype).reshape(
-                    (bags,) + tuple(spec.shape[1:]))
+                out[t] = self.received[start:start + size].view(spec.dtype).reshape((-1,) + tuple(spec.shape[1:]))
             self._result = out
         return self._result
 
@@ -116,7 +115,7 @@ class TableWiseTables:
             t: np.ascontiguousarray(init.rows(t, np.arange(self.specs[t].shape[0])).reshape(self.specs[t].shape[0], -1))
             for t in self.mine})
         self.state = {t: self.optimizer.init_state(values) for t, values in self.values.items()}
-        self._scratch = np.full((max([self.specs[t].shape[0] for t in self.mine], default=0), 3), -1, np.int64)
+        self.row_bytes = np.array([row_bytes(spec) for spec in self.specs], np.int64)
         self.last_step = {t: -1 for t in self.mine}
         self.clock_value = 0
         self.released = False
@@ -163,10 +162,10 @@ class TableWiseTables:
         pieces, start, sizes = [], 0, np.zeros(self.worker_count, np.int64)
         for d in range(self.worker_count):
             for t in np.flatnonzero(self.owner == d).tolist():
-                bags = len(lookups[t][1])
-                pieces.append((t, start, bags))
-                start += bags * row_bytes(self.specs[t])
-                sizes[d] += bags * row_bytes(self.specs[t])
+                size = len(lookups[t][1]) * int(self.row_bytes[t])
+                pieces.append((t, start, size))
+                start += size
+                sizes[d] += size
         received = np.empty(start, np.uint8)
         request = self.comm.Ialltoallv(byte_spec(reply, reply_sizes), byte_spec(received, sizes))
         return PoolHandle(request, received, pieces, self.specs)
@@ -192,7 +191,7 @@ class TableWiseTables:
             grads = [None] * count
         headers = self._headers(("push",), problem, [0] * count,
                                 [0 if g is None else len(g) for g in grads])
-        headers[:, 3] = self._sizes(headers, lambda t: np.int64(row_bytes(self.specs[t])), both=False, bags=True)
+        headers[:, 3] = self._sizes(headers, lambda t: self.row_bytes[t], both=False, bags=True)
         parts = [self._joined([[g] if g is not None else [] for g in grads]), np.empty(0, np.uint8)]
         push = PooledPush(self, exchange.post(self.comm, headers, parts), scale,
                           (problem, f"push at step {self.clock_value}"))
@@ -275,7 +274,7 @@ class TableWiseTables:
                 kept.append((ids, BAG_OF(lengths), np.empty(0, np.float32) if scale is None else scale.numpy(),
                              offsets(np.append(ids_in[:, t], 0)), offsets(np.append(bags_in[:, t], 0))))
         self._forward = kept if grad else self._forward
-        width = np.array([row_bytes(self.specs[t]) for t in self.mine], np.int64)
+        width = self.row_bytes[self.mine]
         bag_starts = [offsets(np.append(bags_in[:, t], 0)) for t in self.mine]
         blocks = [pooled[i][bag_starts[i][r]:bag_starts[i][r + 1]].reshape(-1).view(np.uint8)
                   for r in range(senders) for i in range(len(self.mine))]
@@ -303,16 +302,15 @@ class TableWiseTables:
             if not bags_in[:, t].any() or self._forward is None or self.clock_value <= self.last_step[t]:
                 continue
             ids, bag_of, factors, lookup_starts, bag_starts = self._forward[i]
-            spec, width = self.specs[t], row_bytes(self.specs[t])
+            spec, width = self.specs[t], int(self.row_bytes[t])
             table = np.zeros((int(bag_starts[-1]), spec.shape[1]), spec.dtype)
             live = bags_in[:, t] > 0
             for r in np.flatnonzero(live).tolist():
-                start = int(at[r]) + int((bags_in[r, self.mine[:i]] * [row_bytes(self.specs[s]) for s in
-                                                                         self.mine[:i]]).sum())
+                start = int(at[r]) + int((bags_in[r, self.mine[:i]] * self.row_bytes[self.mine[:i]]).sum())
                 table[bag_starts[r]:bag_starts[r + 1]] = grads[start:start + int(bags_in[r, t]) * width] \
                     .view(spec.dtype).reshape(-1, spec.shape[1])
             rows, summed = POOLED_ROWS(ids, bag_of, factors, table, lookup_starts, live,
-                                       np.dtype(spec.dtype).type(push.scale), self._scratch)
+                                       np.dtype(spec.dtype).type(push.scale))
             self.optimizer.update_rows(self.values[t], self.state[t], rows, summed, self.clock_value + 1)
             self.last_step[t] = self.clock_value
 
