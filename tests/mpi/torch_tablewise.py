@@ -1,0 +1,163 @@
+"""Colocated table-wise sharding (``start_hybrid(..., sharding="table_wise")``) under real mpirun.
+
+1. against row-wise: three BSP steps (SUM pooling, one table read by two features, one fused
+   lookup on the row-wise side; then per-sample weights) end bit for bit where the row-wise
+   colocated run ends, tables and dense parameters; MEAN pooling within 1e-6.
+2. pipeline: TrainPipeline's BSP steps end bit for bit where the unpipelined steps end.
+3. bad input raises on every rank before anything moves: a feature naming no table (one rank
+   only), lengths that do not add up, ids outside a fixed table, no sparse_features, a dynamic
+   table, table_wise with the dedicated layout; then a good batch still goes.
+With the argument ``ft`` (a fault-tolerant launch): start_hybrid refuses table_wise on every rank.
+"""
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import hpcreduce
+import hpcreduce.torch as hpt
+from hpcreduce.errors import HpcreduceError
+
+FT = sys.argv[1:] == ["ft"]
+ctx = hpcreduce.init(ft=FT)
+rank = ctx.rank
+ROWS, DIM, BATCH = 50, 4, 6
+failures = []
+torch.set_num_threads(1)
+
+
+def check(condition, message):
+    if not condition:
+        failures.append(f"rank {rank}: {message}")
+
+
+@dataclass
+class Batch:
+    dense: torch.Tensor
+    sparse_features: hpt.KeyedJaggedTensor
+    labels: torch.Tensor
+
+
+class Model(torch.nn.Module):
+    def __init__(self, pooling="sum", weighted=False, users=ROWS):
+        super().__init__()
+        self.sparse = hpt.EmbeddingBagCollection(
+            [hpt.EmbeddingBagConfig(ROWS, DIM, name="shared", feature_names=["a", "b"]),
+             hpt.EmbeddingBagConfig(users, DIM, name="users", feature_names=["u"], pooling=pooling)],
+            is_weighted=weighted)
+        self.head = torch.nn.Linear(3 * DIM + 3, 1)
+
+    def forward(self, batch):
+        pooled = self.sparse(batch.sparse_features).values()
+        logits = self.head(torch.cat([pooled, batch.dense], dim=1)).squeeze(1)
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels), logits
+
+
+def batch_of(rng, weights=False):
+    lengths = torch.from_numpy(rng.integers(0, 4, 3 * BATCH))
+    total = int(lengths.sum())
+    return Batch(torch.from_numpy(rng.normal(size=(BATCH, 3)).astype(np.float32)),
+                 hpt.KeyedJaggedTensor(["a", "b", "u"], torch.from_numpy(rng.integers(0, ROWS, total)),
+                                       weights=torch.from_numpy(rng.random(total).astype(np.float32))
+                                       if weights else None, lengths=lengths),
+                 torch.from_numpy(rng.random(BATCH).astype(np.float32)))
+
+
+def start(sharding, model=None, **options):
+    return hpt.start_hybrid(model or Model(), sparse_optimizer=hpt.RowOptimizer("sgd", lr=0.5),
+                            layout=options.pop("layout", "colocated"), consistency="bsp", sharding=sharding, **options)
+
+
+def tables(job):
+    """Every table's rows, gathered from wherever they live."""
+    if hasattr(job.store, "pool_async"):
+        held = job.comm.allgather({job.store.specs[t].name: rows.copy() for t, rows in job.store.values.items()})
+        return {name: rows for part in held for name, rows in part.items()}
+    return job.store.pull_rows_many_async({"shared": np.arange(ROWS), "users": np.arange(ROWS)}).wait()
+
+
+def run(sharding, pooling="sum", weighted=False, pipelined=False, steps=3):
+    torch.manual_seed(0)
+    job = start(sharding, Model(pooling, weighted))
+    rng = np.random.default_rng(20 + job.comm.Get_rank())
+    batches = [batch_of(rng, weighted) for _ in range(steps)]
+    optimizer = torch.optim.SGD(job.module.parameters(), lr=0.1)
+    if pipelined:
+        pipeline, iterator = hpt.TrainPipeline(job, optimizer), iter(batches)
+        for _ in batches:
+            pipeline.progress(iterator)
+    else:
+        for batch in batches:
+            optimizer.zero_grad()
+            job.module(batch)[0].backward()
+            job.push()
+            optimizer.step()
+            job.clock()
+    dense = torch.cat([p.detach().reshape(-1) for p in job.module.parameters()]).numpy().copy()
+    rows = tables(job)
+    job.release()
+    return dense, rows
+
+
+def same(one, other, what, tolerance=0.0):
+    (dense, rows), (dense2, rows2) = one, other
+    close = (lambda a, b: np.array_equal(a, b)) if tolerance == 0 else \
+        (lambda a, b: np.allclose(a, b, rtol=0, atol=tolerance))
+    check(close(dense, dense2) and all(close(rows[n], rows2[n]) for n in rows),
+          f"{what}: the runs end apart (dense by {np.abs(dense - dense2).max():.1e}, rows by "
+          f"{max(np.abs(rows[n] - rows2[n]).max() for n in rows):.1e})")
+
+
+if FT:
+    try:
+        start("table_wise")
+        check(False, "table_wise accepted under fault tolerance")
+    except HpcreduceError as err:
+        check("no fault tolerance yet" in str(err), f"ft: {err}")
+else:
+    # 1. against row-wise
+    job = start("row_wise")
+    initial = tables(job)
+    job.release()
+    for pooling, weighted, tolerance in [("sum", False, 0.0), ("sum", True, 0.0), ("mean", False, 1e-6)]:
+        row_wise = run("row_wise", pooling, weighted)
+        table_wise = run("table_wise", pooling, weighted)
+        same(row_wise, table_wise, f"{pooling}, weighted {weighted}", tolerance)
+        check(not np.allclose(initial["shared"], table_wise[1]["shared"]), "the steps changed no row")
+    # 2. pipeline
+    same(run("table_wise"), run("table_wise", pipelined=True), "pipelined against plain steps")
+    # 3. bad input on every rank
+    job = start("table_wise")
+    good = batch_of(np.random.default_rng(30)).sparse_features
+    stray = hpt.KeyedJaggedTensor(["a", "b", "x"], good.values(), lengths=good.lengths())
+    short = hpt.KeyedJaggedTensor(["a", "b", "u"], good.values()[:-1], lengths=good.lengths())
+    outside = hpt.KeyedJaggedTensor(["a", "b", "u"], good.values().clone(), lengths=good.lengths())
+    outside.values()[-1] = ROWS + 5
+    before = tables(job)
+    for what, features, expected in [("a feature naming no table (one rank)", stray if rank == 0 else good,
+                                      "name no table"), ("lengths", short, "lengths add up to"),
+                                     ("ids outside", outside, f"the batch looks up ids [{ROWS + 5}]"),
+                                     ("no sparse features", None, "no sparse_features")]:
+        try:
+            job.collection(features)
+            check(False, f"{what}: accepted")
+        except HpcreduceError as err:
+            check(expected in str(err), f"{what}: {err}")
+    after = tables(job)
+    check(all(np.array_equal(before[n], after[n]) for n in before), "a refused batch changed a table")
+    check(job.collection(good).values().shape == (BATCH, 3 * DIM), "a good batch after the bad ones failed")
+    job.release()
+    for what, options, expected in [("a dynamic table", {"model": Model(users=None)}, "fixed tables only"),
+                                    ("the dedicated layout", {"layout": "dedicated"}, "table_wise with layout")]:
+        try:
+            start("table_wise", **options)
+            check(False, f"{what}: start_hybrid accepted it")
+        except HpcreduceError as err:
+            check(expected in str(err), f"{what}: {err}")
+
+failures = [f for part in ctx.comm.allgather(failures) for f in part]
+if failures:
+    sys.exit("\n".join(failures))
+if rank == 0:
+    print("table-wise: all checks passed", flush=True)
