@@ -4,12 +4,14 @@
    lookup on the row-wise side; then per-sample weights) end bit for bit where the row-wise
    colocated run ends, tables and dense parameters; MEAN pooling within 1e-6.
 2. pipeline: TrainPipeline's BSP steps end bit for bit where the unpipelined steps end.
-3. bad input raises on every rank before anything moves: a feature naming no table (one rank
+3. tables saved table-wise (``save_tables``) load on 1 server and 1 trainer, the same rows.
+4. bad input raises on every rank before anything moves: a feature naming no table (one rank
    only), lengths that do not add up, ids outside a fixed table, no sparse_features, a dynamic
    table, table_wise with the dedicated layout; then a good batch still goes.
 With the argument ``ft`` (a fault-tolerant launch): start_hybrid refuses table_wise on every rank.
 """
 import sys
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +20,7 @@ import torch
 import hpcreduce
 import hpcreduce.torch as hpt
 from hpcreduce.errors import HpcreduceError
+from hpcreduce.ps import Server
 
 FT = sys.argv[1:] == ["ft"]
 ctx = hpcreduce.init(ft=FT)
@@ -70,10 +73,7 @@ def start(sharding, model=None, **options):
 
 
 def tables(job):
-    """Every table's rows, gathered from wherever they live."""
-    if hasattr(job.store, "pool_async"):
-        held = job.comm.allgather({job.store.specs[t].name: rows.copy() for t, rows in job.store.values.items()})
-        return {name: rows for part in held for name, rows in part.items()}
+    """Every table's rows, read from their owners."""
     return job.store.pull_rows_many_async({"shared": np.arange(ROWS), "users": np.arange(ROWS)}).wait()
 
 
@@ -127,7 +127,24 @@ else:
         check(not np.allclose(initial["shared"], table_wise[1]["shared"]), "the steps changed no row")
     # 2. pipeline
     same(run("table_wise"), run("table_wise", pipelined=True), "pipelined against plain steps")
-    # 3. bad input on every rank
+    # 3. tables saved table-wise load on 1 server and 1 trainer
+    directory = ctx.comm.bcast(tempfile.mkdtemp() if rank == 0 else None)
+    job = start("table_wise")
+    for batch in [batch_of(np.random.default_rng(40 + rank)) for _ in range(2)]:
+        job.module(batch)[0].backward()
+        job.clock()
+    hpt.save_tables(job, directory)
+    saved = tables(job)
+    job.release()
+    check(not np.array_equal(saved["shared"], initial["shared"]), "the tables saved are the initial ones")
+    job = hpt.start_hybrid(Model(), sparse_optimizer=hpt.RowOptimizer("sgd", lr=0.5), servers=1, tables_from=directory)
+    if isinstance(job, Server):
+        job.serve()
+    else:
+        loaded = tables(job)
+        check(all(np.array_equal(loaded[n], saved[n]) for n in saved), "tables saved table-wise load otherwise")
+        job.release()
+    # 4. bad input on every rank
     job = start("table_wise")
     good = batch_of(np.random.default_rng(30)).sparse_features
     stray = hpt.KeyedJaggedTensor(["a", "b", "x"], good.values(), lengths=good.lengths())

@@ -18,12 +18,14 @@ order, scaled by 1/trainers, summed over senders: the row-wise path's sums) and 
 once with the tables' optimizer. Bytes per step: ids and lengths, and two batch x dim per
 feature, against the rows and their gradients of row-wise sharding.
 
-Not yet: fault tolerance (refused when it is on), dynamic tables, checkpoints.
+``pull_rows_many_async`` reads rows from their owners (``save_tables`` writes them; any
+layout and number of ranks loads them). Not yet: fault tolerance (refused when it is on),
+dynamic tables.
 """
 from __future__ import annotations
 
 import zlib
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -77,6 +79,17 @@ class PoolHandle:
                 out[t] = self.received[start:start + size].view(spec.dtype).reshape((-1,) + tuple(spec.shape[1:]))
             self._result = out
         return self._result
+
+
+class RowsHandle:
+    """Rows read from their owners; ``wait()`` -> {table: rows aligned with the ids asked for}."""
+
+    def __init__(self, arriving: PoolHandle, asked: dict, specs: Sequence[ParamSpec]):
+        self.arriving, self.asked, self.specs = arriving, asked, specs
+
+    def wait(self) -> dict:
+        rows = self.arriving.wait()
+        return {self.specs[t].name: rows[t][inverse] for t, (_, inverse) in self.asked.items()}
 
 
 class PooledPush:
@@ -159,16 +172,7 @@ class TableWiseTables:
         checks.refuse(self.comm, "pool_async", problem, incoming, f"pool (grad {grad}) at step {self.clock_value}")
         wait_all(sends)
         reply, reply_sizes = self._pooled(incoming, asked, factors, grad)
-        pieces, start, sizes = [], 0, np.zeros(self.worker_count, np.int64)
-        for d in range(self.worker_count):
-            for t in np.flatnonzero(self.owner == d).tolist():
-                size = len(lookups[t][1]) * int(self.row_bytes[t])
-                pieces.append((t, start, size))
-                start += size
-                sizes[d] += size
-        received = np.empty(start, np.uint8)
-        request = self.comm.Ialltoallv(byte_spec(reply, reply_sizes), byte_spec(received, sizes))
-        return PoolHandle(request, received, pieces, self.specs)
+        return self._arriving(reply, reply_sizes, [len(lengths) for _, lengths, _ in lookups])
 
     def push_pooled_async(self, grads: Sequence[Optional[np.ndarray]], scale: float = 1.0,
                           problem: Optional[str] = None) -> PooledPush:
@@ -198,6 +202,34 @@ class TableWiseTables:
         self._pushes.append(push)
         return push
 
+    def pull_rows_many_async(self, ids_by_table: Mapping[str, np.ndarray]) -> RowsHandle:
+        """Start reading rows of several tables (table -> ids) from their owners; ``wait()`` ->
+        table -> rows aligned with its ids. Collective (``save_tables``, checks: a step pools)."""
+        self._check_open("pull_rows_many_async()")
+        self._settle()
+        count, problem, asked = len(self.specs), None, {}
+        try:
+            asked = checks.pulled(ids_by_table, {spec.name: t for t, spec in enumerate(self.specs)}, self.specs)
+        except PSInputError as error:
+            problem = str(error)
+        ids = [asked[t][0].astype(np.int64) if t in asked else np.empty(0, np.int64) for t in range(count)]
+        headers = self._headers(("rows", sorted(asked)), problem, [len(i) for i in ids], [0] * count)
+        headers[:, 3] = self._sizes(headers, lambda t: np.int64(WORD))
+        sends = exchange.post(self.comm, headers, [self._joined([[i] for i in ids]), np.empty(0, np.uint8)])
+        incoming, (wanted, _) = exchange.receive(self.comm, HEAD + 2 * count)
+        checks.refuse(self.comm, "pull_rows_many_async", problem, incoming,
+                      f"rows of {[self.specs[t].name for t in sorted(asked)]} at step {self.clock_value}")
+        wait_all(sends)
+        words, at, blocks = wanted.view(np.int64), 0, []
+        for r in range(self.worker_count):
+            for t in self.mine:
+                n = int(incoming[r, HEAD + t])
+                blocks.append(self.values[t][words[at:at + n]].reshape(-1).view(np.uint8))
+                at += n
+        reply = np.concatenate(blocks) if blocks else np.empty(0, np.uint8)
+        reply_sizes = (incoming[:, HEAD:HEAD + count][:, self.mine] * self.row_bytes[self.mine]).sum(1)
+        return RowsHandle(self._arriving(reply, reply_sizes, [len(i) for i in ids]), asked, self.specs)
+
     def clock(self) -> int:
         """End this step: the pushes in flight applied; the new step."""
         self._check_open("clock()")
@@ -214,6 +246,20 @@ class TableWiseTables:
         release(self.comm)
 
     # -- internals ---------------------------------------------------------------------
+    def _arriving(self, reply: np.ndarray, reply_sizes: np.ndarray, rows: Sequence[int]) -> PoolHandle:
+        """Post the owners' replies (``reply``: ``reply_sizes`` bytes to each rank) and receive
+        ``rows[t]`` rows of every table t from its owner (owners in rank order, then tables)."""
+        pieces, start, sizes = [], 0, np.zeros(self.worker_count, np.int64)
+        for d in range(self.worker_count):
+            for t in np.flatnonzero(self.owner == d).tolist():
+                size = rows[t] * int(self.row_bytes[t])
+                pieces.append((t, start, size))
+                start += size
+                sizes[d] += size
+        received = np.empty(start, np.uint8)
+        request = self.comm.Ialltoallv(byte_spec(reply, reply_sizes), byte_spec(received, sizes))
+        return PoolHandle(request, received, pieces, self.specs)
+
     def _check_open(self, call: str) -> None:
         if self.released:
             raise PSInputError(f"{call} after release(): the table-wise tables take no call")
