@@ -50,7 +50,7 @@ def test_table_wise_sharding_ends_where_row_wise_ends_and_refuses_bad_input():
     assert "table-wise: all checks passed" in job.output, job
 
 
-def test_table_wise_sharding_is_refused_under_fault_tolerance():
+def test_table_wise_sharding_with_replicas_ends_where_row_wise_ends():
     job = mpirun(2, "torch_tablewise.py", "ft", ft=True, timeout=60)
     assert job.returncode == 0, job
     assert "table-wise: all checks passed" in job.output, job

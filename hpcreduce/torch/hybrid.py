@@ -80,14 +80,15 @@ class HybridWorker:
 
 def start_hybrid(module: torch.nn.Module, *, sparse_optimizer: RowOptimizer, layout: str = "dedicated",
                  servers: int = 1, consistency: str = "bsp", staleness: int = 0, seed: int = 0,
-                 tables_from: Optional[str] = None, sharding: str = "row_wise", comm=None,
+                 tables_from: Optional[str] = None, sharding: Optional[str] = None, comm=None,
                  **ddp_options) -> Union[Server, HybridWorker]:
     """Start a hybrid job for ``module`` (collective over ``comm``'s ranks; build the module the
     same way everywhere): with ``layout="dedicated"`` a ``Server`` on ranks 0..servers-1 (call
     ``serve()``) and a ``HybridWorker`` elsewhere; with ``"colocated"`` a ``HybridWorker`` on
     every rank. ``sharding`` (colocated): ``"row_wise"``, rows hashed over every rank, the
     trainers pool; ``"table_wise"``, each fixed table whole on one rank, which pools its bags
-    (TorchRec's exchange; no fault tolerance yet: refused under ``--ft``). The tables are the module's ``EmbeddingBagCollection``'s (exactly one), fixed
+    (TorchRec's exchange); default: table-wise when every table is fixed, else row-wise. The
+    tables are the module's ``EmbeddingBagCollection``'s (exactly one), fixed
     ones initialised from ``seed`` or read from ``tables_from`` (a ``save_tables`` directory, of
     any number of trainers: resharded by id); ``ddp_options``: ``DistributedDataParallel``'s for the dense
     part (a module with no dense parameter is not wrapped). Bad input (no collection or two,
@@ -106,6 +107,9 @@ def start_hybrid(module: torch.nn.Module, *, sparse_optimizer: RowOptimizer, lay
         problems.append(saved)
     if layout not in LAYOUTS:
         problems.append(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if sharding is None:  # the faster one where it can be: every table fixed, colocated
+        fixed = all(config.num_embeddings is not None for config in configs)
+        sharding = "table_wise" if layout == "colocated" and fixed else "row_wise"
     if sharding not in SHARDINGS or (sharding == "table_wise" and layout != "colocated"):
         problems.append(f"sharding must be one of {', '.join(SHARDINGS)} (table_wise with layout=\"colocated\"), "
                         f"got {sharding!r} with layout {layout!r}")

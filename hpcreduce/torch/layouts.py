@@ -23,7 +23,7 @@ from .embedding_configs import EmbeddingBagConfig, RowOptimizer, counter_uniform
 from .table_files import SavedTables
 
 LAYOUTS = ("dedicated", "colocated")
-SHARDINGS = ("row_wise", "table_wise")  # TorchRec's ShardingType names; table_wise: colocated only
+SHARDINGS = ("row_wise", "table_wise")  # TorchRec's ShardingType names; table_wise: colocated, fixed tables
 
 
 class TableInit(PartInit):

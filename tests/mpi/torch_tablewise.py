@@ -8,7 +8,8 @@
 4. bad input raises on every rank before anything moves: a feature naming no table (one rank
    only), lengths that do not add up, ids outside a fixed table, no sparse_features, a dynamic
    table, table_wise with the dedicated layout; then a good batch still goes.
-With the argument ``ft`` (a fault-tolerant launch): start_hybrid refuses table_wise on every rank.
+With the argument ``ft`` (a fault-tolerant launch, replicas on): table-wise keeps replicas and ends
+bit for bit where row-wise ends.
 """
 import sys
 import tempfile
@@ -109,12 +110,11 @@ def same(one, other, what, tolerance=0.0):
           f"{max(np.abs(rows[n] - rows2[n]).max() for n in rows):.1e})")
 
 
-if FT:
-    try:
-        start("table_wise")
-        check(False, "table_wise accepted under fault tolerance")
-    except HpcreduceError as err:
-        check("no fault tolerance yet" in str(err), f"ft: {err}")
+if FT:  # replicas on: the same bits
+    same(run("row_wise"), run("table_wise"), "under fault tolerance")
+    job = start("table_wise")
+    check(bool(job.store.replicas), "table-wise under fault tolerance keeps no replica")
+    job.release()
 else:
     # 1. against row-wise
     job = start("row_wise")

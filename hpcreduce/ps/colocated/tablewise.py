@@ -19,13 +19,15 @@ once with the tables' optimizer. Bytes per step: ids and lengths, and two batch 
 feature, against the rows and their gradients of row-wise sharding.
 
 ``pull_rows_many_async`` reads rows from their owners (``save_tables`` writes them; any
-layout and number of ranks loads them). Not yet: fault tolerance (refused when it is on),
-dynamic tables.
+layout and number of ranks loads them). Under fault tolerance each owner's tables are
+replicated on its ring successor and a lost owner's tables recovered in place
+(``tablewise_ft``); the placement and handles: ``tablewise_handles``. Fixed tables only
+(dynamic ones: row-wise).
 """
 from __future__ import annotations
 
 import zlib
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -35,15 +37,19 @@ from mpi4py import MPI
 from ...errors import PSInputError
 from ...runtime.context import Comm, resolve
 from ...runtime.failures import release, wait_all
+from ...runtime.nodes import rank_nodes
 from ..init import PartInit
 from ..kernels import kernel
 from ..optimizers import make_optimizer
+from ..layout import node_ring
 from ..tables import ParamSpec
 from . import checks, exchange
 from .exchange import HEAD
 from .flat import offsets
 from .routes import byte_spec
 from .shards import default_init
+from .tablewise_ft import Recoverable, forward, neighbour, owner_keys, replicate
+from .tablewise_handles import PooledPush, PoolHandle, RowsHandle, owners, row_bytes
 
 Lookups = Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]  # ids, bag lengths (int64), factors (float32) or None
 POOLED_ROWS = kernel("pool", "pooled_rows")
@@ -51,60 +57,7 @@ BAG_OF = kernel("route", "bag_of")
 WORD = 8  # an id or a bag length: int64
 
 
-def owners(specs: Sequence[ParamSpec], ranks: int) -> np.ndarray:
-    """The rank holding each table: largest first (then by position), each to the rank with
-    the fewest bytes so far (the lowest on a tie)."""
-    size = [int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize for spec in specs]
-    load, out = [0] * ranks, np.zeros(len(specs), np.int64)
-    for t in sorted(range(len(specs)), key=lambda t: (-size[t], t)):
-        out[t] = min(range(ranks), key=lambda r: (load[r], r))
-        load[out[t]] += size[t]
-    return out
-
-
-class PoolHandle:
-    """Pooled rows on their way back; ``wait()`` -> per table, (its bags, dim) rows."""
-
-    def __init__(self, request: MPI.Request, received: np.ndarray, pieces: List[Tuple[int, int, int]],
-                 specs: Sequence[ParamSpec]):
-        self.request, self.received, self.pieces, self.specs = request, received, pieces, specs
-        self._result: Optional[List[np.ndarray]] = None
-
-    def wait(self) -> List[np.ndarray]:
-        if self._result is None:
-            wait_all([self.request])
-            out: List[Optional[np.ndarray]] = [None] * len(self.specs)
-            for t, start, size in self.pieces:
-                spec = self.specs[t]
-                out[t] = self.received[start:start + size].view(spec.dtype).reshape((-1,) + tuple(spec.shape[1:]))
-            self._result = out
-        return self._result
-
-
-class RowsHandle:
-    """Rows read from their owners; ``wait()`` -> {table: rows aligned with the ids asked for}."""
-
-    def __init__(self, arriving: PoolHandle, asked: dict, specs: Sequence[ParamSpec]):
-        self.arriving, self.asked, self.specs = arriving, asked, specs
-
-    def wait(self) -> dict:
-        rows = self.arriving.wait()
-        return {self.specs[t].name: rows[t][inverse] for t, (_, inverse) in self.asked.items()}
-
-
-class PooledPush:
-    """Pooled gradients on their way to the tables' owners; ``wait()`` applies them (with every
-    push made before it, in order)."""
-
-    def __init__(self, tables: "TableWiseTables", requests: List[MPI.Request], scale: float, what: Tuple):
-        self.tables, self.requests, self.scale, self.what = tables, requests, scale, what
-        self.done = False
-
-    def wait(self) -> None:
-        self.tables._settle(self)
-
-
-class TableWiseTables:
+class TableWiseTables(Recoverable):
     """Sparse fixed tables ``specs``, each whole on one rank of ``comm`` (``owners``); see the
     module docstring. ``init``: a ``ps.init.PartInit`` (default ``default_init(specs, seed)``)."""
 
@@ -112,16 +65,18 @@ class TableWiseTables:
                  comm: Comm = None, init: Optional[PartInit] = None, seed: int = 0):
         context = resolve(comm)
         self.comm = context.comm.Dup()
-        self.specs = tuple(specs)
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.ft, self.specs = context.ft, tuple(specs)
         problem = checks.spec_problem(self.specs, optimizer, lr, init)
-        if problem is None and context.ft:
-            problem = "table-wise sharding has no fault tolerance yet: use sharding=\"row_wise\" under --ft"
         if problem is None and any(spec.dynamic is not None for spec in self.specs):
             problem = "table-wise sharding holds fixed tables only: use sharding=\"row_wise\" for dynamic ones"
         checks.agree_on_setup(self.comm, problem, {"tables": list(self.specs), "optimizer": optimizer,
                                                    "learning rate": lr, "seed": seed})
-        self.owner = owners(self.specs, self.comm.Get_size())
-        self.mine = [t for t in range(len(self.specs)) if self.owner[t] == self.comm.Get_rank()]
+        size = self.comm.Get_size()
+        self.key, self.live = self.comm.Get_rank(), tuple(range(size))  # shard keys: ranks at start, for life
+        self.ring = tuple(node_ring(self.live, dict(zip(self.live, rank_nodes(self.comm)))))
+        self.home = owners(self.specs, size)
+        self._locate()
         init = default_init(self.specs, seed) if init is None else init
         self.optimizer = make_optimizer(optimizer, lr)
         self.values = checks.made_everywhere(self.comm, lambda: {
@@ -134,6 +89,11 @@ class TableWiseTables:
         self.released = False
         self._forward: Optional[List[Tuple[np.ndarray, ...]]] = None  # my tables' last lookups with grad
         self._pushes: List[PooledPush] = []
+        self._pools: List[PoolHandle] = []
+        self.replicas: Dict[int, Tuple[np.ndarray, Dict[str, np.ndarray]]] = {}  # the predecessor's tables
+        if self._replicated:
+            self._install(replicate(self.comm, self.successor, self.predecessor,
+                                    {t: (self.values[t], self.state[t], -1) for t in self.mine}))
 
     @property
     def worker_count(self) -> int:
@@ -143,9 +103,24 @@ class TableWiseTables:
     def rank(self) -> int:
         return self.comm.Get_rank()
 
-    def table_rows(self, t: int) -> np.ndarray:
-        """Table ``t``'s rows (held here), rows x row width."""
-        return self.values[t]
+    @property
+    def _replicated(self) -> bool:
+        """Replicas are kept under fault tolerance, on two ranks or more."""
+        return self.ft and self.worker_count > 1
+
+    def _locate(self) -> None:
+        """Each table's owner rank (a key's rank is its place among the live keys: survivors
+        keep their order), this rank's tables and its ring neighbours' ranks."""
+        keys = owner_keys(self.home, self.ring, self.live)
+        rank_of = {key: rank for rank, key in enumerate(self.live)}
+        self.owner = np.array([rank_of[int(key)] for key in keys], np.int64)
+        self.mine = np.flatnonzero(keys == self.key).tolist()
+        self.successor = rank_of[neighbour(self.ring, self.live, self.key)]
+        self.predecessor = rank_of[neighbour(self.ring, self.live, self.key, -1)]
+
+    def _install(self, replicas: dict) -> None:
+        self.replicas = {t: (rows, state) for t, (rows, state, _) in replicas.items()}
+        self.replica_step = {t: step for t, (_, _, step) in replicas.items()}
 
     # -- a step ------------------------------------------------------------------------
     def pool_async(self, lookups: Sequence[Lookups], problem: Optional[str] = None) -> PoolHandle:
@@ -154,6 +129,9 @@ class TableWiseTables:
         input is bad (raised on every rank, nothing sent). Under grad mode the owners keep the
         lookups for the step's push."""
         self._check_open("pool_async()")
+        return self._collective(lambda: self._pool(lookups, problem))
+
+    def _pool(self, lookups: Sequence[Lookups], problem: Optional[str]) -> PoolHandle:
         self._settle()
         count, grad = len(self.specs), torch.is_grad_enabled()
         if problem is None and len(lookups) != count:
@@ -181,6 +159,9 @@ class TableWiseTables:
         row gradients and apply them (at the next ``wait``, pool or clock). Collective;
         ``problem``: this rank's push is bad (raised on every rank, nothing applied)."""
         self._check_open("push_pooled_async()")
+        return self._collective(lambda: self._push(grads, scale, problem))
+
+    def _push(self, grads: Sequence[Optional[np.ndarray]], scale: float, problem: Optional[str]) -> PooledPush:
         count = len(self.specs)
         if problem is None and len(grads) != count:
             problem = f"push_pooled_async takes all {count} tables, got {len(grads)}"
@@ -206,6 +187,9 @@ class TableWiseTables:
         """Start reading rows of several tables (table -> ids) from their owners; ``wait()`` ->
         table -> rows aligned with its ids. Collective (``save_tables``, checks: a step pools)."""
         self._check_open("pull_rows_many_async()")
+        return self._collective(lambda: self._pull(ids_by_table))
+
+    def _pull(self, ids_by_table: Mapping[str, np.ndarray]) -> RowsHandle:
         self._settle()
         count, problem, asked = len(self.specs), None, {}
         try:
@@ -233,7 +217,7 @@ class TableWiseTables:
     def clock(self) -> int:
         """End this step: the pushes in flight applied; the new step."""
         self._check_open("clock()")
-        self._settle()
+        self._collective(self._settle)
         self._forward = None
         self.clock_value += 1
         return self.clock_value
@@ -241,7 +225,7 @@ class TableWiseTables:
     def release(self) -> None:
         """Done (collective): the pushes in flight applied, the communicator freed."""
         self._check_open("release()")
-        self._settle()
+        self._collective(self._settle)
         self.released = True
         release(self.comm)
 
@@ -258,7 +242,9 @@ class TableWiseTables:
                 sizes[d] += size
         received = np.empty(start, np.uint8)
         request = self.comm.Ialltoallv(byte_spec(reply, reply_sizes), byte_spec(received, sizes))
-        return PoolHandle(request, received, pieces, self.specs)
+        handle = PoolHandle(request, received, pieces, self.specs, self._collective)
+        self._pools = [h for h in self._pools if not h.done] + [handle]
+        return handle
 
     def _check_open(self, call: str) -> None:
         if self.released:
@@ -331,8 +317,14 @@ class TableWiseTables:
         """Receive, check and apply the pushes in flight in the order they were made (all, or
         up to ``through``)."""
         while self._pushes and (through is None or not through.done):
-            push = self._pushes.pop(0)
-            self._apply(push)
+            try:
+                self._apply(self._pushes[0])
+            except MPI.Exception:
+                raise  # still listed: ``_collective`` abandons it
+            except BaseException:
+                self._pushes.pop(0)
+                raise
+            self._pushes.pop(0)
 
     def _apply(self, push: PooledPush) -> None:
         """One push: every sender's pooled gradients of my tables into row gradients, applied once."""
@@ -343,7 +335,7 @@ class TableWiseTables:
         problem, described = push.what
         checks.refuse(self.comm, "push_pooled_async", problem, incoming, described)
         bags_in = incoming[:, HEAD + count:HEAD + 2 * count]
-        at = offsets(incoming[:, 3])
+        at, updates = offsets(incoming[:, 3]), []
         for i, t in enumerate(self.mine):
             if not bags_in[:, t].any() or self._forward is None or self.clock_value <= self.last_step[t]:
                 continue
@@ -355,11 +347,15 @@ class TableWiseTables:
                 start = int(at[r]) + int((bags_in[r, self.mine[:i]] * self.row_bytes[self.mine[:i]]).sum())
                 table[bag_starts[r]:bag_starts[r + 1]] = grads[start:start + int(bags_in[r, t]) * width] \
                     .view(spec.dtype).reshape(-1, spec.shape[1])
-            rows, summed = POOLED_ROWS(ids, bag_of, factors, table, lookup_starts, live,
-                                       np.dtype(spec.dtype).type(push.scale))
+            updates.append((t, *POOLED_ROWS(ids, bag_of, factors, table, lookup_starts, live,
+                                            np.dtype(spec.dtype).type(push.scale))))
+        copies = forward(self.comm, self.clock_value, self.successor, updates, self.row_bytes,
+                         [np.dtype(spec.dtype) for spec in self.specs]) if self._replicated else []
+        self._commit()
+        for t, rows, summed in updates:
             self.optimizer.update_rows(self.values[t], self.state[t], rows, summed, self.clock_value + 1)
             self.last_step[t] = self.clock_value
-
-
-def row_bytes(spec: ParamSpec) -> int:
-    return int(np.prod(spec.shape[1:], dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+        for t, rows, summed in copies:
+            if self.clock_value > self.replica_step[t]:
+                self.optimizer.update_rows(*self.replicas[t], rows, summed, self.clock_value + 1)
+                self.replica_step[t] = self.clock_value
