@@ -9,8 +9,8 @@
   changing the import) trained by ``TrainPipeline``, layout ``dedicated``: ranks 0..K-1
   (``--servers``) hold the tables, the other ranks train and average the dense gradients with
   hpcreduce's DDP (BSP: the result an unpipelined run gives).
-- ``hpcreduce_colocated``: the same, layout ``colocated``: a shard on every rank, every rank
-  trains (where ``hpcreduce.ps.colocated`` exists).
+- ``hpcreduce_colocated``: the same, layout ``colocated``, ``sharding="row_wise"``: a shard of
+  every table on every rank, every rank trains (where ``hpcreduce.ps.colocated`` exists).
 - ``hpcreduce_tablewise``: colocated, ``sharding="table_wise"``: each table whole on one rank,
   which pools its bags (TorchRec's exchange).
 
