@@ -6,8 +6,8 @@
 2. pipeline: TrainPipeline's BSP steps end bit for bit where the unpipelined steps end.
 3. tables saved table-wise (``save_tables``) load on 1 server and 1 trainer, the same rows.
 4. bad input raises on every rank before anything moves: a feature naming no table (one rank
-   only), lengths that do not add up, ids outside a fixed table, no sparse_features, a dynamic
-   table, table_wise with the dedicated layout; then a good batch still goes.
+   only), lengths that do not add up, ids outside a fixed table, no sparse_features, NaN pooled
+   gradients (one rank), a dynamic table, table_wise with the dedicated layout; a good batch still goes.
 With the argument ``ft`` (a fault-tolerant launch, replicas on): table-wise keeps replicas and ends
 bit for bit where row-wise ends.
 """
@@ -163,7 +163,17 @@ else:
             check(expected in str(err), f"{what}: {err}")
     after = tables(job)
     check(all(np.array_equal(before[n], after[n]) for n in before), "a refused batch changed a table")
-    check(job.collection(good).values().shape == (BATCH, 3 * DIM), "a good batch after the bad ones failed")
+    pooled = job.collection(good)
+    check(pooled.values().shape == (BATCH, 3 * DIM), "a good batch after the bad ones failed")
+    (pooled.values() * (float("nan") if rank == 1 else 1.0)).sum().backward()  # NaN on one rank only
+    try:
+        job.collection.push().wait()
+        check(False, "a push of NaN gradients (one rank) accepted")
+    except HpcreduceError as err:
+        check("NaN or Inf" in str(err), f"NaN push: {err}")
+    job.clock()
+    after = tables(job)
+    check(all(np.array_equal(before[n], after[n]) for n in before), "a refused push changed a table")
     job.release()
     for what, options, expected in [("a dynamic table", {"model": Model(users=None)}, "fixed tables only"),
                                     ("the dedicated layout", {"layout": "dedicated"}, "table_wise with layout")]:
