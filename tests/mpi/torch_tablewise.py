@@ -8,6 +8,8 @@
 4. bad input raises on every rank before anything moves: a feature naming no table (one rank
    only), lengths that do not add up, ids outside a fixed table, no sparse_features, NaN pooled
    gradients (one rank), a dynamic table, table_wise with the dedicated layout; a good batch still goes.
+5. store checkpoints: tables with Adagrad state saved at 2 ranks load at 1 rank, rows and state
+   equal; a checkpoint of other tables is refused on every rank.
 With the argument ``ft`` (a fault-tolerant launch, replicas on): table-wise keeps replicas and ends
 bit for bit where row-wise ends.
 """
@@ -17,11 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from mpi4py import MPI
 
 import hpcreduce
 import hpcreduce.torch as hpt
 from hpcreduce.errors import HpcreduceError
-from hpcreduce.ps import Server
+from hpcreduce.ps import ParamSpec, Server
+from hpcreduce.ps.colocated.tablewise import TableWiseTables
 
 FT = sys.argv[1:] == ["ft"]
 ctx = hpcreduce.init(ft=FT)
@@ -182,6 +186,40 @@ else:
             check(False, f"{what}: start_hybrid accepted it")
         except HpcreduceError as err:
             check(expected in str(err), f"{what}: {err}")
+
+if not FT:  # 5. a checkpoint (adagrad: rows and state) saved at 2 ranks loads at 1; other tables refused
+    specs = [ParamSpec("p", (60, 4), sparse=True), ParamSpec("q", (40, 4), sparse=True)]
+    tables_wise = TableWiseTables(specs, optimizer="adagrad", lr=0.1, comm=ctx.comm, seed=3)
+    rng = np.random.default_rng(50 + rank)
+    for _ in range(2):
+        tables_wise.pool_async([(rng.integers(0, spec.shape[0], 12), np.full(6, 2, np.int64), None)
+                                for spec in specs]).wait()
+        tables_wise.push_pooled_async([rng.normal(size=(6, 4)).astype(np.float32) for _ in specs]).wait()
+        tables_wise.clock()
+    directory = ctx.comm.bcast(tempfile.mkdtemp() if rank == 0 else None)
+    tables_wise.save_checkpoint(directory)
+    held = {name: arrays for part in ctx.comm.allgather(
+        {specs[t].name: (tables_wise.values[t].copy(), dict(tables_wise.state[t])) for t in tables_wise.mine})
+        for name, arrays in part.items()}
+    tables_wise.release()
+    alone = ctx.comm.Split(0 if rank == 0 else MPI.UNDEFINED, rank)
+    if rank == 0:
+        one = TableWiseTables(specs, optimizer="adagrad", lr=0.1, comm=alone, seed=9)  # other rows: all replaced
+        one.load_checkpoint(directory)
+        check(one.clock_value == 2, f"checkpoint: loaded at step {one.clock_value}")
+        for t, spec in enumerate(specs):
+            values, state = held[spec.name]
+            check(np.array_equal(one.values[t], values) and state.keys() == one.state[t].keys() and
+                  all(np.array_equal(one.state[t][n], state[n]) for n in state), f"checkpoint: {spec.name} differs")
+        one.release()
+    other = TableWiseTables([ParamSpec("p", (61, 4), sparse=True), specs[1]], optimizer="adagrad", lr=0.1,
+                            comm=ctx.comm)
+    try:
+        other.load_checkpoint(directory)
+        check(False, "a checkpoint of other tables loaded")
+    except HpcreduceError as err:
+        check("it holds tables" in str(err), f"checkpoint of other tables: {err}")
+    other.release()
 
 failures = [f for part in ctx.comm.allgather(failures) for f in part]
 if failures:

@@ -19,7 +19,8 @@ once with the tables' optimizer. Bytes per step: ids and lengths, and two batch 
 feature, against the rows and their gradients of row-wise sharding.
 
 ``pull_rows_many_async`` reads rows from their owners (``save_tables`` writes them; any
-layout and number of ranks loads them). Under fault tolerance each owner's tables are
+layout and number of ranks loads them); ``save_checkpoint``/``load_checkpoint`` keep the
+optimizer state too, loadable at any number of ranks (``tablewise_checkpoint``). Under fault tolerance each owner's tables are
 replicated on its ring successor and a lost owner's tables recovered in place
 (``tablewise_ft``); the placement and handles: ``tablewise_handles``. Fixed tables only
 (dynamic ones: row-wise).
@@ -43,7 +44,7 @@ from ..kernels import kernel
 from ..optimizers import make_optimizer
 from ..layout import node_ring
 from ..tables import ParamSpec
-from . import checks, exchange
+from . import checks, exchange, tablewise_checkpoint
 from .exchange import HEAD
 from .flat import offsets
 from .routes import byte_spec
@@ -213,6 +214,19 @@ class TableWiseTables(Recoverable):
         reply = np.concatenate(blocks) if blocks else np.empty(0, np.uint8)
         reply_sizes = (incoming[:, HEAD:HEAD + count][:, self.mine] * self.row_bytes[self.mine]).sum(1)
         return RowsHandle(self._arriving(reply, reply_sizes, [len(i) for i in ids]), asked, self.specs)
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Write every table (rows, optimizer state) and the step to ``directory`` (collective)."""
+        self._check_open("save_checkpoint()")
+        self._collective(self._settle)
+        tablewise_checkpoint.save(self, directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Load what ``save_checkpoint`` wrote, at this or another number of ranks (collective)."""
+        self._check_open("load_checkpoint()")
+        self._collective(self._settle)
+        tablewise_checkpoint.load(self, directory)
+        self._forward = None
 
     def clock(self) -> int:
         """End this step: the pushes in flight applied; the new step."""
