@@ -8,8 +8,9 @@
 4. bad input raises on every rank before anything moves: a feature naming no table (one rank
    only), lengths that do not add up, ids outside a fixed table, no sparse_features, NaN pooled
    gradients (one rank), a dynamic table, table_wise with the dedicated layout; a good batch still goes.
-5. store checkpoints: tables with Adagrad state saved at 2 ranks load at 1 rank, rows and state
-   equal; a checkpoint of other tables is refused on every rank.
+5. the store: an id outside its table (one rank) refused by pool_async on every rank; tables with
+   Adagrad state saved at 2 ranks load at 1 rank, rows and state equal; a checkpoint of other
+   tables is refused on every rank.
 With the argument ``ft`` (a fault-tolerant launch, replicas on): table-wise keeps replicas and ends
 bit for bit where row-wise ends.
 """
@@ -196,6 +197,13 @@ if not FT:  # 5. a checkpoint (adagrad: rows and state) saved at 2 ranks loads a
                                 for spec in specs]).wait()
         tables_wise.push_pooled_async([rng.normal(size=(6, 4)).astype(np.float32) for _ in specs]).wait()
         tables_wise.clock()
+    outside = [(np.array([0, 60 if rank == 1 else 1]), np.array([2], np.int64), None), (np.zeros(0, np.int64),) * 2
+               + (None,)]  # an id outside table p, on one rank only
+    try:
+        tables_wise.pool_async(outside)
+        check(False, "pool_async: an id outside its table (one rank) accepted")
+    except HpcreduceError as err:
+        check("ids outside it" in str(err), f"pool_async outside: {err}")
     directory = ctx.comm.bcast(tempfile.mkdtemp() if rank == 0 else None)
     tables_wise.save_checkpoint(directory)
     held = {name: arrays for part in ctx.comm.allgather(

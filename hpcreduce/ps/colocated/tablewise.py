@@ -28,7 +28,7 @@ replicated on its ring successor and a lost owner's tables recovered in place
 from __future__ import annotations
 
 import zlib
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -135,8 +135,8 @@ class TableWiseTables(Recoverable):
     def _pool(self, lookups: Sequence[Lookups], problem: Optional[str]) -> PoolHandle:
         self._settle()
         count, grad = len(self.specs), torch.is_grad_enabled()
-        if problem is None and len(lookups) != count:
-            problem = f"pool_async takes the lookups of all {count} tables, got {len(lookups)}"
+        if problem is None:
+            problem = self._lookups_problem(lookups)
         lookups = lookups if problem is None else [(np.empty(0, np.int64),) * 2 + (None,)] * count
         weighted = any(factors is not None for _, _, factors in lookups)
         headers = self._headers(("pool", grad), problem, [len(ids) for ids, _, _ in lookups],
@@ -260,6 +260,25 @@ class TableWiseTables(Recoverable):
         self._pools = [h for h in self._pools if not h.done] + [handle]
         return handle
 
+    def _lookups_problem(self, lookups: Sequence[Lookups]) -> Optional[str]:
+        """Why ``lookups`` cannot be pooled (None when they can): per table int64 ids inside it,
+        int64 bag lengths adding up to them, float32 factors one per id (for every table or none)."""
+        if len(lookups) != len(self.specs):
+            return f"pool_async takes the lookups of all {len(self.specs)} tables, got {len(lookups)}"
+        if len({factors is None for _, _, factors in lookups}) > 1:
+            return "pool_async: give factors for every table or for none"
+        for spec, (ids, lengths, factors) in zip(self.specs, lookups):
+            arrays = [ids, lengths] + ([] if factors is None else [factors])
+            if not all(isinstance(a, np.ndarray) and a.ndim == 1 for a in arrays) or ids.dtype != np.int64 or \
+                    lengths.dtype != np.int64 or (factors is not None and (factors.dtype != np.float32 or
+                                                                           len(factors) != len(ids))):
+                return f"table {spec.name!r}: lookups must be 1-d int64 ids, int64 bag lengths, float32 factors"
+            if int(lengths.sum()) != len(ids) or (len(lengths) and int(lengths.min()) < 0):
+                return f"table {spec.name!r}: bag lengths add up to {int(lengths.sum())}, not the {len(ids)} ids"
+            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= spec.shape[0]):
+                return f"table {spec.name!r} has {spec.shape[0]} rows, the lookups hold ids outside it"
+        return None
+
     def _check_open(self, call: str) -> None:
         if self.released:
             raise PSInputError(f"{call} after release(): the table-wise tables take no call")
@@ -274,7 +293,8 @@ class TableWiseTables(Recoverable):
         headers[self.owner, HEAD + count + np.arange(count)] = bags
         return headers
 
-    def _sizes(self, headers: np.ndarray, item: callable, both: bool = False, bags: bool = False) -> np.ndarray:
+    def _sizes(self, headers: np.ndarray, item: Callable[[int], int], both: bool = False,
+               bags: bool = False) -> np.ndarray:
         """Bytes to each destination: per table ``item(t)`` bytes per id (and per bag: ``both``;
         per bag only: ``bags``)."""
         count = len(self.specs)
