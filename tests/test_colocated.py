@@ -26,6 +26,13 @@ def test_trainers_sigkilled_mid_step_are_rebuilt_from_their_replicas_bit_for_bit
     assert "rank 0 ends alone on the unkilled rows bit for bit" in result.output, result.output
 
 
+@pytest.mark.parametrize("where", ["before-push", "in-push"])
+def test_table_wise_owners_sigkilled_mid_step_are_rebuilt_from_their_replicas_bit_for_bit(where):
+    result = mpirun(3, "tablewise_ft.py", where, ft=True, timeout=120)
+    assert result.returncode == 0, result.output
+    assert "rank 0 ends alone on the unkilled rows bit for bit" in result.output, result.output
+
+
 def test_a_checkpoint_saved_at_3_ranks_loads_at_2_and_trains_to_the_same_rows(tmp_path):
     result = mpirun(3, "colocated_checkpoint.py", str(tmp_path), timeout=120)
     assert result.returncode == 0, result.output

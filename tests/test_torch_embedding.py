@@ -42,3 +42,15 @@ def test_a_pipelined_ssp_run_reads_a_step_earlier_and_learns_as_the_unpipelined_
     job = mpirun(3, "torch_pipeline_ssp.py", timeout=90)
     assert job.returncode == 0, job
     assert "pipeline ssp: all checks passed" in job.output, job
+
+
+def test_table_wise_sharding_ends_where_row_wise_ends_and_refuses_bad_input():
+    job = mpirun(2, "torch_tablewise.py", timeout=90)
+    assert job.returncode == 0, job
+    assert "table-wise: all checks passed" in job.output, job
+
+
+def test_table_wise_sharding_with_replicas_ends_where_row_wise_ends():
+    job = mpirun(2, "torch_tablewise.py", "ft", ft=True, timeout=60)
+    assert job.returncode == 0, job
+    assert "table-wise: all checks passed" in job.output, job

@@ -9,8 +9,10 @@
   changing the import) trained by ``TrainPipeline``, layout ``dedicated``: ranks 0..K-1
   (``--servers``) hold the tables, the other ranks train and average the dense gradients with
   hpcreduce's DDP (BSP: the result an unpipelined run gives).
-- ``hpcreduce_colocated``: the same, layout ``colocated``: a shard on every rank, every rank
-  trains (where ``hpcreduce.ps.colocated`` exists).
+- ``hpcreduce_colocated``: the same, layout ``colocated``, ``sharding="row_wise"``: a shard of
+  every table on every rank, every rank trains (where ``hpcreduce.ps.colocated`` exists).
+- ``hpcreduce_tablewise``: colocated, ``sharding="table_wise"``: each table whole on one rank,
+  which pools its bags (TorchRec's exchange).
 
 A candidate that cannot run here is left out on every rank, with the reason in the JSON. The
 rest are timed interleaved (``timing.interleaved_medians``, each round in another order),
@@ -157,7 +159,8 @@ def torchrec(comm: MPI.Intracomm, shape: Shape, batch, args) -> Candidate:
     return Candidate(steps, ranks, ring_allreduce_bytes(4 * dense_elements, ranks) + ids + pooled, loss)
 
 
-def hpcreduce_pipeline(comm: MPI.Intracomm, shape: Shape, batch, args, layout: str) -> Candidate:
+def hpcreduce_pipeline(comm: MPI.Intracomm, shape: Shape, batch, args, layout: str,
+                       sharding: str = "row_wise") -> Candidate:
     """hpcreduce: ``EmbeddingBagCollection`` + ``TrainPipeline`` (BSP, server SGD), ``layout``
     ``dedicated`` (``--servers`` ranks serve) or ``colocated`` (every rank trains and holds a
     shard); each trainer pulls and pushes its batch's unique rows once per step for all tables,
@@ -165,7 +168,7 @@ def hpcreduce_pipeline(comm: MPI.Intracomm, shape: Shape, batch, args, layout: s
     from .. import torch as hpt
     model = DLRM(CollectionBags(shape, hpt, dynamic=args.dynamic_tables), shape)
     job = hpt.start_hybrid(Pipelined(model), sparse_optimizer=hpt.RowOptimizer("sgd", lr=LR), layout=layout,
-                           servers=args.servers, consistency="bsp", comm=comm,
+                           servers=args.servers, consistency="bsp", sharding=sharding, comm=comm,
                            broadcast_buffers=False)  # as TorchRec's DistributedModelParallel wraps the dense part
     trainers = comm.Get_size() - (args.servers if layout == "dedicated" else 0)
     if isinstance(job, Server):
@@ -184,14 +187,18 @@ def hpcreduce_pipeline(comm: MPI.Intracomm, shape: Shape, batch, args, layout: s
             losses[0] = float(pipeline.progress(batches))
         if layout == "dedicated":
             job.release()
-    rows = unique_rows(ids)
-    return Candidate(steps, trainers, ring_allreduce_bytes(4 * dense_parameters(model), trainers)
-                     + rows * (8 + 4 * shape.dim), lambda: losses[0])
+    dense = ring_allreduce_bytes(4 * dense_parameters(model), trainers)
+    if sharding == "table_wise":  # as TorchRec's: ids and lengths out, pooled rows back, their gradients out
+        remote = shape.fields * (trainers - 1) / trainers
+        return Candidate(steps, trainers, dense + remote * shape.batch * (8 * shape.bag + 8 + 8 * shape.dim),
+                         lambda: losses[0])
+    return Candidate(steps, trainers, dense + unique_rows(ids) * (8 + 4 * shape.dim), lambda: losses[0])
 
 
 BUILDERS = {"torch_ddp": torch_ddp, "torchrec": torchrec,
             "hpcreduce": lambda *a: hpcreduce_pipeline(*a, layout="dedicated"),
-            "hpcreduce_colocated": lambda *a: hpcreduce_pipeline(*a, layout="colocated")}
+            "hpcreduce_colocated": lambda *a: hpcreduce_pipeline(*a, layout="colocated"),
+            "hpcreduce_tablewise": lambda *a: hpcreduce_pipeline(*a, layout="colocated", sharding="table_wise")}
 
 
 def render(result: Dict[str, object]) -> List[str]:

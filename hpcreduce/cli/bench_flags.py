@@ -176,7 +176,7 @@ def embeddings_problems(args: argparse.Namespace) -> List[str]:
         found.append(f"--budget {args.budget} is smaller than one push's rows "
                      f"({args.push_rows} x {args.width} float32)")
     if "peers" in args.parts:
-        known = ("torch_ddp", "torchrec", "hpcreduce", "hpcreduce_colocated")
+        known = ("torch_ddp", "torchrec", "hpcreduce", "hpcreduce_colocated", "hpcreduce_tablewise")
         unknown = sorted(set(args.peers.split(",")) - set(known))
         if unknown:
             found.append(f"--peers: unknown {', '.join(unknown)} (known: {', '.join(known)})")

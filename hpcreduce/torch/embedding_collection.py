@@ -33,7 +33,7 @@ from ..ps.kernels import kernel
 from .batch_check import BatchCheck
 from .embedding_configs import EmbeddingBagConfig
 from .jagged import KeyedJaggedTensor, KeyedTensor
-from .routing import BatchPlan, plan, problem
+from .routing import BatchPlan, lookups, plan, problem
 
 Rows = Dict[str, torch.Tensor]  # table -> the pulled rows' leaf tensor
 Grad = Union[torch.Tensor, np.ndarray]  # a table's row gradients (a view of a fused lookup's: numpy)
@@ -100,7 +100,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         routed = None
         if why is None:
             try:
-                routed = plan(self._configs, features, self.is_weighted)
+                routed = (lookups if self._owners_pool else plan)(self._configs, features, self.is_weighted)
             except ValueError as err:
                 why = str(err)
         if routed is None:
@@ -129,8 +129,16 @@ class EmbeddingBagCollection(torch.nn.Module):
         trainer, nothing sent)."""
         self._settled(routed)
         self._drop_prefetched()
+        if routed.lookups is not None:  # table-wise: the owners pool
+            self._prefetched = (routed, self._bound().pool_async(routed.lookups))
+            return
         self._prefetched = (routed, self._bound().pull_rows_many_async(
             {name: table.unique.numpy() for name, table in routed.tables.items()}))
+
+    @property
+    def _owners_pool(self) -> bool:
+        """Whether the tables' owners pool the bags (table-wise sharding: ``TableWiseTables``)."""
+        return hasattr(self.store, "pool_async")
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Every feature's pooled rows, shaped (batch, sum of the features' dims)."""
@@ -145,6 +153,8 @@ class EmbeddingBagCollection(torch.nn.Module):
             else:
                 self.prefetch(features)
                 (routed, handle), self._prefetched = self._prefetched, None
+            if routed.lookups is not None:
+                return self._owner_pooled(routed, handle)
             if routed.fused is not None:
                 return self._fused_forward(routed, handle)
             pulled = handle.wait()
@@ -183,6 +193,37 @@ class EmbeddingBagCollection(torch.nn.Module):
         return self._keyed(bags.view(len(self._keys), routed.stride, config.embedding_dim).transpose(0, 1)
                            .reshape(routed.stride, -1))
 
+    def _owner_pooled(self, routed: BatchPlan, handle) -> KeyedTensor:
+        """The bags the tables' owners pooled, laid out as the output (batch, the features'
+        dims) in one leaf, whose ``.grad`` ``push`` sends back to the owners."""
+        pooled, stride, column = handle.wait(), routed.stride, 0
+        out = np.empty((stride, sum(self._dims)), pooled[0].dtype if pooled else np.float32)
+        for config, rows in zip(self._configs, pooled):
+            for j in range(len(config.feature_names)):
+                out[:, column:column + config.embedding_dim] = rows[j * stride:(j + 1) * stride]
+                column += config.embedding_dim
+        leaf = torch.from_numpy(out)
+        if torch.is_grad_enabled():
+            self._pending.append((routed, {"": leaf.requires_grad_(True)}, "pooled"))
+        return self._keyed(leaf)
+
+    def _push_pooled(self, pending):
+        """``push`` under table-wise sharding: the last forward's bag gradients to the owners
+        (per table, its features' columns of the output's gradient, feature after feature)."""
+        problem = "table-wise sharding pushes one forward's gradients per step, got several" \
+            if len(pending) > 1 else None
+        leaf = pending[-1][1][""] if pending else None
+        grad = None if leaf is None or leaf.grad is None else leaf.grad.detach().numpy()
+        grads, column = [], 0
+        for config in self._configs:
+            width = config.embedding_dim * len(config.feature_names)
+            if grad is not None:
+                part = grad[:, column:column + width].reshape(len(grad), -1, config.embedding_dim)
+                grads.append(np.ascontiguousarray(part.transpose(1, 0, 2)).reshape(-1, config.embedding_dim))
+            column += width
+        return self._bound().push_pooled_async(grads if grad is not None else [None] * len(self._configs),
+                                               self.scale, problem)
+
     def _keyed(self, values: torch.Tensor) -> KeyedTensor:
         return KeyedTensor(self._keys, self._dims, values if self.device is None else values.to(self.device))
 
@@ -192,6 +233,8 @@ class EmbeddingBagCollection(torch.nn.Module):
         (``wait()`` -> {table: PushResult}). A step whose forwards left no gradient (evaluation
         under ``no_grad``) still pushes, no rows, on every trainer alike (a colocated push is collective)."""
         pending, self._pending = self._pending, []
+        if self._owners_pool:
+            return self._push_pooled(pending)
         grads: Dict[str, List[Tuple[torch.Tensor, Grad]]] = {c.name: [] for c in self._configs}
         if len(pending) == 1 and pending[0][2] is not None and pending[0][1][""].grad is not None:
             (handle, _), grad = pending[0][2], pending[0][1][""].grad

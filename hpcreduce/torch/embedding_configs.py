@@ -22,9 +22,12 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ..arrays.hashing import GOLDEN, mix64, name_key, unit_uniform
+from ..arrays.hashing import GOLDEN, mix64, name_key
 from ..ps import Dynamic, ParamSpec, dynamic_table
+from ..ps.kernels import kernel
 from ..ps.optimizers import OPTIMIZERS
+
+COUNTER_UNIFORM = kernel("normal", "counter_uniform")  # compiled: 26 tables x 1M x 16 in seconds
 
 
 class PoolingType(Enum):
@@ -200,11 +203,12 @@ class EmbeddingBagConfig:
 
 def counter_uniform(seed: int, name: str, flat: np.ndarray, low: float, high: float) -> np.ndarray:
     """Uniform [low, high) float32 values for elements ``flat`` of table ``name``, each a
-    function of (seed, name, index) alone."""
+    function of (seed, name, index) alone (one compiled pass, ``kernels.normal.counter_uniform``)."""
     with np.errstate(over="ignore"):
-        key = mix64(np.array([seed], np.uint64) * GOLDEN ^ name_key(name))
-        hashed = mix64(key ^ (np.asarray(flat).astype(np.uint64) * GOLDEN))
-    return (low + (high - low) * unit_uniform(hashed)).astype(np.float32)
+        key = mix64(np.array([seed], np.uint64) * GOLDEN ^ name_key(name))[0]
+    out = np.empty(len(flat), np.float32)
+    COUNTER_UNIFORM(key, np.ascontiguousarray(flat, np.int64), float(low), float(high) - float(low), out)
+    return out
 
 
 def init_fn_problem(config: EmbeddingBagConfig) -> Optional[str]:

@@ -37,7 +37,7 @@ from ..runtime.context import resolve
 from .ddp import DistributedDataParallel
 from .embedding_collection import EmbeddingBagCollection
 from .embedding_configs import RowOptimizer, init_fn_problem
-from .layouts import LAYOUTS, start_tables
+from .layouts import LAYOUTS, SHARDINGS, start_tables
 from .table_files import SavedTables, saved_problem
 
 
@@ -80,11 +80,15 @@ class HybridWorker:
 
 def start_hybrid(module: torch.nn.Module, *, sparse_optimizer: RowOptimizer, layout: str = "dedicated",
                  servers: int = 1, consistency: str = "bsp", staleness: int = 0, seed: int = 0,
-                 tables_from: Optional[str] = None, comm=None, **ddp_options) -> Union[Server, HybridWorker]:
+                 tables_from: Optional[str] = None, sharding: Optional[str] = None, comm=None,
+                 **ddp_options) -> Union[Server, HybridWorker]:
     """Start a hybrid job for ``module`` (collective over ``comm``'s ranks; build the module the
     same way everywhere): with ``layout="dedicated"`` a ``Server`` on ranks 0..servers-1 (call
     ``serve()``) and a ``HybridWorker`` elsewhere; with ``"colocated"`` a ``HybridWorker`` on
-    every rank. The tables are the module's ``EmbeddingBagCollection``'s (exactly one), fixed
+    every rank. ``sharding`` (colocated): ``"row_wise"``, rows hashed over every rank, the
+    trainers pool; ``"table_wise"``, each fixed table whole on one rank, which pools its bags
+    (TorchRec's exchange); default: table-wise when every table is fixed, else row-wise. The
+    tables are the module's ``EmbeddingBagCollection``'s (exactly one), fixed
     ones initialised from ``seed`` or read from ``tables_from`` (a ``save_tables`` directory, of
     any number of trainers: resharded by id); ``ddp_options``: ``DistributedDataParallel``'s for the dense
     part (a module with no dense parameter is not wrapped). Bad input (no collection or two,
@@ -103,17 +107,24 @@ def start_hybrid(module: torch.nn.Module, *, sparse_optimizer: RowOptimizer, lay
         problems.append(saved)
     if layout not in LAYOUTS:
         problems.append(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if sharding is None:  # the faster one where it can be: every table fixed, colocated
+        fixed = all(config.num_embeddings is not None for config in configs)
+        sharding = "table_wise" if layout == "colocated" and fixed else "row_wise"
+    if sharding not in SHARDINGS or (sharding == "table_wise" and layout != "colocated"):
+        problems.append(f"sharding must be one of {', '.join(SHARDINGS)} (table_wise with layout=\"colocated\"), "
+                        f"got {sharding!r} with layout {layout!r}")
     if not isinstance(sparse_optimizer, RowOptimizer):
         problems.append(f"sparse_optimizer must be a RowOptimizer(name, lr), got {sparse_optimizer!r}")
     elif sparse_optimizer.problem():
         problems.append(sparse_optimizer.problem())
     agree(context, "start_hybrid", [("tables", stable_hash(signature), lambda: signature),
-                                    ("layout", stable_hash((layout, servers, consistency, staleness, seed)),
-                                     (layout, servers, consistency, staleness, seed))],
+                                    ("layout", stable_hash((layout, sharding, servers, consistency, staleness, seed)),
+                                     (layout, sharding, servers, consistency, staleness, seed))],
           InputProblem(ProblemKind.UNUSABLE_ARRAY, "; ".join(problems)) if problems else None)
     consistency_model = Consistency(consistency, staleness)
     role, trainers_comm, trainers = start_tables(configs, layout, servers, consistency_model, sparse_optimizer,
-                                                 seed, context, SavedTables(tables_from) if tables_from else None)
+                                                 seed, context, SavedTables(tables_from) if tables_from else None,
+                                                 sharding)
     if isinstance(role, Server):
         return role
     collection = collections[0].bind(role, trainers, resolve(trainers_comm))

@@ -23,6 +23,7 @@ from .embedding_configs import EmbeddingBagConfig, RowOptimizer, counter_uniform
 from .table_files import SavedTables
 
 LAYOUTS = ("dedicated", "colocated")
+SHARDINGS = ("row_wise", "table_wise")  # TorchRec's ShardingType names; table_wise: colocated, fixed tables
 
 
 class TableInit(PartInit):
@@ -49,12 +50,18 @@ class TableInit(PartInit):
 
 def start_tables(configs: Sequence[EmbeddingBagConfig], layout: str, servers: int, consistency: Consistency,
                  sparse_optimizer: RowOptimizer, seed: int, context: Context,
-                 saved: Optional[SavedTables] = None) -> Tuple[Union[Server, object], object, int]:
+                 saved: Optional[SavedTables] = None, sharding: str = "row_wise"
+                 ) -> Tuple[Union[Server, object], object, int]:
     """This rank's role: (the ``Server`` on a dedicated server rank, or the trainer's table store
-    (``ps.Worker`` / ``ColocatedTables``)), the trainers' communicator (None on a server) and
-    the number of trainers. Collective over ``context``."""
+    (``ps.Worker`` / ``ColocatedTables`` / ``TableWiseTables``)), the trainers' communicator (None
+    on a server) and the number of trainers. Collective over ``context``."""
     init = TableInit(configs, seed, saved)
     specs = init.specs
+    if layout == "colocated" and sharding == "table_wise":
+        from ..ps.colocated.tablewise import TableWiseTables  # each table whole on one rank, pooled there
+        store = TableWiseTables(specs, optimizer=sparse_optimizer.name, lr=sparse_optimizer.lr, comm=context,
+                                init=init, seed=seed)
+        return store, context.comm.Dup(), context.comm.Get_size()
     if layout == "colocated":
         from ..ps.colocated import ColocatedTables  # helper "colocated"'s shards on every trainer
         store = ColocatedTables(specs, optimizer=sparse_optimizer.name, lr=sparse_optimizer.lr, comm=context,

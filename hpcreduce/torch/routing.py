@@ -24,6 +24,7 @@ from .jagged import KeyedJaggedTensor
 
 UNIQUE_INVERSE = kernel("route", "unique_inverse")  # torch.unique(sorted, return_inverse) by a radix sort
 TABLE_KEYS, SPLIT_KEYS, BAG_OF = (kernel("route", name) for name in ("table_keys", "split_keys", "bag_of"))
+Lookups = Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]  # ids, bag lengths (int64), factors (float32)
 
 
 @dataclass
@@ -57,13 +58,15 @@ class Fused:
 class BatchPlan:
     """A checked batch: ``tables`` by name, ``stride`` examples, ``features`` the batch it came
     from, ``fused`` the one-lookup form (None when the tables' dims or poolings differ),
-    ``verdict`` the trainers' check of it while in flight (``batch_check.Verdict``; None once settled)."""
+    ``verdict`` the trainers' check of it while in flight (``batch_check.Verdict``; None once settled),
+    ``lookups`` per table (ids, bag lengths, factors) when the tables' owners pool (``lookups``)."""
 
     features: KeyedJaggedTensor
     stride: int
     tables: Dict[str, TableBatch]
     fused: Optional[Fused] = None
     verdict: Optional[Any] = None
+    lookups: Optional[List[Lookups]] = None
 
 
 def problem(configs: Sequence[EmbeddingBagConfig], features: KeyedJaggedTensor, weighted: bool) -> Optional[str]:
@@ -116,6 +119,34 @@ def plan(configs: Sequence[EmbeddingBagConfig], features: KeyedJaggedTensor, wei
     all_lengths = lengths if in_key_order else torch.cat([bag_lengths for _, bag_lengths, _ in joined])
     return BatchPlan(features, stride, tables, _fused(list(tables.values()), all_lengths, deduplicated[0][2],
                                                       configs[0].mode))
+
+
+def lookups(configs: Sequence[EmbeddingBagConfig], features: KeyedJaggedTensor, weighted: bool) -> BatchPlan:
+    """Split a checked batch by table for owners that pool whole bags (table-wise sharding): per
+    table its features' ids, bag lengths and per-lookup factors (the weights; under MEAN pooling
+    1 / the bag's length, as the fused lookup scales them; 1 on a SUM table beside MEAN ones;
+    None for every table when none needs one). No deduplication; ids outside a fixed table:
+    ``ValueError`` naming them."""
+    keys, stride = features.keys(), features.stride()
+    index = {key: k for k, key in enumerate(keys)}
+    values, lengths = features.values().to(torch.int64), features.lengths().to(torch.int64)
+    starts = torch.cumsum(torch.cat([lengths.new_zeros(1), lengths.view(len(keys), stride).sum(1)]), 0).tolist()
+    weights = features.weights_or_none().to(torch.float32) if weighted else None
+    scaled = weighted or any(config.mode == "mean" for config in configs)
+    out = []
+    for config in configs:
+        ids, bag_lengths, bag_weights = _joined(values, lengths, weights, starts,
+                                                [index[name] for name in config.feature_names], stride)
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= config.num_embeddings):
+            _check_range(config, torch.unique(ids))
+        factors = bag_weights if weighted else None
+        if not weighted and scaled:
+            bag = torch.from_numpy(BAG_OF(np.ascontiguousarray(bag_lengths.numpy())))
+            factors = (1.0 / bag_lengths.clamp(min=1).to(torch.float32))[bag] if config.mode == "mean" else \
+                torch.ones(len(ids), dtype=torch.float32)
+        out.append((np.ascontiguousarray(ids.numpy()), np.ascontiguousarray(bag_lengths.numpy()),
+                    None if factors is None else np.ascontiguousarray(factors.numpy())))
+    return BatchPlan(features, stride, {}, lookups=out)
 
 
 def _unique_fixed(configs: Sequence[EmbeddingBagConfig], joined) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

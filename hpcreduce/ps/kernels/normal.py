@@ -1,4 +1,5 @@
-"""Counter-based normal draws (``tables.counter_normal``), one element at a time without temporaries."""
+"""Counter-based normal and uniform draws (``tables.counter_normal``, ``embedding_configs.counter_uniform``),
+one element at a time without temporaries."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,3 +20,12 @@ def counter_normal(key, flat, scale, out):
         first = 1.0 - np.float64(hashed >> S11) * TWO_POW_M53
         second = np.float64(mix64(hashed + GOLDEN) >> S11) * TWO_POW_M53
         out[i] = np.sqrt(-2.0 * np.log(first)) * np.cos(2.0 * np.pi * second) * scale
+
+
+@njit(nogil=True, cache=True)
+def counter_uniform(key, flat, low, span, out):
+    """``out[i]`` = low + span x U[0, 1) of element ``flat[i]`` under ``key``, rounded to
+    ``out``'s dtype (the formula of ``torch.embedding_configs.counter_uniform``, float64 inside)."""
+    for i in range(len(flat)):
+        hashed = mix64(key ^ (np.uint64(flat[i]) * GOLDEN))
+        out[i] = low + span * (np.float64(hashed >> S11) * TWO_POW_M53)

@@ -1,0 +1,78 @@
+"""Table-wise tables on disk: one file per table, loadable at any number of ranks.
+
+``save(tables, directory)``: each owner writes ``table-<t>.npz`` (its rows and optimizer state),
+then rank 0 writes ``tablewise.json`` (the tables, the optimizer, the step), each file
+atomically. ``load(tables, directory)``: every rank checks the description against its own
+tables and optimizer and reads the files of the tables it owns now (whole tables: any number
+of ranks reads any checkpoint of the same tables), then the replicas are re-made. A problem (no
+checkpoint, other tables, a missing file) is a ``PSConfigError`` on every rank before anything
+is changed.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict
+
+import numpy as np
+
+from ...errors import PSConfigError
+from ...runtime.files import atomic_file, write_json
+from .tablewise_ft import replicate
+
+DESCRIPTION = "tablewise.json"
+
+
+def description(tables) -> Dict[str, object]:
+    return {"tables": [repr(spec) for spec in tables.specs], "optimizer": type(tables.optimizer).__name__,
+            "step": tables.clock_value}
+
+
+def save(tables, directory: str) -> None:
+    """Write ``tables`` (collective; no push in flight)."""
+    problem = None
+    try:
+        os.makedirs(directory, exist_ok=True)
+        if tables.rank == 0 and os.path.exists(os.path.join(directory, DESCRIPTION)):
+            os.remove(os.path.join(directory, DESCRIPTION))  # until written again, the save is unfinished
+        for t in tables.mine:
+            with atomic_file(os.path.join(directory, f"table-{t}.npz"), "wb") as out:
+                np.savez(out, values=tables.values[t], **{f"state_{n}": a for n, a in tables.state[t].items()})
+    except OSError as error:
+        problem = f"rank {tables.rank}: {error}"
+    problems = [p for p in tables.comm.allgather(problem) if p]
+    if not problems and tables.rank == 0:
+        try:
+            write_json(os.path.join(directory, DESCRIPTION), description(tables))
+        except OSError as error:  # every rank learns of it below: none is left waiting
+            problems = [f"rank 0 ({DESCRIPTION}): {error}"]
+    problems = tables.comm.bcast(problems, root=0)
+    if problems:
+        raise PSConfigError("table-wise checkpoint not written: " + "; ".join(problems))
+
+
+def load(tables, directory: str) -> None:
+    """Replace ``tables``' rows, optimizer state and step with the checkpoint in ``directory``."""
+    found, problem, saved = {}, None, {}
+    try:
+        with open(os.path.join(directory, DESCRIPTION), encoding="utf-8") as source:
+            saved = json.load(source)
+        mine = description(tables)
+        problem = next((f"it holds {name} {saved.get(name)}, these tables have {mine[name]}"
+                        for name in ("tables", "optimizer") if saved.get(name) != mine[name]), None)
+        for t in tables.mine if problem is None else ():
+            with np.load(os.path.join(directory, f"table-{t}.npz")) as table:
+                found[t] = (np.ascontiguousarray(table["values"]),
+                            {n: np.ascontiguousarray(table[f"state_{n}"]) for n in tables.optimizer.state_names})
+    except (OSError, ValueError, KeyError) as error:
+        problem = f"{type(error).__name__}: {error}"
+    problems = [p for p in tables.comm.allgather(problem) if p]
+    if problems:
+        raise PSConfigError(f"cannot load the table-wise checkpoint in {directory}: {problems[0]}")
+    step = int(saved["step"])
+    tables.values = {t: values for t, (values, _) in found.items()}
+    tables.state = {t: state for t, (_, state) in found.items()}
+    tables.last_step, tables.clock_value = {t: step - 1 for t in found}, step
+    if tables._replicated:
+        tables._install(replicate(tables.comm, tables.successor, tables.predecessor,
+                                  {t: (values, state, step - 1) for t, (values, state) in found.items()}))
