@@ -22,11 +22,14 @@ per candidate: examples/s (training ranks x ``--batch`` / step time) and its rat
 (every candidate takes the same number of steps on the same batches), the bytes the busiest
 training rank sends per step as modelled from this batch's ids and each one's message pattern
 (``bytes_*``), the RSS each rank gained building it and taking its first step, and the
-process's peak RSS (all candidates together: run one ``--peers`` at a time for each's own peak).
+process's peak RSS (all candidates together: run one ``--peers`` at a time for each's own peak), and
+``ready_s``: the slowest rank's seconds from building the model to ready to train, and
+``first_step_s``: its first step's (tables made on first touch draw that batch's rows then).
 """
 from __future__ import annotations
 
 import importlib.util
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -66,6 +69,8 @@ def measure(context: Context, args) -> Dict[str, object]:
     built: Dict[str, Candidate] = {}
     left_out: Dict[str, str] = {}
     added_rss: Dict[str, List[int]] = {}
+    ready_s: Dict[str, float] = {}
+    first_s: Dict[str, float] = {}
     for name in args.peers.split(","):
         reasons = [why for why in comm.allgather(unavailable(name, comm, args.servers, shape)) if why]
         if reasons:
@@ -73,8 +78,13 @@ def measure(context: Context, args) -> Dict[str, object]:
             continue
         before = rss_bytes()
         torch.manual_seed(0)
+        comm.Barrier()
+        started = time.perf_counter()
         built[name] = BUILDERS[name](comm, shape, batch, args)
+        ready_s[name] = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
+        started = time.perf_counter()
         built[name].steps(1)
+        first_s[name] = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
         added_rss[name] = comm.allgather(rss_bytes() - before)
     medians = interleaved_medians(comm, {name: lambda c=c: c.steps(STEPS_PER_CALL) for name, c in built.items()},
                                   warmup=args.warmup, iterations=args.iterations, shuffle=True) if built else {}
@@ -83,7 +93,8 @@ def measure(context: Context, args) -> Dict[str, object]:
     rows = {name: {"step_s": medians[name] / STEPS_PER_CALL, "trainers": c.trainers,
                    "examples_per_s": c.trainers * shape.batch * STEPS_PER_CALL / medians[name],
                    "loss": sum(losses[name]) / len(losses[name]), "bytes_per_step": sent[name],
-                   "added_rss_bytes": added_rss[name]}
+                   "added_rss_bytes": added_rss[name], "ready_s": ready_s[name],
+                   "first_step_s": first_s[name]}
             for name, c in built.items()}
     for row in rows.values():  # the ratio the issue's target is stated in, when TorchRec ran
         row["vs_torchrec"] = row["examples_per_s"] / rows["torchrec"]["examples_per_s"] if "torchrec" in rows else None
@@ -206,12 +217,12 @@ def render(result: Dict[str, object]) -> List[str]:
     lines = [f"peers: DLRM, {shape['fields']} fields x {shape['rows']} rows x {shape['dim']}, bags of {shape['bag']}, "
              f"batch {shape['batch']} per training rank",
              f"  {'candidate':<20} {'trainers':>8} {'examples/s':>11} {'x torchrec':>10} {'step ms':>8} {'loss':>7} "
-             f"{'KiB sent/step':>14} {'added RSS MiB (max rank)':>25}"]
+             f"{'KiB sent/step':>14} {'added RSS MiB (max rank)':>25} {'ready s':>8} {'1st step s':>10}"]
     for name, row in result["candidates"].items():
         ratio = "-" if row.get("vs_torchrec") is None else f"{row['vs_torchrec']:.2f}"
         lines.append(f"  {name:<20} {row['trainers']:>8} {row['examples_per_s']:>11.0f} {ratio:>10} "
                      f"{row['step_s'] * 1e3:>8.2f} {row['loss']:>7.4f} {row['bytes_per_step'] / 1024:>14.1f} "
-                     f"{max(row['added_rss_bytes']) / 2 ** 20:>25.1f}")
+                     f"{max(row['added_rss_bytes']) / 2 ** 20:>25.1f} {row['ready_s']:>8.2f} {row['first_step_s']:>10.2f}")
     for name, why in result["left_out"].items():
         lines.append(f"  {name:<20} left out: {why}")
     lines.append(f"  peak RSS per rank (MiB): {', '.join(f'{p / 2 ** 20:.0f}' for p in result['peak_rss_bytes'])}")

@@ -37,6 +37,11 @@ class TableInit(PartInit):
         config = self.configs[table]
         return counter_uniform(self.seed, config.name, flat, *config.init_range())
 
+    def per_row(self, table: int) -> bool:
+        """Whether table ``table``'s rows depend on (table, id) alone (made on first touch by
+        table-wise tables): not when a config's ``init_fn`` draws them."""
+        return self.saved is not None or self.configs[table].init_fn is None
+
     def rows(self, table: int, ids: np.ndarray) -> np.ndarray:
         if self.saved is not None:
             return self.saved.rows(self.configs[table].name, np.asarray(ids, dtype=np.int64))

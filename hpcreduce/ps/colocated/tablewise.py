@@ -51,6 +51,7 @@ from .routes import byte_spec
 from .shards import default_init
 from .tablewise_ft import Recoverable, forward, neighbour, owner_keys, replicate
 from .tablewise_handles import PooledPush, PoolHandle, RowsHandle, owners, row_bytes
+from .tablewise_rows import FirstTouch, per_row, zeroed_state
 
 Lookups = Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]  # ids, bag lengths (int64), factors (float32) or None
 POOLED_ROWS = kernel("pool", "pooled_rows")
@@ -78,12 +79,12 @@ class TableWiseTables(Recoverable):
         self.ring = tuple(node_ring(self.live, dict(zip(self.live, rank_nodes(self.comm)))))
         self.home = owners(self.specs, size)
         self._locate()
-        init = default_init(self.specs, seed) if init is None else init
+        lazy = [per_row(init, t) for t in range(len(self.specs))]
+        self.touch = FirstTouch(default_init(self.specs, seed) if init is None else init)
         self.optimizer = make_optimizer(optimizer, lr)
         self.values = checks.made_everywhere(self.comm, lambda: {
-            t: np.ascontiguousarray(init.rows(t, np.arange(self.specs[t].shape[0])).reshape(self.specs[t].shape[0], -1))
-            for t in self.mine})
-        self.state = {t: self.optimizer.init_state(values) for t, values in self.values.items()}
+            t: self.touch.empty("primary", t) if lazy[t] else self.touch.whole(t) for t in self.mine})
+        self.state = {t: zeroed_state(self.optimizer, values) for t, values in self.values.items()}
         self.row_bytes = np.array([row_bytes(spec) for spec in self.specs], np.int64)
         self.last_step = {t: -1 for t in self.mine}
         self.clock_value = 0
@@ -92,7 +93,10 @@ class TableWiseTables(Recoverable):
         self._pushes: List[PooledPush] = []
         self._pools: List[PoolHandle] = []
         self.replicas: Dict[int, Tuple[np.ndarray, Dict[str, np.ndarray]]] = {}  # the predecessor's tables
-        if self._replicated:
+        if self._replicated and all(lazy):  # the predecessor's tables, drawn here as there
+            self._install({t: (rows, zeroed_state(self.optimizer, rows), -1) for t in self._theirs()
+                           for rows in [self.touch.empty("replica", t)]})
+        elif self._replicated:
             self._install(replicate(self.comm, self.successor, self.predecessor,
                                     {t: (self.values[t], self.state[t], -1) for t in self.mine}))
 
@@ -118,6 +122,10 @@ class TableWiseTables(Recoverable):
         self.mine = np.flatnonzero(keys == self.key).tolist()
         self.successor = rank_of[neighbour(self.ring, self.live, self.key)]
         self.predecessor = rank_of[neighbour(self.ring, self.live, self.key, -1)]
+
+    def _theirs(self) -> List[int]:
+        """The tables of this rank's ring predecessor (this rank's replicas)."""
+        return np.flatnonzero(self.owner == self.predecessor).tolist()
 
     def _install(self, replicas: dict) -> None:
         self.replicas = {t: (rows, state) for t, (rows, state, _) in replicas.items()}
@@ -209,6 +217,7 @@ class TableWiseTables(Recoverable):
         for r in range(self.worker_count):
             for t in self.mine:
                 n = int(incoming[r, HEAD + t])
+                self.touch.make("primary", t, words[at:at + n])
                 blocks.append(self.values[t][words[at:at + n]].reshape(-1).view(np.uint8))
                 at += n
         reply = np.concatenate(blocks) if blocks else np.empty(0, np.uint8)
@@ -219,6 +228,7 @@ class TableWiseTables(Recoverable):
         """Write every table (rows, optimizer state) and the step to ``directory`` (collective)."""
         self._check_open("save_checkpoint()")
         self._collective(self._settle)
+        self.touch.make_all()
         tablewise_checkpoint.save(self, directory)
 
     def load_checkpoint(self, directory: str) -> None:
@@ -226,6 +236,7 @@ class TableWiseTables(Recoverable):
         self._check_open("load_checkpoint()")
         self._collective(self._settle)
         tablewise_checkpoint.load(self, directory)
+        self.touch.forget()
         self._forward = None
 
     def clock(self) -> int:
@@ -332,6 +343,7 @@ class TableWiseTables(Recoverable):
             ids = np.concatenate([p[0] for p in mine[i]])
             lengths = np.concatenate([p[1] for p in mine[i]])
             scale = torch.from_numpy(np.concatenate([p[2] for p in mine[i]])) if weighted else None
+            self.touch.make("primary", t, ids)
             values = torch.from_numpy(self.values[t])
             pooled.append(F.embedding_bag(torch.from_numpy(ids), values, torch.from_numpy(offsets(lengths)), mode="sum",
                                           per_sample_weights=scale).numpy() if len(lengths) else
@@ -391,5 +403,6 @@ class TableWiseTables(Recoverable):
             self.last_step[t] = self.clock_value
         for t, rows, summed in copies:
             if self.clock_value > self.replica_step[t]:
+                self.touch.make("replica", t, rows)
                 self.optimizer.update_rows(*self.replicas[t], rows, summed, self.clock_value + 1)
                 self.replica_step[t] = self.clock_value

@@ -149,6 +149,7 @@ class Recoverable:
         (``tablewise_ft.rebuilt``); the lost shard keys. Then redo the step: pool again, push
         again (``rank`` and ``worker_count`` changed; a step already applied is refused)."""
         self._abandon()
+        self.touch.make_all()  # tables travel whole
         restored = rebuilt(self)
         release(self.comm)
         self.comm, self.live = restored.comm, restored.live

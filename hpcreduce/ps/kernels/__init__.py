@@ -1,7 +1,8 @@
 """Compiled kernels of the rows path (numba ``@njit(nogil=True, cache=True)``), loaded lazily.
 
 ``index``: the id index's probes (``find``; ``cells``, which ``IdIndex.remove`` and ``move``
-use) and ``insert``; ``sketch``: the admission sketch's count-min sighting; ``rows``: summing
+use), ``insert``, and ``first_touched`` (table-wise rows made on first touch); ``sketch``: the
+admission sketch's count-min sighting; ``rows``: summing
 duplicate ids' gradients (``merge_runs``: several senders' sorted runs at once), the row
 optimizers (SGD, momentum, Adagrad, Adam) fused with the gather and scatter, and a pooled
 lookup's backward (``pooled_grad``); ``route``: a worker's shard routing (rendezvous owners, the
@@ -44,6 +45,7 @@ def warm() -> None:
     ids, cells = np.zeros(1, np.int64), np.full(2, -1, np.int64)
     index.find(np.zeros(2, np.int64), cells, ids)
     index.cells(np.zeros(2, np.int64), cells, ids)
+    index.first_touched(np.zeros(2, np.bool_), ids)
     sketch.sighting(np.zeros((1, 2), np.uint16), ids, np.uint64(1), 65535)
     route.owners(ids, np.ones(2, np.uint64))
     route.group(ids, 1)

@@ -1,4 +1,5 @@
-"""The id index's probes (open addressing, linear probing; see ``id_index.py``)."""
+"""The id index's probes (open addressing, linear probing; see ``id_index.py``), and ``first_touched``
+(table-wise rows made on first touch)."""
 from __future__ import annotations
 
 import numpy as np
@@ -58,3 +59,18 @@ def insert(keys, slots, ids, new_slots):
         keys[cell] = ids[i]
         slots[cell] = new_slots[i]
     return reused
+
+
+@njit(nogil=True, cache=True)
+def first_touched(made, ids):
+    """The ids whose ``made`` flag is off, each once (in order of first sight), flagged on:
+    one pass, no table-sized scratch."""
+    out = np.empty(len(ids), np.int64)
+    count = 0
+    for i in range(len(ids)):
+        row = ids[i]
+        if not made[row]:
+            made[row] = True
+            out[count] = row
+            count += 1
+    return out[:count]
