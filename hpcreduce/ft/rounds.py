@@ -26,7 +26,7 @@ from typing import Callable, Generic, List, Optional, TypeVar
 from mpi4py import MPI
 
 from ..runtime.context import Context
-from ..runtime.failures import is_process_failure, revoke, shrink_agreed
+from ..runtime.failures import agree_all, is_process_failure, revoke, shrink_agreed
 from .watchdog import watchdog
 
 T = TypeVar("T")
@@ -104,14 +104,3 @@ def shrink_and_rebuild(comm: MPI.Intracomm, *, before_shrink: Callable[[], None]
     mapped = [None if r == MPI.UNDEFINED else r for r in new_rank]
     lost = [old for old, r in enumerate(mapped) if r is None]
     return Shrunk(current, lost, mapped, rounds, time.perf_counter() - started)
-
-
-def agree_all(comm: MPI.Intracomm, ok: bool) -> bool:
-    """True only if every rank says ``ok`` and no rank has failed; the same on every survivor."""
-    try:
-        return bool(comm.Agree(int(ok)))
-    except MPI.Exception as error:
-        if not is_process_failure(error):
-            raise
-        return False
-

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, List, NoReturn, Optional, Tuple
+from typing import Callable, Iterable, Iterator, List, NoReturn, Optional, Tuple, TypeVar
 
 from mpi4py import MPI
 
 from .launch import mark_aborted
 
+T = TypeVar("T")
 FAILURE_CLASSES = frozenset({MPI.ERR_PROC_FAILED, MPI.ERR_REVOKED,
                              getattr(MPI, "ERR_PROC_FAILED_PENDING", MPI.ERR_PROC_FAILED)})
 
@@ -102,6 +103,33 @@ def shrink_agreed(comm: MPI.Intracomm, before_shrink: Callable[[], None] = lambd
         except MPI.Exception as error:
             if not is_process_failure(error):
                 raise
+
+
+def agree_all(comm: MPI.Intracomm, ok: bool) -> bool:
+    """True only if every rank says ``ok`` and no rank has failed; the same on every survivor."""
+    try:
+        return bool(comm.Agree(int(ok)))
+    except MPI.Exception as error:
+        if not is_process_failure(error, comm):
+            raise
+        return False
+
+
+def restored_until_agreed(comm: MPI.Intracomm, restore: Callable[[MPI.Intracomm], T]) -> T:
+    """Shrink ``comm`` to the survivors (``shrink_agreed``), ``restore(survivors)`` and commit
+    it with one ``Agree``; again, from the start, while a rank fails during a round. ``restore``
+    must change nothing it was given: only a committed round's result is returned."""
+    while True:
+        comm, _ = shrink_agreed(comm)
+        try:
+            restored, ok = restore(comm), True
+        except MPI.Exception as error:
+            if not is_process_failure(error, comm):
+                raise
+            revoke(comm)
+            restored, ok = None, False
+        if agree_all(comm, ok):
+            return restored
 
 
 def release(comm: MPI.Comm) -> None:

@@ -27,7 +27,7 @@ from typing import List, Optional
 from mpi4py import MPI
 
 from ...errors import PSTrainingError
-from ...runtime.failures import is_process_failure, revoke, shrink_agreed
+from ...runtime.failures import restored_until_agreed
 from ...runtime.nodes import rank_nodes
 from .layout import ColocatedLayout
 from .moves import deliver, replicate
@@ -69,21 +69,4 @@ def restore(comm: MPI.Intracomm, layout: ColocatedLayout, key: int, store: Shard
 def rebuilt(comm: MPI.Intracomm, layout: ColocatedLayout, key: int, store: ShardStore,
             replica: Optional[ShardStore], clock: int) -> Restored:
     """Shrink, restore and commit, in rounds until a round commits (steps 1-4)."""
-    while True:
-        comm, _ = shrink_agreed(comm)
-        try:
-            restored = restore(comm, layout, key, store, replica, clock)
-            ok = True
-        except MPI.Exception as error:
-            if not is_process_failure(error, comm):
-                raise
-            revoke(comm)
-            ok = False
-        try:
-            committed = bool(comm.Agree(int(ok)))
-        except MPI.Exception as error:
-            if not is_process_failure(error):
-                raise
-            committed = False
-        if committed:
-            return restored
+    return restored_until_agreed(comm, lambda survivors: restore(survivors, layout, key, store, replica, clock))

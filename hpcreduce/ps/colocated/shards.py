@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 from ...errors import PSInputError
 from ...runtime.context import Comm, resolve
-from ...runtime.failures import abandon, is_process_failure, release
+from ...runtime.failures import abandon, agree_all, is_process_failure, release
 from ...runtime.nodes import rank_nodes
 from ..init import PartInit, counter_normal
 from ..optimizers import make_optimizer
@@ -324,24 +324,15 @@ class ColocatedTables:
         except MPI.Exception as error:
             if self.ft and is_process_failure(error, self.comm):
                 self._abandon()
-                self._agree(False)
+                agree_all(self.comm, False)
             raise
 
     def _commit(self) -> None:
         """Under fault tolerance, agree that every rank received the step before anyone applies
         it; a process failure (here or anywhere) raises ``ERR_PROC_FAILED``, nothing applied."""
-        if self.ft and not self._agree(True):
+        if self.ft and not agree_all(self.comm, True):
             self._abandon()
             raise MPI.Exception(MPI.ERR_PROC_FAILED)
-
-    def _agree(self, ok: bool) -> bool:
-        """True only if every rank says ``ok`` and none failed; the same on every survivor."""
-        try:
-            return bool(self.comm.Agree(int(ok)))
-        except MPI.Exception as error:
-            if not is_process_failure(error, self.comm):
-                raise
-            return False
 
     def _abandon(self) -> None:
         """Revoke the communicator and complete every request still in flight (with an error)."""

@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ...errors import PSTrainingError
-from ...runtime.failures import abandon, is_process_failure, release, revoke, shrink_agreed, wait_all
+from ...runtime.failures import abandon, agree_all, is_process_failure, release, restored_until_agreed, wait_all
 from . import exchange
 from .exchange import HEAD
 from .flat import offsets
@@ -120,24 +120,7 @@ def restore(comm: MPI.Intracomm, tables) -> Restored:
 
 def rebuilt(tables) -> Restored:
     """Shrink, restore and commit, in rounds until a round commits."""
-    comm = tables.comm
-    while True:
-        comm, _ = shrink_agreed(comm)
-        try:
-            restored, ok = restore(comm, tables), True
-        except MPI.Exception as error:
-            if not is_process_failure(error, comm):
-                raise
-            revoke(comm)
-            ok = False
-        try:
-            committed = bool(comm.Agree(int(ok)))
-        except MPI.Exception as error:
-            if not is_process_failure(error):
-                raise
-            committed = False
-        if committed:
-            return restored
+    return restored_until_agreed(tables.comm, lambda survivors: restore(survivors, tables))
 
 
 class Recoverable:
@@ -170,23 +153,16 @@ class Recoverable:
         except MPI.Exception as error:
             if self.ft and is_process_failure(error, self.comm):
                 self._abandon()
-                self._agree(False)
+                agree_all(self.comm, False)
             raise
 
     def _commit(self) -> None:
         """Under fault tolerance, agree that every rank received the push (and the replicas
         theirs) before anyone applies it; a failure anywhere raises ``ERR_PROC_FAILED``."""
-        if self.ft and not self._agree(True):
+        if self.ft and not agree_all(self.comm, True):
             self._abandon()
             raise MPI.Exception(MPI.ERR_PROC_FAILED)
 
-    def _agree(self, ok: bool) -> bool:
-        try:
-            return bool(self.comm.Agree(int(ok)))
-        except MPI.Exception as error:
-            if not is_process_failure(error, self.comm):
-                raise
-            return False
 
     def _abandon(self) -> None:
         """Revoke the communicator and complete every request still in flight (with an error)."""
