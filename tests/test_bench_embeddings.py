@@ -47,7 +47,7 @@ def test_scale_streams_distinct_ids_through_replicated_budgeted_servers(tmp_path
 
 def test_peers_time_torch_ddp_and_account_for_every_candidate(tmp_path):
     pytest.importorskip("torch")
-    peers = ("torch_ddp", "torchrec", "hpcreduce", "hpcreduce_colocated")
+    peers = ("torch_ddp", "torchrec", "hpcreduce", "hpcreduce_colocated", "hpcreduce_tablewise")
     result = bench(tmp_path, "-n", "3", "--servers", "1", "--parts", "peers", "--fields", "3", "--field-rows", "1000",
                    "--batch", "32", "--warmup", "1", "--iterations", "2", "--peers", ",".join(peers))["peers"]
     ran, left_out = result["candidates"], result["left_out"]
@@ -59,10 +59,18 @@ def test_peers_time_torch_ddp_and_account_for_every_candidate(tmp_path):
         assert len(row["added_rss_bytes"]) == 3, (name, row)
     assert ran["torch_ddp"]["trainers"] == 3 and ran["hpcreduce"]["trainers"] == 2, ran
     if importlib.util.find_spec("hpcreduce.ps.colocated") is not None:
-        assert ran["hpcreduce_colocated"]["trainers"] == 3, ran
+        assert ran["hpcreduce_colocated"]["trainers"] == 3 and ran["hpcreduce_tablewise"]["trainers"] == 3, ran
     assert len(result["peak_rss_bytes"]) == 3 and min(result["peak_rss_bytes"]) > 0, result
 
 
 def test_replicas_on_one_server_are_refused_before_any_rank_starts(tmp_path):
     job = hpcreduce_cli("bench", "embeddings", "-n", "2", "--parts", "scale", "--replicas", timeout=TIMEOUT)
     assert job.returncode != 0 and "--replicas needs --servers 2 or more" in job.output, job
+
+
+def test_table_wise_is_left_out_of_a_run_with_dynamic_tables_saying_why():
+    pytest.importorskip("torch")
+    from hpcreduce.benchmarks.embedding_peers import Shape, unavailable
+    shape = Shape(2, 100, 4, 2, 8)
+    assert "fixed tables only" in unavailable("hpcreduce_tablewise", None, 1, shape, True)
+    assert unavailable("hpcreduce_tablewise", None, 1, shape, False) is None

@@ -72,7 +72,8 @@ def measure(context: Context, args) -> Dict[str, object]:
     ready_s: Dict[str, float] = {}
     first_s: Dict[str, float] = {}
     for name in args.peers.split(","):
-        reasons = [why for why in comm.allgather(unavailable(name, comm, args.servers, shape)) if why]
+        reasons = [why for why in comm.allgather(unavailable(name, comm, args.servers, shape, args.dynamic_tables))
+                   if why]
         if reasons:
             left_out[name] = reasons[0]
             continue
@@ -102,10 +103,11 @@ def measure(context: Context, args) -> Dict[str, object]:
             "left_out": left_out, "peak_rss_bytes": comm.allgather(peak_rss_bytes())}
 
 
-def unavailable(name: str, comm: MPI.Intracomm, servers: int, shape: Shape) -> Optional[str]:
+def unavailable(name: str, comm: MPI.Intracomm, servers: int, shape: Shape, dynamic: bool) -> Optional[str]:
     """Why candidate ``name`` cannot run on this rank (None: it can): torch DDP's replicas of the
     tables (values and as much again for their sparse gradients and optimizer's touch) would not
-    fit this node's memory, TorchRec does not import, hpcreduce lacks hybrid mode."""
+    fit this node's memory, TorchRec does not import, hpcreduce lacks hybrid mode, table-wise
+    sharding is asked for dynamic tables (``dynamic``: it holds fixed ones)."""
     if name == "torch_ddp":
         nodes = rank_nodes(comm)  # collective: every rank asks about the same candidates in order
         here = nodes.count(nodes[comm.Get_rank()])
@@ -120,6 +122,8 @@ def unavailable(name: str, comm: MPI.Intracomm, servers: int, shape: Shape) -> O
         return f"the dedicated layout needs 1 <= --servers < ranks, got --servers {servers} on {comm.Get_size()} ranks"
     if name == "hpcreduce_colocated" and importlib.util.find_spec("hpcreduce.ps.colocated") is None:
         return "hpcreduce.ps.colocated (ColocatedTables, the colocated layout) is not in this version"
+    if name == "hpcreduce_tablewise" and dynamic:
+        return "table-wise sharding holds fixed tables only (--dynamic-tables: hpcreduce_colocated, row-wise)"
     return None
 
 

@@ -150,7 +150,7 @@ def embeddings_flags(parser: argparse.ArgumentParser) -> None:
                        help="each server also holds its predecessor's shard (as --ft training does; K >= 2)")
     scale.add_argument("--rss-points", type=int, default=5, help="worker RSS samples along the stream (default 5)")
     peers = parser.add_argument_group("peers")
-    peers.add_argument("--peers", default="torch_ddp,torchrec,hpcreduce,hpcreduce_colocated",
+    peers.add_argument("--peers", default="torch_ddp,torchrec,hpcreduce,hpcreduce_colocated,hpcreduce_tablewise",
                        help="candidates, comma-separated (default %(default)s; one that cannot run is reported why)")
     peers.add_argument("--fields", type=int, default=8, help="sparse fields, one embedding table each (default 8)")
     peers.add_argument("--field-rows", type=count, default=100_000, help="rows of each field's table (default 100000)")
