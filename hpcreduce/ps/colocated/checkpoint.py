@@ -51,16 +51,21 @@ def save(tables, directory: str) -> None:
     except OSError as error:
         problem = f"rank {tables.rank}: {error}"
     keys = tables.comm.allgather((tables.key, problem))
-    problems = [p for _, p in keys if p]
-    if not problems and tables.rank == 0:
+    described_last(tables.comm, os.path.join(directory, DESCRIPTION),
+                   {**description(tables), "shards": sorted(k for k, _ in keys)}, [p for _, p in keys if p], "colocated")
+
+
+def described_last(comm, path: str, described: Dict[str, object], problems: List[str], what: str) -> None:
+    """A save's last file: rank 0 writes ``described`` to ``path`` when no rank had a problem;
+    every rank learns of any problem (its peers' or rank 0's) and raises the same ``PSConfigError``."""
+    if not problems and comm.Get_rank() == 0:
         try:
-            write_json(os.path.join(directory, DESCRIPTION), {**description(tables),
-                                                               "shards": sorted(k for k, _ in keys)})
+            write_json(path, described)
         except OSError as error:  # every rank learns of it below: none is left waiting
-            problems = [f"rank 0 ({DESCRIPTION}): {error}"]
-    problems = tables.comm.bcast(problems, root=0)
+            problems = [f"rank 0 ({os.path.basename(path)}): {error}"]
+    problems = comm.bcast(problems, root=0)
     if problems:
-        raise PSConfigError("colocated checkpoint not written: " + "; ".join(problems))
+        raise PSConfigError(f"{what} checkpoint not written: " + "; ".join(problems))
 
 
 def load(tables, directory: str) -> None:

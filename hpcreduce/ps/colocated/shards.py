@@ -23,20 +23,21 @@ id), so colocated and dedicated layouts start equal and, under SGD, stay equal.
 from __future__ import annotations
 
 import zlib
-from typing import Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from ...errors import PSInputError
 from ...runtime.context import Comm, resolve
-from ...runtime.failures import abandon, agree_all, is_process_failure, release
+from ...runtime.failures import abandon, release
 from ...runtime.nodes import rank_nodes
 from ..init import PartInit, counter_normal
 from ..optimizers import make_optimizer
 from ..tables import ParamSpec
 from ..updates import joined
 from . import checkpoint, checks, exchange
+from .agreed_calls import AgreedCalls
 from .exchange import HEAD
 from .handles import ID_BYTES, PullHandle, PushHandle
 from .layout import ColocatedLayout
@@ -46,7 +47,6 @@ from .routes import as_bytes, byte_spec, route
 from .store import INIT_SCALE, ShardStore
 
 Call = Tuple[str, Optional[str], int, str]  # what, this rank's problem, signature, description
-T = TypeVar("T")
 
 
 def default_init(specs: Sequence[ParamSpec], seed: int) -> PartInit:
@@ -54,7 +54,7 @@ def default_init(specs: Sequence[ParamSpec], seed: int) -> PartInit:
     return PartInit(specs, lambda t, flat: counter_normal(seed, specs[t].name, flat, INIT_SCALE, specs[t].dtype))
 
 
-class ColocatedTables:
+class ColocatedTables(AgreedCalls):
     """Sparse tables ``specs`` sharded over every rank of ``comm``; see the module docstring.
 
     ``optimizer``/``lr``: the update rule the owners run; ``init``: a ``ps.init.PartInit``
@@ -313,26 +313,6 @@ class ColocatedTables:
         wire = np.empty_like(grads)
         move(grads, natural_at, wire, wire_at, width, self.unit)
         return ids.view(np.uint8), wire
-
-    def _collective(self, work: Callable[[], T]) -> T:
-        """``work()``; under fault tolerance a process failure in it revokes the communicator,
-        completes every request in flight and joins the step's one agreement (where the ranks
-        that saw no failure commit their push) before it is raised: every survivor then
-        calls ``recover``."""
-        try:
-            return work()
-        except MPI.Exception as error:
-            if self.ft and is_process_failure(error, self.comm):
-                self._abandon()
-                agree_all(self.comm, False)
-            raise
-
-    def _commit(self) -> None:
-        """Under fault tolerance, agree that every rank received the step before anyone applies
-        it; a process failure (here or anywhere) raises ``ERR_PROC_FAILED``, nothing applied."""
-        if self.ft and not agree_all(self.comm, True):
-            self._abandon()
-            raise MPI.Exception(MPI.ERR_PROC_FAILED)
 
     def _abandon(self) -> None:
         """Revoke the communicator and complete every request still in flight (with an error)."""

@@ -17,7 +17,8 @@ from typing import Dict
 import numpy as np
 
 from ...errors import PSConfigError
-from ...runtime.files import atomic_file, write_json
+from ...runtime.files import atomic_file
+from .checkpoint import described_last
 from .tablewise_ft import replicate
 
 DESCRIPTION = "tablewise.json"
@@ -40,15 +41,8 @@ def save(tables, directory: str) -> None:
                 np.savez(out, values=tables.values[t], **{f"state_{n}": a for n, a in tables.state[t].items()})
     except OSError as error:
         problem = f"rank {tables.rank}: {error}"
-    problems = [p for p in tables.comm.allgather(problem) if p]
-    if not problems and tables.rank == 0:
-        try:
-            write_json(os.path.join(directory, DESCRIPTION), description(tables))
-        except OSError as error:  # every rank learns of it below: none is left waiting
-            problems = [f"rank 0 ({DESCRIPTION}): {error}"]
-    problems = tables.comm.bcast(problems, root=0)
-    if problems:
-        raise PSConfigError("table-wise checkpoint not written: " + "; ".join(problems))
+    described_last(tables.comm, os.path.join(directory, DESCRIPTION), description(tables),
+                   [p for p in tables.comm.allgather(problem) if p], "table-wise")
 
 
 def load(tables, directory: str) -> None:

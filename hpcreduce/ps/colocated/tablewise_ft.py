@@ -17,21 +17,21 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence, Tuple, TypeVar
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from ...errors import PSTrainingError
-from ...runtime.failures import abandon, agree_all, is_process_failure, release, restored_until_agreed, wait_all
+from ...runtime.failures import abandon, release, restored_until_agreed, wait_all
 from . import exchange
+from .agreed_calls import AgreedCalls
 from .exchange import HEAD
 from .flat import offsets
 
 Tables = Dict[int, Tuple[np.ndarray, Dict[str, np.ndarray], int]]  # table -> (rows, optimizer state, last step)
 Update = Tuple[int, np.ndarray, np.ndarray]  # table, row ids, their summed gradients
 FORWARD = zlib.crc32(b"forward") & 0x7FFFFFFF
-T = TypeVar("T")
 
 
 def owner_keys(home: np.ndarray, ring: Sequence[int], live: Sequence[int]) -> np.ndarray:
@@ -123,7 +123,7 @@ def rebuilt(tables) -> Restored:
     return restored_until_agreed(tables.comm, lambda survivors: restore(survivors, tables))
 
 
-class Recoverable:
+class Recoverable(AgreedCalls):
     """``TableWiseTables``' fault-tolerance half: ``recover`` and the failure handling of its calls."""
 
     def recover(self) -> List[int]:
@@ -143,26 +143,6 @@ class Recoverable:
         self._install(restored.replicas)
         self._forward = None
         return restored.lost
-
-    def _collective(self, work: Callable[[], T]) -> T:
-        """``work()``; under fault tolerance a process failure in it revokes the communicator,
-        completes every request in flight and joins the step's one agreement before it is
-        raised: every survivor then calls ``recover``."""
-        try:
-            return work()
-        except MPI.Exception as error:
-            if self.ft and is_process_failure(error, self.comm):
-                self._abandon()
-                agree_all(self.comm, False)
-            raise
-
-    def _commit(self) -> None:
-        """Under fault tolerance, agree that every rank received the push (and the replicas
-        theirs) before anyone applies it; a failure anywhere raises ``ERR_PROC_FAILED``."""
-        if self.ft and not agree_all(self.comm, True):
-            self._abandon()
-            raise MPI.Exception(MPI.ERR_PROC_FAILED)
-
 
     def _abandon(self) -> None:
         """Revoke the communicator and complete every request still in flight (with an error)."""
