@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +53,11 @@ def test_mpiruns_lost_daemon_texts_are_read_even_when_cut_between_reads(text, no
         assert (lost.nodes if lost.seen else None) == nodes_named, cut
 
 
+# mpirun's own start failing on a fake node before any rank ran ("A daemon failed to report back",
+# exit 213; seen once in 13 runs of the suite): not what these tests test, so the job starts once more.
+DAEMON_DID_NOT_START = "A daemon failed to report back"
+
+
 def launch(tmp_path, two, *args):
     """``hpcreduce`` with ``args`` on the two nodes, its output to a file; (process, output file)."""
     output = tmp_path / "output.txt"
@@ -63,15 +69,32 @@ def launch(tmp_path, two, *args):
 
 
 def kill_daemon_when(ready, process, output, node="node2"):
-    """SIGKILL ``node``'s daemon once ``ready()`` holds and the daemon runs ranks."""
+    """SIGKILL ``node``'s daemon once ``ready()`` holds and the daemon runs ranks; False if the launcher ended first."""
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline and process.poll() is None:
         daemon = daemon_of(node) if ready() else None
         if daemon:
             os.kill(daemon, signal.SIGKILL)
-            return
+            return True
         time.sleep(0.2)
-    raise AssertionError(f"{node}'s daemon never ran ranks while the job was up:\n{output.read_text()}")
+    if process.poll() is None:
+        raise AssertionError(f"{node}'s daemon never ran ranks while the job was up:\n{output.read_text()}")
+    return False
+
+
+def launch_and_kill_daemon(tmp_path, two, ready, *args, again=True):
+    """``launch`` then ``kill_daemon_when(ready)``; a job whose daemons did not start
+    (``DAEMON_DID_NOT_START``, no rank ran) starts once more, saying so. (process, output file)."""
+    process, output = launch(tmp_path, two, *args)
+    if kill_daemon_when(ready, process, output):
+        return process, output
+    jobs.stop_job(process, grace=0)
+    text = output.read_text()
+    if not again or DAEMON_DID_NOT_START not in text or ready():
+        raise AssertionError(f"the launcher ended (exit {process.returncode}) before node2's daemon ran ranks:\n{text}")
+    print(f"test_lost_daemon: mpirun's daemons did not start ({DAEMON_DID_NOT_START}); starting it once more",
+          file=sys.stderr)
+    return launch_and_kill_daemon(tmp_path, two, ready, *args, again=False)
 
 
 def ended(process, output, tmp_path):
@@ -93,9 +116,10 @@ def ended(process, output, tmp_path):
 def test_a_lost_daemon_under_ft_ends_the_job_non_zero_naming_the_node(tmp_path, mode):
     two = nodes(tmp_path, [2, 2])
     result = tmp_path / "result.json"
-    process, output = launch(tmp_path, two, "train", "-n", "4", "--hostfile", two.hostfile, "--ft", *mode,
-                             "--steps", "100000", "--batch", "256", "--progress", "none", "--json", str(result))
-    kill_daemon_when(lambda: "hpcreduce train: logreg" in output.read_text(), process, output)
+    output = tmp_path / "output.txt"
+    process, output = launch_and_kill_daemon(
+        tmp_path, two, lambda: "hpcreduce train: logreg" in output.read_text(), "train", "-n", "4", "--hostfile",
+        two.hostfile, "--ft", *mode, "--steps", "100000", "--batch", "256", "--progress", "none", "--json", str(result))
     code, text = ended(process, output, tmp_path)
     assert code == 1, text
     assert "hpcreduce: the job did not finish: mpirun lost the daemon of node(s) node2 and exited 0" in text, text
@@ -105,10 +129,10 @@ def test_a_lost_daemon_under_ft_ends_the_job_non_zero_naming_the_node(tmp_path, 
 def test_a_lost_daemon_without_ft_is_relaunched_from_the_checkpoint(tmp_path):
     two = nodes(tmp_path, [2, 2])
     result, folder = tmp_path / "result.json", tmp_path / "ckpt"
-    process, output = launch(tmp_path, two, "train", "-n", "4", "--hostfile", two.hostfile, "--steps", "80",
-                             "--batch", "256", "--checkpoint-dir", str(folder), "--checkpoint-every", "20",
-                             "--restarts", "2", "--progress", "none", "--json", str(result))
-    kill_daemon_when(lambda: folder.is_dir() and any(folder.glob("ckpt-*.npz")), process, output)
+    process, output = launch_and_kill_daemon(
+        tmp_path, two, lambda: folder.is_dir() and any(folder.glob("ckpt-*.npz")), "train", "-n", "4", "--hostfile",
+        two.hostfile, "--steps", "80", "--batch", "256", "--checkpoint-dir", str(folder), "--checkpoint-every", "20",
+        "--restarts", "2", "--progress", "none", "--json", str(result))
     code, text = ended(process, output, tmp_path)
     assert code == 0, text
     assert "mpirun lost the daemon of node(s) node2 and exited 0; restart 1 of 2" in text, text
@@ -121,8 +145,24 @@ def test_a_lost_daemon_under_launch_ends_non_zero_naming_the_node(tmp_path):
     two = nodes(tmp_path, [1, 1])
     started = tmp_path / "started"
     program = f"import time; open({str(started)!r} + str(time.time()), 'w'); time.sleep(100)"
-    process, output = launch(tmp_path, two, "launch", "-n", "2", "--hostfile", two.hostfile, "--",
-                             "python", "-c", program)
-    kill_daemon_when(lambda: len(list(tmp_path.glob("started*"))) == 2, process, output)
+    process, output = launch_and_kill_daemon(tmp_path, two, lambda: len(list(tmp_path.glob("started*"))) == 2,
+                                             "launch", "-n", "2", "--hostfile", two.hostfile, "--",
+                                             "python", "-c", program)
     code, text = ended(process, output, tmp_path)
     assert code == 1 and "mpirun lost the daemon of node(s) node2" in text, text
+
+
+def test_a_job_whose_daemon_did_not_start_is_started_once_more(tmp_path):
+    """The retry above, provoked: node2's first daemon exits 1 before it starts (mpirun: "A daemon
+    failed to report back", exit 213); the second start runs, and its daemon's loss is seen."""
+    two = nodes(tmp_path, [1, 1])
+    agent, failed = Path(two.env["PRTE_MCA_plm_ssh_agent"]), tmp_path / "failed_once"
+    script = agent.read_text().split("\n", 1)
+    agent.write_text(f"{script[0]}\nif [ ! -e {failed} ]; then touch {failed}; exit 1; fi\n{script[1]}")
+    started = tmp_path / "started"
+    program = f"import time; open({str(started)!r} + str(time.time()), 'w'); time.sleep(100)"
+    process, output = launch_and_kill_daemon(tmp_path, two, lambda: len(list(tmp_path.glob("started*"))) == 2,
+                                             "launch", "-n", "2", "--hostfile", two.hostfile, "--",
+                                             "python", "-c", program)
+    code, text = ended(process, output, tmp_path)
+    assert failed.exists() and code == 1 and "mpirun lost the daemon of node(s) node2" in text, text
