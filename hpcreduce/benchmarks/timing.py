@@ -19,16 +19,20 @@ Call = Callable[[], object]
 
 
 def interleaved_medians(comm: MPI.Intracomm, candidates: Dict[str, Call], *,
-                        warmup: int, iterations: int, shuffle: bool = False) -> Dict[str, float]:
+                        warmup: int, iterations: int, shuffle: bool = False, settle: int = 0) -> Dict[str, float]:
     """Median seconds per call of each candidate, calls interleaved round by round (with
     ``shuffle``, each round in another order, the same on every rank, so no candidate keeps
     following the same one: one that leaves threads busy, as torch's gloo does, slows every
-    candidate alike; a rotation of one order would leave it slowing its successor nearly always)."""
+    candidate alike; a rotation of one order would leave it slowing its successor nearly always).
+    ``settle``: untimed calls a candidate makes before its timed one in each round (its own
+    state warm in the caches again, as in a loop of its calls)."""
     names = list(candidates)
     times = np.zeros((len(names), iterations))
     for round_index in range(warmup + iterations):
         order = np.random.default_rng(round_index).permutation(len(names)) if shuffle else range(len(names))
         for row, name in [(int(row), names[row]) for row in order]:
+            for _ in range(settle):
+                candidates[name]()
             comm.Barrier()
             start = time.perf_counter()
             candidates[name]()

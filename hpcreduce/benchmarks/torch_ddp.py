@@ -2,7 +2,8 @@
 
 Per model (``mlp``: 6 x 512-wide linear layers, 6.3 MB of gradients; ``cnn``: convolutions whose
 backward takes longer than the reduction), every candidate of ``torch_peers`` steps in turn,
-interleaved round by round (each round in another order), one torch thread per rank,
+interleaved round by round (each round in another order; ``--settle`` untimed steps before each
+timed one, so a candidate is timed warm, as in its own training loop), one torch thread per rank,
 the same batch and the same starting parameters: median step times, each relative to torch DDP's
 and to the plain loop's, and the share of the plain loop's communication (its step minus
 ``compute``) that the wrapper hides. Then torch DDP and the wrapper train 30 steps more from the
@@ -42,10 +43,11 @@ def run(context: Context, args) -> Dict[str, object]:
         steps, modules, kept = candidates(model, comm, BATCH[model], initial, args.bucket_cap_mb)
         cpu: Dict[str, List[float]] = {name: [] for name in steps}
         medians = interleaved_medians(comm, {name: with_cpu_time(step, cpu[name]) for name, step in steps.items()},
-                                      warmup=args.warmup, iterations=args.iterations, shuffle=True)
+                                      warmup=args.warmup, iterations=args.iterations, shuffle=True,
+                                      settle=args.settle)
         wrapper = modules["hpcreduce_ddp"]
         row: Dict[str, object] = {"model": model, "batch_per_rank": BATCH[model], "step_s": medians,
-                                  "cpu_s": {name: statistics.median(times[args.warmup:])
+                                  "cpu_s": {name: statistics.median(times[args.warmup * (args.settle + 1):])
                                             for name, times in cpu.items()},
                                   "gradient_bytes": sum(p.numel() * 4 for p in wrapper.parameters()),
                                   "bytes_sent_per_step": {name: kept[name].wire_bytes()
@@ -56,7 +58,8 @@ def run(context: Context, args) -> Dict[str, object]:
                                   "max_difference_vs_torch_ddp": agreement(model, comm, initial, args.bucket_cap_mb)}
         row["check_pass_s"] = check_pass(row["gradient_bytes"] // 4)
         rows.append({**row, **derived(medians)})
-    return {"benchmark": NAME, "launch": launch_facts(comm), "bucket_cap_mb": args.bucket_cap_mb, "rows": rows}
+    return {"benchmark": NAME, "launch": launch_facts(comm), "bucket_cap_mb": args.bucket_cap_mb,
+            "settle_steps": args.settle, "rows": rows}
 
 
 def check_pass(count: int, repeats: int = 50) -> float:
@@ -128,7 +131,8 @@ def agreement(model: str, comm: MPI.Intracomm, initial, cap_mb: float, steps: in
 def render(result: Dict[str, object]) -> str:
     launch = result["launch"]
     lines = [f"torch step times, {launch['ranks']} ranks on {launch['cores']} cores, one torch thread per rank, "
-             f"bucket cap {result['bucket_cap_mb']} MB (medians, ms: wall, and rank 0's CPU)"]
+             f"bucket cap {result['bucket_cap_mb']} MB, {result['settle_steps']} untimed steps before each timed one "
+             f"(medians, ms: wall, and rank 0's CPU)"]
     for row in result["rows"]:
         times = row["step_s"]
         lines.append(f"{row['model']} ({row['gradient_bytes'] / 2 ** 20:.1f} MiB of gradients, batch "

@@ -116,6 +116,10 @@ def torch_flags(parser: argparse.ArgumentParser) -> None:
                         help="bucket size of both DDPs in MB (default 25, torch DDP's)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
     parser.add_argument("--iterations", type=int, default=60, help="timed rounds (default 60)")
+    parser.add_argument("--settle", type=int, default=2,
+                        help="untimed steps each candidate runs before its timed one in every round, so it is "
+                             "timed in its own steady state, as in a training loop, not cold after another "
+                             "candidate (default 2; 0: one step each, cold)")
 
 
 def torch_problems(args: argparse.Namespace) -> List[str]:
@@ -123,7 +127,7 @@ def torch_problems(args: argparse.Namespace) -> List[str]:
     problems = [f"--models: unknown model(s) {', '.join(unknown)} (known: mlp, cnn)"] if unknown else []
     if importlib.util.find_spec("torch") is None:
         problems.append("bench torch needs torch: pip install 'hpcreduce[torch]'")
-    return problems + at_least(args, 1, "--warmup", "--iterations") + \
+    return problems + at_least(args, 1, "--warmup", "--iterations") + at_least(args, 0, "--settle") + \
         ([] if args.bucket_cap_mb > 0 else [f"--bucket-cap-mb must be above 0, got {args.bucket_cap_mb:g}"])
 
 

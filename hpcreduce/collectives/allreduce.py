@@ -148,30 +148,50 @@ def planned(context: Context, x, op: str, algorithm: str, out, check: Optional[b
 
 
 def allreduce_pieces(pieces: Sequence[np.ndarray], out: np.ndarray, op: str = "sum", *, comm: Comm = None,
-                     check_finite: bool = False) -> bool:
+                     check_finite: bool = False, in_place: bool = False) -> bool:
     """``allreduce(x, op, out=out)`` of the ``x`` that the flat host arrays ``pieces`` (``out``'s
     dtype, ``out.size`` values in all; any may be a view of ``out`` at its own place) make end
-    to end, written into the contiguous 1-D ``out``. Where the hierarchical allreduce runs it
-    reads each piece where it lies (``hierarchical_pieces``); elsewhere the pieces are copied
-    into ``out`` first. The same check as ``allreduce``'s, so either meets the other's.
+    to end, written into the contiguous 1-D ``out`` or, with ``in_place``, back into the pieces
+    (``out`` is then scratch). Where the hierarchical allreduce runs it reads each piece where it
+    lies and copies the result straight to where it goes (``hierarchical_pieces``); elsewhere the
+    pieces are copied into ``out`` first (and, ``in_place``, back after; a single piece is reduced
+    where it lies). The same check as ``allreduce``'s, so either meets the other's.
     Returns whether the result may hold only finite values (its sum is finite: the same verdict
     on every rank; with ``check_finite``, else True), the sum taken in the hierarchical
     allreduce's copy out (``finite_copy``) or, elsewhere, in a pass of its own."""
     context = comm if type(comm) is Context else resolve(comm)
     plan = _plan_of(context, out, op, "auto")
     if plan is None or plan.function is not hierarchical_allreduce or plan.shot is not None:
+        return _gathered_pieces(context, pieces, out, op, check_finite, in_place)
+    if plan.checking:
+        plan.check.run(context)
+    sent, received, total = hierarchical_pieces(context.comm, pieces, out, plan.op, summed=check_finite,
+                                                in_place=in_place)
+    context.traffic.add(sent, received)
+    return math.isfinite(total)
+
+
+def _gathered_pieces(context: Context, pieces: Sequence[np.ndarray], out: np.ndarray, op: str,
+                     check_finite: bool, in_place: bool) -> bool:
+    """``allreduce_pieces`` where it is not hierarchical: the pieces gathered into ``out`` and
+    reduced there (one piece ``in_place``: reduced where it lies), the result copied back
+    ``in_place``; the NaN/Inf verdict from the result's sum."""
+    if in_place and len(pieces) == 1:
+        out = pieces[0]
+    else:
         start = 0
         for piece in pieces:
             if start_address(piece) != start_address(out[start:]):
                 out[start:start + piece.size] = piece
             start += piece.size
-        allreduce(out, op, comm=context, out=out)
-        return not check_finite or out.dtype.kind != "f" or math.isfinite(float(np.sum(out)))
-    if plan.checking:
-        plan.check.run(context)
-    sent, received, total = hierarchical_pieces(context.comm, pieces, out, plan.op, summed=check_finite)
-    context.traffic.add(sent, received)
-    return math.isfinite(total)
+    allreduce(out, op, comm=context, out=out)
+    if in_place and len(pieces) > 1:
+        start = 0
+        for piece in pieces:
+            if start_address(piece) != start_address(out[start:]):
+                piece[...] = out[start:start + piece.size]
+            start += piece.size
+    return not check_finite or out.dtype.kind != "f" or math.isfinite(float(np.sum(out)))
 
 
 def _plan_of(context: Context, x: np.ndarray, op: str, algorithm: str) -> Optional[CallPlan]:

@@ -52,17 +52,20 @@ def hierarchical_allreduce(comm: MPI.Intracomm, x, out, op: ReduceOp,
 
 
 def hierarchical_pieces(comm: MPI.Intracomm, pieces: Sequence[np.ndarray], out: np.ndarray,
-                        op: ReduceOp, summed: bool = False) -> Tuple[int, int, float]:
+                        op: ReduceOp, summed: bool = False, in_place: bool = False) -> Tuple[int, int, float]:
     """``hierarchical_allreduce`` of the host arrays ``pieces`` laid end to end (flat, ``out``'s
     dtype, ``out.size`` values in all; any may be a view of ``out`` at its own place): each is
-    read where it lies, so a buffer of scattered arrays needs no gathering copy of its own.
+    read where it lies, so a buffer of scattered arrays needs no gathering copy of its own;
+    ``in_place``: the result is copied out into the pieces themselves, ``out`` is left alone.
     The third value is the result's sum when ``summed`` (taken in the copy out, ``finish_sum``:
     the same on every rank), else 0."""
     if comm.Get_size() == 1:
         for piece, start in _placed(pieces):
-            if start_address(piece) != start_address(out[start:start + piece.size]):
+            if not in_place and start_address(piece) != start_address(out[start:start + piece.size]):
                 out[start:start + piece.size] = piece
-        return 0, 0, float(np.sum(out, dtype=np.float64)) if summed and out.dtype.kind == "f" else 0.0
+        if not summed or out.dtype.kind != "f":
+            return 0, 0, 0.0
+        return 0, 0, sum(float(np.sum(x, dtype=np.float64)) for x in (pieces if in_place else [out]))
     shared = node_window(comm)
     n, size, me = out.size, shared.node_size, shared.node_rank
     slots, result = shared.areas(out.nbytes, out.dtype)
@@ -92,10 +95,11 @@ def hierarchical_pieces(comm: MPI.Intracomm, pieces: Sequence[np.ndarray], out: 
             shared.leaders.Allreduce(MPI.IN_PLACE, result, op=op.mpi_op)
         shared.fence()
     total = 0.0
-    if summed:
-        total = finish_sum(op, result, out, comm.Get_size())
-    else:
-        op.finish_into(result, out, comm.Get_size())
+    for target, start in (_placed(pieces) if in_place else [(out, 0)]):
+        if summed:
+            total += finish_sum(op, result[start:start + target.size], target, comm.Get_size())
+        else:
+            op.finish_into(result[start:start + target.size], target, comm.Get_size())
     moved = native_moved(out.nbytes, comm.Get_size())
     return moved, moved, total
 

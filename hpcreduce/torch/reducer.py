@@ -4,8 +4,9 @@ The reducer decides *when* a bucket goes; its comm hook (torch's ``hook(state, b
 ``hooks``; ``allreduce_hook`` by default) decides *how*. Each parameter's
 post-accumulate-grad hook counts its gradient; one autograd made anew (after
 ``zero_grad(set_to_none=True)``) is copied into its bucket view, as DDP does, except under the
-default hook on a host bucket, whose reduction reads it where it lies (``allreduce_pieces``,
-the NaN/Inf verdict taken in the same copy out) before the view becomes its ``.grad``; once a
+default hook on a host bucket, whose reduction reads it where it lies and writes the mean back
+into it (``allreduce_pieces(in_place=True)``, the NaN/Inf verdict taken in the same copy out), so
+it stays the ``.grad`` and the bucket is not touched (the loop's footprint); once a
 bucket's last gradient is ready, it and any later buckets already complete are handed to the
 reduction thread, in bucket order, which is the same on every rank, where the hook runs with
 the library's communicator current. At the end of backward (an autograd callback) buckets
@@ -208,7 +209,8 @@ class Reducer:
             if direct:
                 return allreduce_pieces([(view if source is None else source).detach().numpy().reshape(-1)
                                          for source, view in zip(bucket.sources, bucket.views)],
-                                        bucket.flat.numpy(), "mean", comm=context, check_finite=check)
+                                        bucket.flat.numpy(), "mean", comm=context, check_finite=check,
+                                        in_place=True)
             with running_on(context):
                 future = self.hook(self.state, self._grad_buckets[bucket.index])
             result = hook_result(future, bucket.flat)
@@ -266,7 +268,7 @@ class Reducer:
             problems, self.problems = self.problems, {}
             self.fresh.clear()
             self.steps += 1
-            self._adopt_views()
+            self._forget_sources()
         self.sent_last_step = context.traffic.sent - sent
         resolve(self.comm_arg).traffic.add(self.sent_last_step, self.sent_last_step)
         if shards is not None:
@@ -282,13 +284,10 @@ class Reducer:
         if bad or problems:
             raise TrainingError(self._verdict(bad, problems))
 
-    def _adopt_views(self) -> None:
-        """Each gradient reduced from autograd's tensor becomes its view of the bucket again."""
+    def _forget_sources(self) -> None:
+        """Gradients reduced in autograd's own tensors stay there (as ``.grad``): forget them."""
         for bucket in self.buckets:
-            for position, source in enumerate(bucket.sources):
-                if source is not None:
-                    bucket.params[position].grad = bucket.views[position]
-                    bucket.sources[position] = None
+            bucket.sources = [None] * len(bucket.params)
 
     def _used_anywhere(self, context: Context, unused: List[torch.nn.Parameter],
                        bad: Optional[List[torch.nn.Parameter]]) -> Tuple[Set[int], Set[int]]:

@@ -119,8 +119,9 @@ def check_traffic_counter():
 
 def check_pieces():
     """allreduce_pieces equals allreduce of the pieces end to end, bit for bit (hierarchical above
-    128 KiB, the copying fallback below), pieces that are views of out read in place; the
-    finite verdict is the same on every rank and False when one rank holds a NaN or an Inf."""
+    128 KiB, the copying fallback below), pieces that are views of out read in place, and with
+    in_place=True written back into the pieces (one piece or several); the finite verdict is the
+    same on every rank and False when one rank holds a NaN or an Inf."""
     for count, dtype in ((300_000, np.float32), (70_000, np.float64), (1000, np.float32)):
         rng = np.random.default_rng(rank)
         whole = rng.standard_normal(count).astype(dtype)
@@ -133,12 +134,18 @@ def check_pieces():
                 piece[...] = whole[a:b]
             assert allreduce_pieces(pieces, out, op, comm=context, check_finite=True)
             assert out.tobytes() == expected.tobytes(), (count, dtype, op)
+            for cuts in ([0, count], cut):
+                pieces = [whole[a:b].copy() for a, b in zip(cuts, cuts[1:])]
+                scratch = np.full(count, 7, dtype)
+                assert allreduce_pieces(pieces, scratch, op, comm=context, check_finite=True, in_place=True)
+                assert np.concatenate(pieces).tobytes() == expected.tobytes(), (count, dtype, op, len(pieces))
         for bad in (np.nan, np.inf):
             if rank == size - 1:
                 whole[count // 2] = bad
-            verdicts = world.allgather(allreduce_pieces([whole[:9], whole[9:]], np.empty_like(whole), "mean",
-                                                        comm=context, check_finite=True))
-            assert verdicts == [False] * size, verdicts
+            for in_place in (False, True):
+                verdicts = world.allgather(allreduce_pieces([whole[:9].copy(), whole[9:].copy()], np.empty_like(whole),
+                                                            "mean", comm=context, check_finite=True, in_place=in_place))
+                assert verdicts == [False] * size, (verdicts, in_place)
             whole[count // 2] = 0
 
 
