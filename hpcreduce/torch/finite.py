@@ -45,5 +45,7 @@ def bucket_finite(bucket: Bucket) -> bool:
 
 
 def nonfinite(bucket: Bucket) -> List[str]:
-    """The names of the bucket's parameters whose gradient holds a NaN or an Inf."""
-    return [name for name, view in zip(bucket.names, bucket.views) if not bool(torch.isfinite(view).all())]
+    """The names of the bucket's parameters whose reduced gradient (its ``.grad``: its view, or
+    autograd's tensor reduced where it lies; else its view) holds a NaN or an Inf."""
+    return [name for name, param, view in zip(bucket.names, bucket.params, bucket.views)
+            if not bool(torch.isfinite(view if param.grad is None else param.grad).all())]

@@ -11,7 +11,8 @@ bucket's last gradient is ready, it and any later buckets already complete are h
 reduction thread, in bucket order, which is the same on every rank, where the hook runs with
 the library's communicator current. At the end of backward (an autograd callback) buckets
 still incomplete are handed over with the missing gradients as zeros, the thread is waited
-for, and the ranks learn which parameters any rank used (one small allreduce): one used on
+for, and the ranks learn which parameters any rank used (under the default hook a flag per
+parameter reduced with the last bucket, held back for it; else one small allreduce): one used on
 no rank keeps its ``.grad`` as it was (``None`` after ``zero_grad()``, as torch DDP leaves it;
 a layer frozen after wrapping is left alone), one used on some ranks only gets the mean with
 zeros for the others. Every rank raises the same ``TrainingError`` if a reduced bucket holds a
@@ -31,13 +32,13 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+import numpy as np
 import torch
 from mpi4py import MPI
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..collectives.allreduce import allreduce_pieces
 from ..collectives.validate import InputProblem, ProblemKind, agree
-from ..errors import TrainingError, UnsupportedInputError
+from ..errors import TrainingError
 from ..ft.watchdog import watchdog
 from ..runtime.context import Context, resolve
 from .buckets import Bucket
@@ -46,9 +47,9 @@ from .dtypes import NARROW
 from .finite import bucket_finite, nonfinite
 from .hooks.bucket import REPORT_FIELDS, GradBucket, all_reduce, running_on
 from .hooks.default import allreduce_hook
+from .step_guard import STEP_GUARD
 from .zero_grads import GradientShards
 
-LIVE: "weakref.WeakSet[Reducer]" = weakref.WeakSet()
 Hook = Callable[[Any, GradBucket], "torch.futures.Future[torch.Tensor]"]
 
 
@@ -77,6 +78,7 @@ class Reducer:
         self._finite: List[bool] = [True] * len(buckets)
         self._context: Optional[Context] = None
         self._source: Optional[MPI.Intracomm] = None
+        self._flags: Optional[np.ndarray] = None  # this step's used-parameter flags, reduced with the last bucket
         self.new_buffers()
         me = weakref.ref(self)  # the parameters' hooks must not keep the reducer alive
 
@@ -90,7 +92,7 @@ class Reducer:
             for position, param in enumerate(bucket.params):
                 self.where[id(param)] = (bucket, position)
                 handles.append(param.register_post_accumulate_grad_hook(on_gradient))
-        LIVE.add(self)
+        self._order = {key: i for i, key in enumerate(self.where)}
         STEP_GUARD.hold(self, handles)
 
     def new_buffers(self) -> None:
@@ -136,6 +138,12 @@ class Reducer:
         except Exception:  # the error that matters is the one being raised
             pass
 
+    def _carries_flags(self) -> bool:
+        """Whether the last bucket's reduction also carries which parameters each rank used (the
+        default hook reducing it where it lies: one collective fewer a step); the same on every
+        rank, as the hook and the buckets are."""
+        return self.syncing and self._direct(self.buckets[-1])
+
     def _direct(self, bucket: Bucket) -> bool:
         """Whether ``bucket`` is reduced from autograd's own tensors (``allreduce_pieces``): the
         default hook on a host bucket of 32 or 64 bits, no ZeRO-2; other hooks see the bucket."""
@@ -166,9 +174,12 @@ class Reducer:
             bucket.sources = [None] * len(bucket.params)
         torch.autograd.Variable._execution_engine.queue_callback(self._finish)
 
-    def _hand_over_ready(self) -> None:
-        """Hand every complete bucket from the next one on to the reduction thread, in order."""
-        while self._next < len(self.buckets) and self.buckets[self._next].waiting == 0:
+    def _hand_over_ready(self, final: bool = False) -> None:
+        """Hand every complete bucket from the next one on to the reduction thread, in order;
+        the last one, when it carries the used-parameter flags (``_carries_flags``), only at the
+        end of backward (``final``: its gradients, the first layers', come last anyway)."""
+        held = 0 if final or not self._carries_flags() else 1
+        while self._next < len(self.buckets) - held and self.buckets[self._next].waiting == 0:
             self._hand_over(self.buckets[self._next])
             self._next += 1
 
@@ -207,10 +218,13 @@ class Reducer:
         ``check``); a local failure is agreed on."""
         try:
             if direct:
-                return allreduce_pieces([(view if source is None else source).detach().numpy().reshape(-1)
-                                         for source, view in zip(bucket.sources, bucket.views)],
-                                        bucket.flat.numpy(), "mean", comm=context, check_finite=check,
-                                        in_place=True)
+                pieces = [(view if source is None else source).detach().numpy().reshape(-1)
+                          for source, view in zip(bucket.sources, bucket.views)]
+                flags, scratch = self._flags, bucket.flat.numpy()
+                if flags is not None and bucket.index == len(self.buckets) - 1:
+                    pieces.append(flags)
+                    scratch = np.empty(scratch.size + flags.size, scratch.dtype)
+                return allreduce_pieces(pieces, scratch, "mean", comm=context, check_finite=check, in_place=True)
             with running_on(context):
                 future = self.hook(self.state, self._grad_buckets[bucket.index])
             result = hook_result(future, bucket.flat)
@@ -258,13 +272,18 @@ class Reducer:
         context, shards = self.context(), self.shards
         sent = context.traffic.sent
         try:
-            self._hand_over_ready()
+            self._flags = self._used_flags(unused) if self._carries_flags() else None
+            self._hand_over_ready(final=True)
             with watchdog.guard(f"the gradient reduction of step {self.steps}"):
                 self.thread.wait()
                 local_bad = [] if shards is None else [param for bucket, ok in zip(self.buckets, self._finite)
                                                       if not ok for param in shards.nonfinite(bucket)]
-                used, bad_ids = self._used_anywhere(context, unused, local_bad if shards is not None else None)
+                if self._flags is not None:  # reduced with the last bucket
+                    used, bad_ids = {id(p) for p in unused if self._flags[self._order[id(p)]] > 0}, set()
+                else:
+                    used, bad_ids = self._used_anywhere(context, unused, local_bad if shards is not None else None)
         finally:
+            self._flags = None
             problems, self.problems = self.problems, {}
             self.fresh.clear()
             self.steps += 1
@@ -289,15 +308,22 @@ class Reducer:
         for bucket in self.buckets:
             bucket.sources = [None] * len(bucket.params)
 
+    def _used_flags(self, unused: List[torch.nn.Parameter]) -> np.ndarray:
+        """1 for each parameter (in ``where``'s order) but ``unused`` (0), in the last bucket's
+        dtype: their mean over the ranks is above 0 where some rank used the parameter."""
+        flags = np.ones(len(self._order), self.buckets[-1].flat.numpy().dtype)
+        for param in unused:
+            flags[self._order[id(param)]] = 0
+        return flags
+
     def _used_anywhere(self, context: Context, unused: List[torch.nn.Parameter],
                        bad: Optional[List[torch.nn.Parameter]]) -> Tuple[Set[int], Set[int]]:
         """The ids of ``unused`` (this rank's parameters without a gradient) that some rank used,
         and (ZeRO-2, ``bad`` given: this rank's parameters with a NaN or Inf in its chunk) the ids
         some rank found not finite: one allreduce (MAX) of a flag or two per parameter, also where
         a failed hook is reported."""
-        count = len(self.where)
+        count, order = len(self.where), self._order
         flags = torch.ones(count if bad is None else 2 * count, dtype=torch.int32)
-        order = {key: i for i, key in enumerate(self.where)}
         for param in unused:
             flags[order[id(param)]] = 0
         if bad is not None:
@@ -342,50 +368,3 @@ def hook_result(future: object, flat: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"returned a Future of a {value.dtype} tensor of {value.numel()} values on {value.device}; "
                          f"the bucket is {flat.dtype}, {flat.numel()} values on {flat.device}")
     return value.reshape(-1)
-
-
-class StepGuard:
-    """Refuses an optimizer step over gradients accumulated inside ``no_sync`` and never
-    reduced: torch's global optimizer pre-hook, registered while a reducer lives."""
-
-    def __init__(self) -> None:
-        self._handle: Optional[Any] = None
-        self._holders = 0
-
-    @property
-    def installed(self) -> bool:
-        return self._handle is not None
-
-    def hold(self, reducer: Reducer, handles: List[Any]) -> None:
-        """Install the pre-hook (if not yet) for as long as ``reducer`` lives; when it goes, remove
-        its parameters' hooks (``handles``) too."""
-        if self._handle is None:
-            self._handle = register_optimizer_step_pre_hook(before_step)
-        self._holders += 1
-        weakref.finalize(reducer, self._release, handles)
-
-    def _release(self, handles: List[Any]) -> None:
-        for handle in handles:
-            handle.remove()
-        self._holders -= 1
-        if self._holders == 0 and self._handle is not None:
-            self._handle.remove()
-            self._handle = None
-
-
-def before_step(optimizer: torch.optim.Optimizer, _args, _kwargs) -> None:
-    """The pre-hook: raise when ``optimizer`` would step on a parameter's unreduced gradient."""
-    for reducer in list(LIVE):
-        if reducer.fresh and not reducer.running:
-            stepping = {id(p) for group in optimizer.param_groups for p in group["params"]}
-            unsynced = stepping & reducer.fresh
-            if unsynced:
-                bucket, position = reducer.where[next(iter(unsynced))]
-                name = bucket.names[position]
-                raise UnsupportedInputError(
-                    f"optimizer.step() over gradients accumulated inside no_sync() and not reduced "
-                    f"(parameter {name!r} among {len(unsynced)}): every rank would step on its own gradient. "
-                    f"Run the last backward of the accumulation outside no_sync()")
-
-
-STEP_GUARD = StepGuard()

@@ -27,6 +27,7 @@ from ..runtime.context import Context, resolve
 from ..runtime.failures import release
 from .buckets import Bucket
 from .finite import may_be_finite
+from .step_guard import LIVE
 from .views import array_view
 
 GATHER_ELEMENTS = 1 << 22
@@ -184,7 +185,6 @@ def reducer_of(params: Sequence[torch.Tensor], context: Context) -> Optional[Any
     """The live reducer of one ``DistributedDataParallel`` over exactly ``params`` (CPU buckets,
     the default hook, ``context``'s ranks, no other ZeRO-2 attached), or None."""
     from .hooks.default import allreduce_hook
-    from .reducer import LIVE
     wanted = {id(p) for p in params}
     for reducer in list(LIVE):
         if set(reducer.where) == wanted and len(wanted) == len(params) and reducer.shards is None \

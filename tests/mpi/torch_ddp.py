@@ -125,15 +125,21 @@ def check_different_modules_refused():
 
 
 def check_nan_on_one_rank_stops_every_rank():
-    ddp = hpt.DistributedDataParallel(Net(), bucket_cap_mb=0.001, overlap=True)
-    x, y = batch(0, rank)
-    if rank == 1:
-        x[0, 0] = float("nan")
-    expect_raised(TrainingError, "body.0.weight",
-                  lambda: torch.nn.functional.cross_entropy(ddp(x), y).backward(), rank)
-    ddp.module.zero_grad()
-    x, y = batch(1, rank)
-    torch.nn.functional.cross_entropy(ddp(x), y).backward()  # the next step goes on
+    """Into the bucket views (the first step) and reduced where autograd left the gradients
+    (after zero_grad(): the default hook writes the mean back into them), small buckets and one."""
+    for cap, after_zero_grad in ((0.001, False), (0.001, True), (25, True)):
+        ddp = hpt.DistributedDataParallel(Net(), bucket_cap_mb=cap, overlap=True)
+        if after_zero_grad:
+            torch.nn.functional.cross_entropy(ddp(batch(2, rank)[0]), batch(2, rank)[1]).backward()
+            ddp.module.zero_grad()
+        x, y = batch(0, rank)
+        if rank == 1:
+            x[0, 0] = float("nan")
+        expect_raised(TrainingError, "body.0.weight",
+                      lambda: torch.nn.functional.cross_entropy(ddp(x), y).backward(), rank)
+        ddp.module.zero_grad()
+        x, y = batch(1, rank)
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()  # the next step goes on
 
 
 def check_changed_shape_on_one_rank():

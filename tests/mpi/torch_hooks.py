@@ -203,7 +203,7 @@ def check_bad_arguments_on_one_rank_raise_on_all():
 
 
 def check_guard_lives_with_the_wrapper():
-    from hpcreduce.torch.reducer import STEP_GUARD
+    from hpcreduce.torch.step_guard import STEP_GUARD
     gc.collect()
     assert not STEP_GUARD.installed, "an optimizer pre-hook outlived every wrapper"
     ddp = hpt.DistributedDataParallel(Net())
