@@ -63,9 +63,15 @@ def run(func: Optional[Callable[..., T]] = None, *,
             agreed_launch_settings(ft=True)  # raises on every rank, naming what this launch lacks
         if ctx.joined and not state.job.changes.events:
             join(state)
+        def once() -> T:
+            result = func(state, *args, **kwargs)
+            state._attempt_ended(False)
+            return result
+
         while True:
             try:
-                outcome = attempt(ctx.comm, lambda: func(state, *args, **kwargs), "elastic run", watch_work=False)
+                outcome = attempt(ctx.comm, once, "elastic run", watch_work=False,
+                                  on_failure=lambda: state._attempt_ended(True))
             except Interrupted as failure:
                 recover(state, failure.detected_at)
                 _stop_if_asked(state)

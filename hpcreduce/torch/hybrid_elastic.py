@@ -1,0 +1,103 @@
+"""A colocated ``start_hybrid`` job under ``hpcreduce.elastic``: a SIGKILLed rank survived in place.
+
+    job = hpt.start_hybrid(model, sparse_optimizer=hpt.RowOptimizer("sgd", lr=0.1), layout="colocated")
+    dense_opt = torch.optim.SGD(job.module.parameters(), lr=0.1)
+    state = elastic.State(hybrid=job, model=job.module, optimizer=dense_opt, step=0)
+
+    @elastic.run
+    def train(state):
+        while state.step < steps:
+            dense_opt.zero_grad()
+            loss_fn(job.module(batch(state.step, job.comm))).backward()
+            job.push(); dense_opt.step(); job.clock()
+            state.step += 1
+            state.commit()                 # right after clock(): nothing is redone twice
+
+The job is tracked by the ``job`` handler (``elastic.handlers.Own``). Its tables commit each
+push by one agreement of their own (``ps.colocated.agreed_calls``), so a commit keeps only the
+job's step. After a failure the driver shrinks the context and every survivor restores its
+last commit and takes rank 0's (the dense model and optimizer as committed); the job takes rank
+0's step and, at its tables' next call, the store recovers on its own communicator
+(``recover()``: the lost shards promoted from their replicas on the ring successors,
+re-replicated), its clock set back to that step; the collection scales pushes by 1/survivors
+and checks batches over them; the DDP wrapper, built over the context, duplicates the new
+communicator at its next reduction. Committed right after ``clock()``, the committed step is
+the tables' next one on every survivor (their push agreement is uniform and nothing
+communicates between it and the commit), so the survivors redo exactly the steps the tables
+never applied, with the rows they read the first time: under BSP the run ends on the unkilled
+run's bits when the global batch splits alike. Committed less often, the steps redone were
+applied by the tables already: each table refuses a step it applied (exactly once), but the
+redone dense steps read the later rows.
+
+Every rank makes the same agreements on the tables' communicator whichever communicator it saw
+the failure on: at the end of each call of the loop (``elastic_attempt_ended``) a rank that
+left by a failure joins the tables' failure agreement unless a call of theirs already did, and
+one that finished joins a closing one. Refused: a dedicated-layout job (its recovery is
+``TorchModel`` under ``hpcreduce.train``), on every rank; ranks leaving, and growth (the tables
+do not take a new shard holder), on every rank, before anything moves.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+from ..errors import UnsupportedInputError
+from ..runtime.context import Context
+
+GROWTH = "a start_hybrid job's tables take no new rank (growth and replacement are not supported; shrinking is)"
+
+
+class ElasticJob:
+    """What ``elastic.State`` calls on a ``HybridWorker`` (the ``job`` handler)."""
+
+    layout: str
+    sharding: str
+    store: Any
+    collection: Any
+    context: Optional[Context]
+    comm: Any
+    _pushes: List[Any]
+    committed_step = 0
+    recoveries: List[List[int]]
+
+    def elastic_problem(self) -> Optional[str]:
+        """Why ``State`` cannot track this job (None: it can)."""
+        if self.layout != "colocated":
+            return ("a start_hybrid(layout=\"dedicated\") job cannot be tracked: its recovery is "
+                    "hpcreduce.torch.TorchModel under hpcreduce.train; use layout=\"colocated\" with elastic.State")
+        return None
+
+    def elastic_snapshot(self) -> dict:
+        """What a commit keeps: the step (the tables committed every push already)."""
+        return {"step": int(self.store.clock_value)}
+
+    def elastic_put_back(self, saved: dict) -> None:
+        self.committed_step = int(saved["step"])
+
+    def elastic_layout(self) -> list:
+        return [("tables", (len(self.collection.embedding_bag_configs()),), self.sharding)]
+
+    def elastic_receive(self, context: Context) -> None:
+        """Rank 0's step (collective); after a failure (fewer ranks than the tables'), the
+        store's recovery set up for its next call and this step's calls in flight dropped."""
+        step = context.comm.bcast(self.committed_step, root=0)
+        if context.size > self.store.worker_count:
+            raise UnsupportedInputError(GROWTH)
+        if context.size == self.store.worker_count:
+            return
+        self._pushes = []
+        self.collection._pending, self.collection._prefetched = [], None  # the abandoned step's forwards
+
+        def prepare() -> None:
+            self.store.clock_value = step
+
+        def then(lost: List[int]) -> None:
+            self.comm = context.comm
+            self.collection.bind(self.store, self.store.worker_count, context)
+            self.recoveries.append(lost)
+        self.store.recover_before_next(prepare, then)
+
+    def elastic_leave(self) -> None:
+        raise UnsupportedInputError(GROWTH.replace("take no new rank", "lose no rank by a leave"))
+
+    def elastic_attempt_ended(self, failed: bool) -> None:
+        self.store.end_attempt(failed)
