@@ -1,17 +1,30 @@
 """A colocated ``start_hybrid`` loop under ``hpcreduce.elastic`` survives a SIGKILLed rank in place
 (``hpcreduce.torch.hybrid_elastic``; tests/mpi/hybrid_elastic.py): both shardings, the rank killed
-between steps and with its push posted, the survivors end on the unkilled run's tables and dense
-parameters; a dedicated-layout job is refused by ``elastic.State`` on every rank."""
+between steps, with its push posted or in the dense part's backward, the survivors end on the
+unkilled run's tables and dense parameters; a dedicated-layout job is refused by ``elastic.State``
+on every rank, and so is a rank spawned into the job (growth is not supported)."""
+import sys
+
 import pytest
 
-from mpi_run import mpirun
+from mpi_run import MPI_SCRIPTS, hpcreduce_cli, mpirun
 
 pytest.importorskip("torch")
 
 
 @pytest.mark.parametrize("sharding, where", [("table_wise", "between"), ("table_wise", "in-push"),
-                                             ("row_wise", "in-push")])
+                                             ("row_wise", "in-backward")])
 def test_a_start_hybrid_loop_survives_a_sigkill_and_ends_on_the_unkilled_run(sharding, where):
     result = mpirun(3, "hybrid_elastic.py", sharding, where, ft=True, timeout=120)
     assert result.returncode == 0, result.output
     assert result.output.count(f"hybrid elastic {sharding} {where}: rank") == 2, result.output
+
+
+def test_a_rank_spawned_into_a_start_hybrid_loop_is_refused_on_every_rank(tmp_path):
+    discovery = tmp_path / "ranks.txt"
+    discovery.write_text("4\n")
+    result = hpcreduce_cli("launch", "-n", "3", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "hybrid_elastic.py"),
+                           "growth", str(discovery), timeout=120, cwd=str(tmp_path))
+    assert result.returncode == 0, result.output
+    assert result.output.count("hybrid elastic growth refused: rank") == 4, result.output
+    assert "take no new rank" in result.output, result.output

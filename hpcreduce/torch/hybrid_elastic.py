@@ -68,19 +68,21 @@ class ElasticJob:
 
     def elastic_snapshot(self) -> dict:
         """What a commit keeps: the step (the tables committed every push already)."""
-        return {"step": int(self.store.clock_value)}
+        return {"step": int(self.store.clock_value) if self.store is not None else -1}
 
     def elastic_put_back(self, saved: dict) -> None:
         self.committed_step = int(saved["step"])
 
     def elastic_layout(self) -> list:
+        if self.store is None:  # a rank spawned into the job (``start_hybrid`` made nothing on it)
+            return [("tables", (0,), f"none on a rank spawned into the job: {GROWTH}")]
         return [("tables", (len(self.collection.embedding_bag_configs()),), self.sharding)]
 
     def elastic_receive(self, context: Context) -> None:
         """Rank 0's step (collective); after a failure (fewer ranks than the tables'), the
         store's recovery set up for its next call and this step's calls in flight dropped."""
         step = context.comm.bcast(self.committed_step, root=0)
-        if context.size > self.store.worker_count:
+        if self.store is None or context.size > self.store.worker_count:
             raise UnsupportedInputError(GROWTH)
         if context.size == self.store.worker_count:
             return
@@ -100,4 +102,5 @@ class ElasticJob:
         raise UnsupportedInputError(GROWTH.replace("take no new rank", "lose no rank by a leave"))
 
     def elastic_attempt_ended(self, failed: bool) -> None:
-        self.store.end_attempt(failed)
+        if self.store is not None:
+            self.store.end_attempt(failed)

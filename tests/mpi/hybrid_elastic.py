@@ -4,14 +4,16 @@
 A DLRM-style model (an ``EmbeddingBagCollection`` of three fixed tables, a dense MLP over the
 pooled rows and dense features) trains BSP with SGD for STEPS steps on a global batch of 12
 split over the live ranks, twice in one launch: unkilled, then with world rank 2 SIGKILLed at
-step 3, ``between`` steps (right after its commit) or ``in-push`` (its push posted, not
-clocked). The survivors recover in place (``elastic.State(hybrid=job, ...)``): the tables promote
+step 3, ``between`` steps (right after its commit), ``in-backward`` (the dense part's
+reduction under way) or ``in-push`` (its push posted, not clocked). The survivors recover in place (``elastic.State(hybrid=job, ...)``): the tables promote
 the lost owner's shards from their replicas, the dense model and optimizer go back to the last
 commit, and the step is redone over 2 ranks. Both survivors must end with the unkilled run's
 tables (every row) and dense parameters, within 1e-5 (the global batch's gradients summed over
 3 shares, then over 2, round differently; a step applied twice or skipped moves them by ~1e-2),
 and the same dense parameters on both. Also: tracking a dedicated-layout job is refused on every
-rank (the unkilled part). Run: python hybrid_elastic.py table_wise|row_wise between|in-push.
+rank (the unkilled part). Run: python hybrid_elastic.py table_wise|row_wise between|in-backward|in-push.
+With ``growth DISCOVERY_FILE`` (under ``hpcreduce launch --ft``, the file asking for 4 ranks): the
+rank spawned at the first commit is refused at its sync, on every rank.
 """
 import os
 import signal
@@ -24,14 +26,14 @@ from mpi4py import MPI
 import hpcreduce
 import hpcreduce.torch as hpt
 from hpcreduce import elastic
-from hpcreduce.errors import UnsupportedInputError
+from hpcreduce.errors import InputMismatchError, UnsupportedInputError
 from hpcreduce.ps import Server
 from shared_checks import abort_job_on_error, expect
 
 abort_job_on_error()
 SHARDING, WHERE = sys.argv[1], sys.argv[2]
 ctx = hpcreduce.init(ft=True)
-assert ctx.size == 3, "run with 3 ranks"
+assert ctx.size == 3 or ctx.joined, "run with 3 ranks"
 WORLD = MPI.COMM_WORLD.Get_rank()
 STEPS, BATCH, DIM, KILL_AT = 6, 12, 4, 3
 TABLES = [("users", 40), ("items", 30), ("ads", 20)]
@@ -77,7 +79,7 @@ def batch_of(step: int) -> Batch:
 def start():
     torch.manual_seed(5)
     return hpt.start_hybrid(DLRM(), sparse_optimizer=hpt.RowOptimizer("sgd", lr=0.5), layout="colocated",
-                            sharding=SHARDING, seed=3)
+                            sharding="table_wise" if SHARDING == "growth" else SHARDING, seed=3)
 
 
 def train(kill: bool):
@@ -90,7 +92,10 @@ def train(kill: bool):
         while state.step < STEPS:
             dies = kill and WORLD == 2 and state.step == KILL_AT
             dense_opt.zero_grad()
-            job.module(batch_of(state.step)).backward()
+            loss = job.module(batch_of(state.step))
+            if dies and WHERE == "in-backward":  # in the dense part's backward, its reduction under way
+                job.module.module.bottom.weight.register_hook(lambda grad: os.kill(os.getpid(), signal.SIGKILL))
+            loss.backward()
             job.push()
             if dies and WHERE == "in-push":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -122,6 +127,28 @@ def refused_dedicated():
         role.release()
 
 
+def refused_growth(discovery: str):
+    """The discovery file asks for 4 ranks at the first commit: the rank spawned and every rank of
+    the job raise the same error at the newcomer's sync, before any value moves."""
+    job = start()
+    state = elastic.State(hybrid=job, model=job.module, step=0, discover=discovery)
+
+    @elastic.run
+    def loop(state):
+        while state.step < 2:
+            job.module(batch_of(state.step)).backward()
+            job.clock()
+            state.step += 1
+            state.commit()
+
+    said = expect(InputMismatchError, "take no new rank", lambda: loop(state))
+    print(f"hybrid elastic growth refused: rank {ctx.rank} of {ctx.size}" + (f": {said}" if ctx.rank == 0 else ""),
+          flush=True)
+
+
+if SHARDING == "growth":
+    refused_growth(WHERE)
+    sys.exit(0)
 refused_dedicated()
 reference, first_rows, want_rows, want_dense = train(kill=False)
 assert reference.recoveries == []
