@@ -2,7 +2,7 @@
 (``hpcreduce.torch.hybrid_elastic``; tests/mpi/hybrid_elastic.py): both shardings, the rank killed
 between steps, with its push posted or in the dense part's backward, the survivors end on the
 unkilled run's tables and dense parameters; a dedicated-layout job is refused by ``elastic.State``
-on every rank, and so is a rank spawned into the job (growth is not supported)."""
+on every rank, and so are a rank spawned into the job and a leave (not supported)."""
 import sys
 
 import pytest
@@ -20,11 +20,12 @@ def test_a_start_hybrid_loop_survives_a_sigkill_and_ends_on_the_unkilled_run(sha
     assert result.output.count(f"hybrid elastic {sharding} {where}: rank") == 2, result.output
 
 
-def test_a_rank_spawned_into_a_start_hybrid_loop_is_refused_on_every_rank(tmp_path):
+@pytest.mark.parametrize("ranks, said", [(4, "take no new rank"), (2, "no rank may leave")])
+def test_growth_and_leaves_of_a_start_hybrid_loop_are_refused_on_every_rank(tmp_path, ranks, said):
     discovery = tmp_path / "ranks.txt"
-    discovery.write_text("4\n")
+    discovery.write_text(f"{ranks}\n")
     result = hpcreduce_cli("launch", "-n", "3", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "hybrid_elastic.py"),
-                           "growth", str(discovery), timeout=120, cwd=str(tmp_path))
+                           "resize", str(discovery), timeout=120, cwd=str(tmp_path))
     assert result.returncode == 0, result.output
-    assert result.output.count("hybrid elastic growth refused: rank") == 4, result.output
-    assert "take no new rank" in result.output, result.output
+    assert result.output.count("hybrid elastic resize refused: rank") == max(ranks, 3), result.output
+    assert said in result.output, result.output

@@ -44,6 +44,8 @@ from ..errors import UnsupportedInputError
 from ..runtime.context import Context
 
 GROWTH = "a start_hybrid job's tables take no new rank (growth and replacement are not supported; shrinking is)"
+LEAVE = "no rank may leave a start_hybrid job (its shards would have to move first: not supported; a rank that " \
+        "fails is recovered from)"
 
 
 class ElasticJob:
@@ -79,12 +81,14 @@ class ElasticJob:
         return [("tables", (len(self.collection.embedding_bag_configs()),), self.sharding)]
 
     def elastic_receive(self, context: Context) -> None:
-        """Rank 0's step (collective); after a failure (fewer ranks than the tables'), the
-        store's recovery set up for its next call and this step's calls in flight dropped."""
-        step = context.comm.bcast(self.committed_step, root=0)
+        """Rank 0's step (collective: one allgather); after a failure (fewer ranks than the
+        tables', or their communicator revoked on any rank), the store's recovery set up for its
+        next call and this step's calls in flight dropped."""
         if self.store is None or context.size > self.store.worker_count:
             raise UnsupportedInputError(GROWTH)
-        if context.size == self.store.worker_count:
+        told = context.comm.allgather((self.committed_step, _revoked(self.store.comm)))
+        step, revoked = told[0][0], any(flag for _, flag in told)
+        if context.size == self.store.worker_count and not revoked:
             return
         self._pushes = []
         self.collection._pending, self.collection._prefetched = [], None  # the abandoned step's forwards
@@ -99,8 +103,16 @@ class ElasticJob:
         self.store.recover_before_next(prepare, then)
 
     def elastic_leave(self) -> None:
-        raise UnsupportedInputError(GROWTH.replace("take no new rank", "lose no rank by a leave"))
+        raise UnsupportedInputError(LEAVE)
 
     def elastic_attempt_ended(self, failed: bool) -> None:
         if self.store is not None:
             self.store.end_attempt(failed)
+
+
+def _revoked(comm: Any) -> bool:
+    """Whether ``comm`` is revoked (a revoke reaches the ranks one by one: ``elastic_receive`` asks them all)."""
+    try:
+        return bool(comm.Is_revoked())
+    except Exception:  # a freed or broken communicator: recover all the same
+        return True

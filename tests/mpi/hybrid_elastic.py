@@ -12,8 +12,9 @@ tables (every row) and dense parameters, within 1e-5 (the global batch's gradien
 3 shares, then over 2, round differently; a step applied twice or skipped moves them by ~1e-2),
 and the same dense parameters on both. Also: tracking a dedicated-layout job is refused on every
 rank (the unkilled part). Run: python hybrid_elastic.py table_wise|row_wise between|in-backward|in-push.
-With ``growth DISCOVERY_FILE`` (under ``hpcreduce launch --ft``, the file asking for 4 ranks): the
-rank spawned at the first commit is refused at its sync, on every rank.
+With ``resize DISCOVERY_FILE`` (under ``hpcreduce launch --ft``; the file asks for 4 ranks, or 2):
+the rank spawned at the first commit is refused at its sync, on every rank (or the leave, before
+it begins).
 """
 import os
 import signal
@@ -79,7 +80,7 @@ def batch_of(step: int) -> Batch:
 def start():
     torch.manual_seed(5)
     return hpt.start_hybrid(DLRM(), sparse_optimizer=hpt.RowOptimizer("sgd", lr=0.5), layout="colocated",
-                            sharding="table_wise" if SHARDING == "growth" else SHARDING, seed=3)
+                            sharding="table_wise" if SHARDING == "resize" else SHARDING, seed=3)
 
 
 def train(kill: bool):
@@ -127,9 +128,10 @@ def refused_dedicated():
         role.release()
 
 
-def refused_growth(discovery: str):
+def refused_resize(discovery: str):
     """The discovery file asks for 4 ranks at the first commit: the rank spawned and every rank of
-    the job raise the same error at the newcomer's sync, before any value moves."""
+    the job raise the same error at the newcomer's sync, before any value moves; for 2 ranks (a
+    leave): every rank raises before the leave begins."""
     job = start()
     state = elastic.State(hybrid=job, model=job.module, step=0, discover=discovery)
 
@@ -141,13 +143,15 @@ def refused_growth(discovery: str):
             state.step += 1
             state.commit()
 
-    said = expect(InputMismatchError, "take no new rank", lambda: loop(state))
-    print(f"hybrid elastic growth refused: rank {ctx.rank} of {ctx.size}" + (f": {said}" if ctx.rank == 0 else ""),
+    asked = int(open(discovery).read())
+    said = expect(InputMismatchError if asked > 3 else UnsupportedInputError,
+                  "take no new rank" if asked > 3 else "no rank may leave", lambda: loop(state))
+    print(f"hybrid elastic resize refused: rank {ctx.rank} of {ctx.size}" + (f": {said}" if ctx.rank == 0 else ""),
           flush=True)
 
 
-if SHARDING == "growth":
-    refused_growth(WHERE)
+if SHARDING == "resize":
+    refused_resize(WHERE)
     sys.exit(0)
 refused_dedicated()
 reference, first_rows, want_rows, want_dense = train(kill=False)
