@@ -38,6 +38,7 @@ do not take a new shard holder), on every rank, before anything moves.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, List, Optional
 
 from ..errors import UnsupportedInputError
@@ -90,6 +91,10 @@ class ElasticJob:
         step, revoked = told[0][0], any(flag for _, flag in told)
         if context.size == self.store.worker_count and not revoked:
             return
+        if step < self.store.clock_value and context.rank == 0:
+            print(f"hpcreduce: start_hybrid: the last commit (step {step}) is before the tables' last push (step "
+                  f"{self.store.clock_value - 1}): the tables refuse the steps redone, whose dense part reads the "
+                  "later rows (commit right after job.clock())", file=sys.stderr, flush=True)
         self._pushes = []
         self.collection._pending, self.collection._prefetched = [], None  # the abandoned step's forwards
 

@@ -26,6 +26,7 @@ class AgreedCalls:
 
     comm: MPI.Intracomm
     ft: bool
+    released: bool
     failure_agreed = False
     _before_next: Optional[Callable[[], None]] = None
 
@@ -49,7 +50,7 @@ class AgreedCalls:
         unless it already did, and one that finished joins a closing one (a peer that failed
         after the last push may be waiting in it)."""
         self._run_before_next()
-        if self.failure_agreed or not self.ft:
+        if self.failure_agreed or not self.ft or self.released:
             return
         if failed:
             self._abandon()
