@@ -105,8 +105,9 @@ def start_hybrid(module: torch.nn.Module, *, sparse_optimizer: RowOptimizer, lay
     wrapper refuses raises on every trainer, which release the servers first."""
     context = resolve(comm)
     collections = [m for m in module.modules() if isinstance(m, EmbeddingBagCollection)]
-    if context.joined and layout == "colocated" and len(collections) == 1:  # spawned into an elastic job:
-        return HybridWorker(module, collections[0], None, None, False, layout, sharding or "", context)  # refused at its sync
+    if context.joined and layout == "colocated" and len(collections) == 1:
+        # a rank spawned into an elastic job makes nothing (its peers are in the State's sync, which refuses it)
+        return HybridWorker(module, collections[0], None, None, False, layout, sharding or "", context)
     configs = collections[0].embedding_bag_configs() if len(collections) == 1 else []
     signature = [config.signature() for config in configs]
     problems = [] if len(collections) == 1 else [f"the module holds {len(collections)} EmbeddingBagCollections "
