@@ -24,17 +24,19 @@ and checks batches over them; the DDP wrapper, built over the context, duplicate
 communicator at its next reduction. Committed right after ``clock()``, the committed step is
 the tables' next one on every survivor (their push agreement is uniform and nothing
 communicates between it and the commit), so the survivors redo exactly the steps the tables
-never applied, with the rows they read the first time: under BSP the run ends on the unkilled
-run's bits when the global batch splits alike. Committed less often, the steps redone were
-applied by the tables already: each table refuses a step it applied (exactly once), but the
-redone dense steps read the later rows.
+never applied, with the rows they read the first time: under BSP the run ends where the
+unkilled run ends, to the rounding of the global batch's sums over fewer shares
+(tests/mpi/hybrid_elastic.py: within 2e-8). Committed less often, the steps redone were applied
+by the tables already: each table refuses a step it applied (exactly once), but the redone
+dense steps read the later rows (rank 0 says so at the recovery).
 
 Every rank makes the same agreements on the tables' communicator whichever communicator it saw
 the failure on: at the end of each call of the loop (``elastic_attempt_ended``) a rank that
 left by a failure joins the tables' failure agreement unless a call of theirs already did, and
 one that finished joins a closing one. Refused: a dedicated-layout job (its recovery is
-``TorchModel`` under ``hpcreduce.train``), on every rank; ranks leaving, and growth (the tables
-do not take a new shard holder), on every rank, before anything moves.
+``TorchModel`` under ``hpcreduce.train``), on every rank; ranks leaving, before the leave, and
+growth or replacement (the tables take no new shard holder: a rank spawned into the job makes
+nothing in ``start_hybrid`` and its sync is refused on every rank), before any value moves.
 """
 from __future__ import annotations
 
