@@ -1,8 +1,8 @@
-"""A colocated ``start_hybrid`` loop under ``hpcreduce.elastic`` survives a SIGKILLed rank in place
-(``hpcreduce.torch.hybrid_elastic``; tests/mpi/hybrid_elastic.py): both shardings, the rank killed
-between steps, with its push posted or in the dense part's backward, the survivors end on the
-unkilled run's tables and dense parameters; a dedicated-layout job is refused by ``elastic.State``
-on every rank, and so are a rank spawned into the job and a leave (not supported)."""
+"""A colocated ``start_hybrid`` loop under ``hpcreduce.elastic`` survives SIGKILLed ranks in place
+(``hpcreduce.torch.hybrid_elastic``; tests/mpi/hybrid_elastic.py): both shardings, two ranks killed
+in turn between steps, or one with its push posted or in the dense part's backward; the survivors
+end on the unkilled run's tables and dense parameters. A dedicated-layout job is refused by
+``elastic.State`` on every rank, and so are a rank spawned into the job and a leave (not supported)."""
 import sys
 
 import pytest
@@ -17,7 +17,8 @@ pytest.importorskip("torch")
 def test_a_start_hybrid_loop_survives_a_sigkill_and_ends_on_the_unkilled_run(sharding, where):
     result = mpirun(3, "hybrid_elastic.py", sharding, where, ft=True, timeout=120)
     assert result.returncode == 0, result.output
-    assert result.output.count(f"hybrid elastic {sharding} {where}: rank") == 2, result.output
+    assert result.output.count(f"hybrid elastic {sharding} {where}: rank") == (1 if where == "between" else 2), \
+        result.output
 
 
 @pytest.mark.parametrize("ranks, said", [(4, "take no new rank"), (2, "no rank may leave")])

@@ -3,16 +3,18 @@
 
 A DLRM-style model (an ``EmbeddingBagCollection`` of three fixed tables, a dense MLP over the
 pooled rows and dense features) trains BSP with SGD for STEPS steps on a global batch of 12
-split over the live ranks, twice in one launch: unkilled, then with a rank SIGKILLed at step 3:
-world rank 2 ``between`` steps (right after its commit) or ``in-backward`` (the dense part's
-reduction under way), world rank 0 (the sync's root, a table's owner) ``in-push`` (its push
-posted, not clocked). The survivors recover in place (``elastic.State(hybrid=job, ...)``): the
-tables promote the lost owner's shards from their replicas, the dense model and optimizer go
-back to the last commit, and the step is redone over 2 ranks. Both survivors must end with the
-unkilled run's tables (every row) and dense parameters within 1e-5 (the global batch's
-gradients summed over 3 shares, then over 2, round differently: measured 2e-8; pushes left at
-1/3 after the recovery miss by 3e-3), and the same dense parameters on both. Also: tracking a
-dedicated-layout job is refused on every rank (the unkilled part).
+split over the live ranks, twice in one launch: unkilled, then with ranks SIGKILLed:
+``between`` steps (right after its commit) world rank 2 at step 2 and world rank 1 at step 4
+(the second loss rebuilt from replicas made after the first), ``in-backward`` (the dense
+part's reduction under way) world rank 2 at step 3, ``in-push`` (its push posted, not clocked)
+world rank 0 (the sync's root, a table's owner) at step 3. The survivors recover in place
+(``elastic.State(hybrid=job, ...)``): the tables promote the lost owner's shards from their
+replicas, the dense model and optimizer go back to the last commit, and the step is redone over
+the ranks left. The survivors must end with the unkilled run's tables (every row) and dense
+parameters within 1e-5 (the global batch's gradients summed over 3 shares, then over fewer,
+round differently: measured 2e-8; pushes left at 1/3 after the recovery miss by 3e-3), and with
+the same dense parameters. Also: tracking a dedicated-layout job is refused on every rank (in the
+unkilled part).
 Run: python hybrid_elastic.py table_wise|row_wise between|in-backward|in-push.
 With ``resize DISCOVERY_FILE`` (under ``hpcreduce launch --ft``; the file asks for 4 ranks, or 2):
 the rank spawned at the first commit is refused at its sync, on every rank (or the leave, before
@@ -38,8 +40,8 @@ SHARDING, WHERE = sys.argv[1], sys.argv[2]
 ctx = hpcreduce.init(ft=True)
 assert ctx.size == 3 or ctx.joined, "run with 3 ranks"
 WORLD = MPI.COMM_WORLD.Get_rank()
-STEPS, BATCH, DIM, KILL_AT = 6, 12, 4, 3
-KILLED = 0 if WHERE == "in-push" else 2  # world rank; rank 0 is the sync's root and a table's owner
+STEPS, BATCH, DIM = 6, 12, 4
+KILLS = {"between": {2: 2, 4: 1}, "in-backward": {3: 2}, "in-push": {3: 0}}.get(WHERE, {})  # step: world rank
 TABLES = [("users", 40), ("items", 30), ("ads", 20)]
 torch.set_num_threads(1)
 
@@ -94,7 +96,7 @@ def train(kill: bool):
     @elastic.run
     def loop(state):
         while state.step < STEPS:
-            dies = kill and WORLD == KILLED and state.step == KILL_AT
+            dies = kill and KILLS.get(state.step) == WORLD
             dense_opt.zero_grad()
             loss = job.module(batch_of(state.step))
             if dies and WHERE == "in-backward":  # in the dense part's backward, its reduction under way
@@ -161,7 +163,8 @@ reference, first_rows, want_rows, want_dense = train(kill=False)
 assert reference.recoveries == []
 reference.store.release()
 job, _, rows, dense = train(kill=True)
-assert job.store.worker_count == 2 and job.recoveries == [[KILLED]], (job.store.worker_count, job.recoveries)
+lost = [[KILLS[step]] for step in sorted(KILLS)]
+assert job.store.worker_count == 3 - len(lost) and job.recoveries == lost, (job.store.worker_count, job.recoveries)
 gaps = [float(np.abs(rows[name] - want_rows[name]).max()) for name in want_rows] + \
     [float((dense[name] - want_dense[name]).abs().max()) for name in want_dense]
 assert max(gaps) < 1e-5, gaps
