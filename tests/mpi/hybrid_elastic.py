@@ -115,6 +115,7 @@ def train(kill: bool):
     first = every_row(job)
     loop(state)
     dense = {name: p.detach().clone() for name, p in job.module.named_parameters()}
+    job.recovered_s = [event["recovered_s"] for event in state.events]
     return job, first, every_row(job), dense
 
 
@@ -172,5 +173,5 @@ assert min(float(np.abs(want_rows[name] - first_rows[name]).max()) for name in w
 theirs = ctx.comm.allgather(torch.cat([p.reshape(-1) for p in dense.values()]).numpy())
 assert all(np.array_equal(theirs[0], other) for other in theirs), "survivors' dense parameters differ"
 print(f"hybrid elastic {SHARDING} {WHERE}: rank {ctx.rank} ends on the unkilled run's tables and dense "
-      f"parameters (largest gap {max(gaps):.1e})", flush=True)
+      f"parameters (largest gap {max(gaps):.1e}; recovered in {job.recovered_s} s)", flush=True)
 job.store.release()
