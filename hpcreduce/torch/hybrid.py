@@ -60,6 +60,8 @@ class HybridWorker(ElasticJob):
         self.early_pull, self.layout, self.sharding, self.context = early_pull, layout, sharding, context
         self.recoveries: List[List[int]] = []
         self._pushes: List[object] = []
+        if layout == "colocated" and store is not None:
+            store.on_failure = self.revoke_others
 
     def push(self) -> None:
         """Start the push of this step's row gradients (one for all tables). Call after

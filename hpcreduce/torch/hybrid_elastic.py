@@ -33,7 +33,9 @@ dense steps read the later rows (rank 0 says so at the recovery).
 Every rank makes the same agreements on the tables' communicator whichever communicator it saw
 the failure on: at the end of each call of the loop (``elastic_attempt_ended``) a rank that
 left by a failure joins the tables' failure agreement unless a call of theirs already did, and
-one that finished joins a closing one. Refused: a dedicated-layout job (its recovery is
+one that finished joins a closing one; a rank that sees the failure in a call of the tables first
+revokes the context's and the DDP wrapper's communicators (``revoke_others``), so that no peer
+stays blocked there for it. Refused: a dedicated-layout job (its recovery is
 ``TorchModel`` under ``hpcreduce.train``), on every rank; ranks leaving, before the leave, and
 growth or replacement (the tables take no new shard holder: a rank spawned into the job makes
 nothing in ``start_hybrid`` and its sync is refused on every rank), before any value moves.
@@ -45,6 +47,7 @@ from typing import Any, List, Optional
 
 from ..errors import UnsupportedInputError
 from ..runtime.context import Context
+from ..runtime.failures import revoke
 
 GROWTH = "a start_hybrid job's tables take no new rank (growth and replacement are not supported; shrinking is)"
 LEAVE = "no rank may leave a start_hybrid job (its shards would have to move first: not supported; a rank that " \
@@ -111,6 +114,15 @@ class ElasticJob:
 
     def elastic_leave(self) -> None:
         raise UnsupportedInputError(LEAVE)
+
+    def revoke_others(self) -> None:
+        """On a failure seen by the tables: revoke the context's communicator and the DDP
+        wrapper's, so that a peer waiting there for this rank leaves and joins the tables'
+        failure agreement (a recovery replaces both)."""
+        reducer = getattr(self.module, "reducer", None)
+        ddp = getattr(reducer, "_context", None)  # the wrapper's own duplicate, if it reduced yet
+        for comm in [self.context.comm] + ([ddp.comm] if ddp is not None else []):
+            revoke(comm)
 
     def elastic_attempt_ended(self, failed: bool) -> None:
         if self.store is not None:

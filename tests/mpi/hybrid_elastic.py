@@ -7,7 +7,8 @@ split over the live ranks, twice in one launch: unkilled, then with ranks SIGKIL
 ``between`` steps (right after its commit) world rank 2 at step 2 and world rank 1 at step 4
 (the second loss rebuilt from replicas made after the first), ``in-backward`` (the dense
 part's reduction under way) world rank 2 at step 3, ``in-push`` (its push posted, not clocked)
-world rank 0 (the sync's root, a table's owner) at step 3. The survivors recover in place
+world rank 0 (the sync's root, a table's owner) at step 3; ``random``: world rank 2 from a timer
+0-6 ms after step 2 begins (``HPCREDUCE_TEST_SEED``), wherever it then is. The survivors recover in place
 (``elastic.State(hybrid=job, ...)``): the tables promote the lost owner's shards from their
 replicas, the dense model and optimizer go back to the last commit, and the step is redone over
 the ranks left. The survivors must end with the unkilled run's tables (every row) and dense
@@ -15,14 +16,16 @@ parameters within 1e-5 (the global batch's gradients summed over 3 shares, then 
 round differently: measured 2e-8; pushes left at 1/3 after the recovery miss by 3e-3), and with
 the same dense parameters. Also: tracking a dedicated-layout job is refused on every rank (in the
 unkilled part).
-Run: python hybrid_elastic.py table_wise|row_wise between|in-backward|in-push.
+Run: python hybrid_elastic.py table_wise|row_wise between|in-backward|in-push|random.
 With ``resize DISCOVERY_FILE`` (under ``hpcreduce launch --ft``; the file asks for 4 ranks, or 2):
 the rank spawned at the first commit is refused at its sync, on every rank (or the leave, before
 it begins).
 """
 import os
+import random
 import signal
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -41,7 +44,8 @@ ctx = hpcreduce.init(ft=True)
 assert ctx.size == 3 or ctx.joined, "run with 3 ranks"
 WORLD = MPI.COMM_WORLD.Get_rank()
 STEPS, BATCH, DIM = 6, 12, 4
-KILLS = {"between": {2: 2, 4: 1}, "in-backward": {3: 2}, "in-push": {3: 0}}.get(WHERE, {})  # step: world rank
+KILLS = {"between": {2: 2, 4: 1}, "in-backward": {3: 2}, "in-push": {3: 0}, "random": {2: 2}}.get(WHERE, {})
+# step: world rank (``random``: the rank dies at step 2 or later, ``random_kill``)
 TABLES = [("users", 40), ("items", 30), ("ads", 20)]
 torch.set_num_threads(1)
 
@@ -96,7 +100,9 @@ def train(kill: bool):
     @elastic.run
     def loop(state):
         while state.step < STEPS:
-            dies = kill and KILLS.get(state.step) == WORLD
+            dies = kill and KILLS.get(state.step) == WORLD and WHERE != "random"
+            if kill and WHERE == "random" and WORLD == 2 and state.step in (2, 5):
+                random_kill(state.step)
             dense_opt.zero_grad()
             loss = job.module(batch_of(state.step))
             if dies and WHERE == "in-backward":  # in the dense part's backward, its reduction under way
@@ -117,6 +123,15 @@ def train(kill: bool):
     dense = {name: p.detach().clone() for name, p in job.module.named_parameters()}
     job.recovered_s = [event["recovered_s"] for event in state.events]
     return job, first, every_row(job), dense
+
+
+def random_kill(step: int) -> None:
+    """``random``: a SIGKILL from a timer 0-6 ms after step 2 begins (wherever the step is then:
+    a pool, a reduction, a push, an agreement), or at step 5 at the latest."""
+    if step == 5:
+        os.kill(os.getpid(), signal.SIGKILL)
+    delay = random.Random(int(os.environ.get("HPCREDUCE_TEST_SEED", "0"))).random() * 0.006
+    threading.Timer(delay, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
 
 
 def every_row(job):

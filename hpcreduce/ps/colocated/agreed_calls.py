@@ -28,6 +28,10 @@ class AgreedCalls:
     ft: bool
     released: bool
     failure_agreed = False
+    on_failure: Optional[Callable[[], None]] = None
+    """Called on a failure before the store's failure agreement: revokes the other communicators
+    its ranks may be waiting on (a ``start_hybrid`` job's context and DDP wrapper), so that a
+    peer blocked there for this rank leaves and joins the agreement too."""
     _before_next: Optional[Callable[[], None]] = None
 
     def recover(self) -> List[int]:
@@ -54,8 +58,13 @@ class AgreedCalls:
             return
         if failed:
             self._abandon()
+            self._revoke_others()
             self.failure_agreed = True
         agree_all(self.comm, not failed)
+
+    def _revoke_others(self) -> None:
+        if self.on_failure is not None:
+            self.on_failure()
 
     def _run_before_next(self) -> None:
         if self._before_next is not None:
@@ -73,6 +82,7 @@ class AgreedCalls:
         except MPI.Exception as error:
             if self.ft and is_process_failure(error, self.comm):
                 self._abandon()
+                self._revoke_others()
                 if not self.failure_agreed:
                     self.failure_agreed = True
                     agree_all(self.comm, False)
