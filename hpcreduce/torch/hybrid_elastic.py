@@ -59,6 +59,7 @@ class ElasticJob:
 
     layout: str
     sharding: str
+    module: Any
     store: Any
     collection: Any
     context: Optional[Context]
