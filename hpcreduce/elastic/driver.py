@@ -2,8 +2,10 @@
 
 Each call of ``func(state)`` is one ULFM attempt (``ft.rounds.attempt``): it ends with one
 agreement, so a rank that returned while a peer failed goes back into the loop with the
-others instead of leaving them waiting. A failed attempt, or an ``agreed`` block that did
-not commit (``Interrupted``), is followed by the recovery (``regroup.recover``); a
+others instead of leaving them waiting; before it, each tracked value's handler ends
+agreements of its own (``State._attempt_ended``: a ``start_hybrid`` job's tables). A failed
+attempt, or an ``agreed`` block that did not commit (``Interrupted``), is followed by the
+recovery (``regroup.recover``); a
 ``ResizeRequested`` (from ``State.commit`` or the loop's ``request_resize``) by the leaves and
 the growth it asks for (``resizing``). Either way the reset callbacks run and ``func(state)``
 is called again. Every path ends, on every rank, with exactly one agreement: an agreement of
@@ -63,9 +65,16 @@ def run(func: Optional[Callable[..., T]] = None, *,
             agreed_launch_settings(ft=True)  # raises on every rank, naming what this launch lacks
         if ctx.joined and not state.job.changes.events:
             join(state)
+
+        def once() -> T:
+            result = func(state, *args, **kwargs)
+            state._attempt_ended(False)
+            return result
+
         while True:
             try:
-                outcome = attempt(ctx.comm, lambda: func(state, *args, **kwargs), "elastic run", watch_work=False)
+                outcome = attempt(ctx.comm, once, "elastic run", watch_work=False,
+                                  on_failure=lambda: state._attempt_ended(True))
             except Interrupted as failure:
                 recover(state, failure.detected_at)
                 _stop_if_asked(state)

@@ -14,12 +14,16 @@ State has one per torch type).
   receives rank 0's momentum buffers.
 - ``sharded``: an object whose state is sharded over the ranks (``Sharded``: a
   ``ZeroRedundancyOptimizer``), each part kept on its rank and its ring neighbour.
+- ``job``: an object that says itself what a commit keeps and what a recovery does (``Own``:
+  a colocated ``start_hybrid`` job, ``hpcreduce.torch.hybrid_elastic``). A parameter server
+  (a dedicated-layout job's server ranks) is refused.
 - ``scalar``: anything else (ints, floats, strings, small objects): deep-copied, pickled.
 
 Each handler gives ``exported`` (what a checkpoint stores, and what a commit copies),
 ``put_back`` (restore from such a copy, refusing one whose tensors differ by name or shape,
 naming the tensor), ``layout`` (what sync compares with rank 0's before any byte moves) and
-``receive`` (collective: rank 0's values into this rank's object). torch is never imported here.
+``receive`` (collective: rank 0's values into this rank's object); ``attempt_ended`` runs at
+the end of each call of the loop (``run``), before its agreement. torch is never imported here.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import sys
 from typing import Any, Callable, List, Optional
 
 from ..arrays import copy_into
-from ..errors import InputMismatchError
+from ..errors import InputMismatchError, UnsupportedInputError
 from ..runtime.context import Context
 from .state_dicts import Layout, clone_tree, is_leaf, is_tensor, layout, layout_difference, leaves, send_leaf, send_tree
 
@@ -77,6 +81,10 @@ class Handler:
         """Rank 0's ``value`` on every rank (collective; its ``layout`` already agreed);
         ``InputMismatchError`` when this rank's object refuses it."""
         return context.comm.bcast(value, root=0)
+
+    def attempt_ended(self, value: Any, failed: bool) -> None:
+        """The end of one call of the loop, on every rank (``failed``: by a process failure),
+        before the agreement that ends it (nothing, but for a ``job``)."""
 
 
 class InPlace(Handler):
@@ -176,7 +184,40 @@ class Sharded(Handler):
         return value
 
 
-SCALAR, STATE_DICT, SHARDED = Handler(), StateDict(), Sharded()
+class Own(Handler):
+    """An object that handles itself (a colocated ``start_hybrid`` job: its tables commit each
+    push by an agreement already): a commit keeps its ``elastic_snapshot()`` (its step), restore
+    hands it back (``elastic_put_back``), sync has it recover on the survivors
+    (``elastic_receive``, collective), a leave is refused (``elastic_leave``), and every call of
+    the loop ends its own agreements (``elastic_attempt_ended``)."""
+
+    kind = "job"
+
+    def exported(self, value: Any) -> Any:
+        return value.elastic_snapshot()
+
+    def snapshot(self, value: Any) -> Any:
+        return value.elastic_snapshot()
+
+    def put_back(self, value: Any, saved: Any) -> Any:
+        value.elastic_put_back(saved)
+        return value
+
+    def layout(self, value: Any) -> Optional[Layout]:
+        return value.elastic_layout()
+
+    def receive(self, context: Context, value: Any) -> Any:
+        value.elastic_receive(context)
+        return value
+
+    def before_leave(self, value: Any) -> None:
+        value.elastic_leave()
+
+    def attempt_ended(self, value: Any, failed: bool) -> None:
+        value.elastic_attempt_ended(failed)
+
+
+SCALAR, STATE_DICT, SHARDED, OWN = Handler(), StateDict(), Sharded(), Own()
 ARRAYS, MODULE = InPlace("arrays"), InPlace("module", lambda module: module.state_dict())
 
 
@@ -187,6 +228,16 @@ def handler_for(value: Any) -> Handler:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.nn.Module):
         return MODULE
+    if callable(getattr(value, "elastic_problem", None)):
+        problem = value.elastic_problem()  # the same on every rank: the job's layout was agreed
+        if problem:
+            raise UnsupportedInputError(f"State: {problem}")
+        return OWN
+    server = sys.modules.get(__name__.rsplit(".", 2)[0] + ".ps.server")
+    if server is not None and isinstance(value, server.Server):
+        raise UnsupportedInputError("State: a parameter server (a start_hybrid(layout=\"dedicated\") server rank) "
+                                    "cannot be tracked: the dedicated layout recovers under hpcreduce.train "
+                                    "(hpcreduce.torch.TorchModel); use layout=\"colocated\" with elastic.State")
     if callable(getattr(value, "shard_snapshot", None)) and callable(getattr(value, "reshard", None)):
         return SHARDED
     if callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):

@@ -209,6 +209,12 @@ class State:
             else:
                 self._values[name] = handler.after_leave(staying, self._values[name])
 
+    def _attempt_ended(self, failed: bool) -> None:
+        """The end of one call of the loop (``run``), before its agreement (``failed``: by a
+        process failure): each value's handler's part (a ``start_hybrid`` job ends its tables' agreements)."""
+        for name in sorted(self._values):
+            self._handlers[name].attempt_ended(self._values[name], failed)
+
     def _reset(self, change: RecoveryEvent) -> None:
         """Record ``change`` (``job.changes`` and ``events``), then run the reset callbacks."""
         self.job.changes.add(change)

@@ -22,8 +22,10 @@ its pulls and pushes are collective: every trainer steps alike). The tables' opt
 learning rate are ``sparse_optimizer``'s, nothing hidden; ``consistency``/``staleness``: when
 the dedicated servers answer pulls (``ps.Consistency``; BSP by default). A pushed row gradient
 is scaled by 1/trainers, so the sparse and the dense parts both follow the gradient of the mean
-loss over the global batch. Fault tolerance: ``model_adapter.TorchModel`` runs the same module
-under ``hpcreduce.train``'s hybrid trainer, which survives a SIGKILLed worker or server.
+loss over the global batch. Fault tolerance: a colocated job's loop under ``hpcreduce.elastic``
+(``elastic.State(hybrid=job, ...)``, ``hybrid_elastic``) survives a SIGKILLed rank in place; for
+the dedicated layout ``model_adapter.TorchModel`` runs the same module under
+``hpcreduce.train``'s hybrid trainer, which survives a SIGKILLed worker or server.
 """
 from __future__ import annotations
 
@@ -37,21 +39,29 @@ from ..runtime.context import resolve
 from .ddp import DistributedDataParallel
 from .embedding_collection import EmbeddingBagCollection
 from .embedding_configs import RowOptimizer, init_fn_problem
+from .hybrid_elastic import ElasticJob
 from .layouts import LAYOUTS, SHARDINGS, start_tables
 from .table_files import SavedTables, saved_problem
 
 
-class HybridWorker:
+class HybridWorker(ElasticJob):
     """A trainer of a hybrid job: ``module`` (the model wrapped in ``DistributedDataParallel``
-    over the trainers' communicator ``comm``; the model itself when it has no dense parameter),
-    ``collection`` (its bound ``EmbeddingBagCollection``) and ``store`` (the ``ps.Worker`` or
-    ``ColocatedTables`` it pulls and pushes through); ``early_pull``: whether a pull may
-    leave before this step's push is applied (dedicated SSP with staleness >= 1, or ASP)."""
+    over the trainers (``context``: colocated, the job's context, so that an elastic recovery
+    reaches it); the model itself when it has no dense parameter), ``comm`` (the trainers'
+    communicator), ``collection`` (its bound ``EmbeddingBagCollection``) and ``store`` (the
+    ``ps.Worker``, ``ColocatedTables`` or ``TableWiseTables`` it pulls and pushes through);
+    ``early_pull``: whether a pull may leave before this step's push is applied (dedicated SSP
+    with staleness >= 1, or ASP); ``layout``, ``sharding``: ``start_hybrid``'s; ``recoveries``:
+    the shard keys lost at each recovery under ``hpcreduce.elastic`` (``hybrid_elastic``)."""
 
-    def __init__(self, module: torch.nn.Module, collection: EmbeddingBagCollection, store, comm, early_pull: bool):
+    def __init__(self, module: torch.nn.Module, collection: EmbeddingBagCollection, store, comm, early_pull: bool,
+                 layout: str = "dedicated", sharding: str = "row_wise", context=None):
         self.module, self.collection, self.store, self.comm = module, collection, store, comm
-        self.early_pull = early_pull
+        self.early_pull, self.layout, self.sharding, self.context = early_pull, layout, sharding, context
+        self.recoveries: List[List[int]] = []
         self._pushes: List[object] = []
+        if layout == "colocated" and store is not None:
+            store.on_failure = self.revoke_others
 
     def push(self) -> None:
         """Start the push of this step's row gradients (one for all tables). Call after
@@ -97,6 +107,9 @@ def start_hybrid(module: torch.nn.Module, *, sparse_optimizer: RowOptimizer, lay
     wrapper refuses raises on every trainer, which release the servers first."""
     context = resolve(comm)
     collections = [m for m in module.modules() if isinstance(m, EmbeddingBagCollection)]
+    if context.joined and layout == "colocated" and len(collections) == 1:
+        # a rank spawned into an elastic job makes nothing (its peers are in the State's sync, which refuses it)
+        return HybridWorker(module, collections[0], None, None, False, layout, sharding or "", context)
     configs = collections[0].embedding_bag_configs() if len(collections) == 1 else []
     signature = [config.signature() for config in configs]
     problems = [] if len(collections) == 1 else [f"the module holds {len(collections)} EmbeddingBagCollections "
@@ -127,12 +140,13 @@ def start_hybrid(module: torch.nn.Module, *, sparse_optimizer: RowOptimizer, lay
                                                  sharding)
     if isinstance(role, Server):
         return role
-    collection = collections[0].bind(role, trainers, resolve(trainers_comm))
+    group = context if layout == "colocated" else trainers_comm  # colocated: the context a recovery shrinks
+    collection = collections[0].bind(role, trainers, resolve(group))
     try:
-        wrapped = DistributedDataParallel(module, comm=trainers_comm, **ddp_options) \
+        wrapped = DistributedDataParallel(module, comm=group, **ddp_options) \
             if any(param.requires_grad for param in module.parameters()) else module
     except Exception:
         role.release()  # every trainer raised (the wrapper's checks agree): the servers' serve() returns
         raise
     early = layout == "dedicated" and (consistency_model.kind == "asp" or consistency_model.staleness >= 1)
-    return HybridWorker(wrapped, collection, role, trainers_comm, early)
+    return HybridWorker(wrapped, collection, role, trainers_comm, early, layout, sharding, resolve(group))

@@ -1,10 +1,18 @@
 """What both colocated stores (``ColocatedTables``, ``TableWiseTables``) do around their calls
 under fault tolerance: a process failure inside a call joins the step's one agreement before
 it is raised, and a push is applied only after every rank agreed it arrived everywhere. A store
-gives ``comm``, ``ft`` and ``_abandon()`` (revoke, complete its requests in flight)."""
+gives ``comm``, ``ft``, ``recover()`` and ``_abandon()`` (revoke, complete its requests in flight).
+
+A rank joins at most one failure agreement between two recoveries (``failure_agreed``: a push
+whose commit agreement failed does not join a second one). Under ``hpcreduce.elastic``
+(``torch.hybrid_elastic``) the loop's end, on every rank, ends the store's agreements too
+(``end_attempt``), and a recovery the job asks for runs at the store's next call
+(``recover_before_next``) or at that end, whichever comes first: every rank makes the same
+agreements on the store's communicator, whichever communicator it saw the failure on.
+"""
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from typing import Callable, List, Optional, TypeVar
 
 from mpi4py import MPI
 
@@ -18,21 +26,66 @@ class AgreedCalls:
 
     comm: MPI.Intracomm
     ft: bool
+    released: bool
+    failure_agreed = False
+    on_failure: Optional[Callable[[], None]] = None
+    """Called on a failure before the store's failure agreement: revokes the other communicators
+    its ranks may be waiting on (a ``start_hybrid`` job's context and DDP wrapper), so that a
+    peer blocked there for this rank leaves and joins the agreement too."""
+    _before_next: Optional[Callable[[], None]] = None
+
+    def recover(self) -> List[int]:
+        raise NotImplementedError
 
     def _abandon(self) -> None:
         raise NotImplementedError
+
+    def recover_before_next(self, prepare: Callable[[], None], then: Callable[[List[int]], None]) -> None:
+        """Run ``prepare()``, ``recover()`` and ``then(lost keys)`` before the next call (or at
+        ``end_attempt``): collective on the survivors, all at the same point of their calls."""
+        def run() -> None:
+            prepare()
+            then(self.recover())
+        self._before_next = run
+
+    def end_attempt(self, failed: bool) -> None:
+        """The end of a loop's attempt (``elastic.run``), on every rank: a recovery asked for
+        and not yet run is run, then a rank that left by a failure joins the failure agreement
+        unless it already did, and one that finished joins a closing one (a peer that failed
+        after the last push may be waiting in it)."""
+        self._run_before_next()
+        if self.failure_agreed or not self.ft or self.released:
+            return
+        if failed:
+            self._abandon()
+            self._revoke_others()
+            self.failure_agreed = True
+        agree_all(self.comm, not failed)
+
+    def _revoke_others(self) -> None:
+        if self.on_failure is not None:
+            self.on_failure()
+
+    def _run_before_next(self) -> None:
+        if self._before_next is not None:
+            run, self._before_next = self._before_next, None
+            run()
 
     def _collective(self, work: Callable[[], T]) -> T:
         """``work()``; under fault tolerance a process failure in it revokes the communicator,
         completes every request in flight and joins the step's one agreement (where the ranks
         that saw no failure commit their push) before it is raised: every survivor then
         calls ``recover``."""
+        self._run_before_next()
         try:
             return work()
         except MPI.Exception as error:
             if self.ft and is_process_failure(error, self.comm):
                 self._abandon()
-                agree_all(self.comm, False)
+                self._revoke_others()
+                if not self.failure_agreed:
+                    self.failure_agreed = True
+                    agree_all(self.comm, False)
             raise
 
     def _commit(self) -> None:
@@ -40,5 +93,6 @@ class AgreedCalls:
         theirs) before anyone applies it; a process failure (here or anywhere) raises
         ``ERR_PROC_FAILED``, nothing applied."""
         if self.ft and not agree_all(self.comm, True):
+            self.failure_agreed = True
             self._abandon()
             raise MPI.Exception(MPI.ERR_PROC_FAILED)

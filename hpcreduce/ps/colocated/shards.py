@@ -225,6 +225,7 @@ class ColocatedTables(AgreedCalls):
         release(self.comm)
         self.comm, self.layout, self.store, self.replica = restored.comm, restored.layout, restored.store, \
             restored.replica
+        self.failure_agreed = False
         return restored.lost
 
     def save_checkpoint(self, directory: str) -> None:

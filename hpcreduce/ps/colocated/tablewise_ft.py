@@ -142,6 +142,7 @@ class Recoverable(AgreedCalls):
         self.last_step = {t: step for t, (_, _, step) in restored.primaries.items()}
         self._install(restored.replicas)
         self._forward = None
+        self.failure_agreed = False
         return restored.lost
 
     def _abandon(self) -> None:

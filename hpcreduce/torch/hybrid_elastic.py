@@ -1,0 +1,138 @@
+"""A colocated ``start_hybrid`` job under ``hpcreduce.elastic``: a SIGKILLed rank survived in place.
+
+    job = hpt.start_hybrid(model, sparse_optimizer=hpt.RowOptimizer("sgd", lr=0.1), layout="colocated")
+    dense_opt = torch.optim.SGD(job.module.parameters(), lr=0.1)
+    state = elastic.State(hybrid=job, model=job.module, optimizer=dense_opt, step=0)
+
+    @elastic.run
+    def train(state):
+        while state.step < steps:
+            dense_opt.zero_grad()
+            loss_fn(job.module(batch(state.step, job.comm))).backward()
+            job.push(); dense_opt.step(); job.clock()
+            state.step += 1
+            state.commit()                 # right after clock(): nothing is redone twice
+
+The job is tracked by the ``job`` handler (``elastic.handlers.Own``). Its tables commit each
+push by one agreement of their own (``ps.colocated.agreed_calls``), so a commit keeps only the
+job's step. After a failure the driver shrinks the context and every survivor restores its
+last commit and takes rank 0's (the dense model and optimizer as committed); the job takes rank
+0's step and, at its tables' next call, the store recovers on its own communicator
+(``recover()``: the lost shards promoted from their replicas on the ring successors,
+re-replicated), its clock set back to that step; the collection scales pushes by 1/survivors
+and checks batches over them; the DDP wrapper, built over the context, duplicates the new
+communicator at its next reduction. Committed right after ``clock()``, the committed step is
+the tables' next one on every survivor (their push agreement is uniform and nothing
+communicates between it and the commit), so the survivors redo exactly the steps the tables
+never applied, with the rows they read the first time: under BSP the run ends where the
+unkilled run ends, to the rounding of the global batch's sums over fewer shares
+(tests/mpi/hybrid_elastic.py: within 2e-8). Committed less often, the steps redone were applied
+by the tables already: each table refuses a step it applied (exactly once), but the redone
+dense steps read the later rows (rank 0 says so at the recovery).
+
+Every rank makes the same agreements on the tables' communicator whichever communicator it saw
+the failure on: at the end of each call of the loop (``elastic_attempt_ended``) a rank that
+left by a failure joins the tables' failure agreement unless a call of theirs already did, and
+one that finished joins a closing one; a rank that sees the failure in a call of the tables first
+revokes the context's and the DDP wrapper's communicators (``revoke_others``), so that no peer
+stays blocked there for it. Refused: a dedicated-layout job (its recovery is
+``TorchModel`` under ``hpcreduce.train``), on every rank; ranks leaving, before the leave, and
+growth or replacement (the tables take no new shard holder: a rank spawned into the job makes
+nothing in ``start_hybrid`` and its sync is refused on every rank), before any value moves.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, List, Optional
+
+from ..errors import UnsupportedInputError
+from ..runtime.context import Context
+from ..runtime.failures import revoke
+
+GROWTH = "a start_hybrid job's tables take no new rank (growth and replacement are not supported; shrinking is)"
+LEAVE = "no rank may leave a start_hybrid job (its shards would have to move first: not supported; a rank that " \
+        "fails is recovered from)"
+
+
+class ElasticJob:
+    """What ``elastic.State`` calls on a ``HybridWorker`` (the ``job`` handler)."""
+
+    layout: str
+    sharding: str
+    module: Any
+    store: Any
+    collection: Any
+    context: Optional[Context]
+    comm: Any
+    _pushes: List[Any]
+    committed_step = 0
+    recoveries: List[List[int]]
+
+    def elastic_problem(self) -> Optional[str]:
+        """Why ``State`` cannot track this job (None: it can)."""
+        if self.layout != "colocated":
+            return ("a start_hybrid(layout=\"dedicated\") job cannot be tracked: its recovery is "
+                    "hpcreduce.torch.TorchModel under hpcreduce.train; use layout=\"colocated\" with elastic.State")
+        return None
+
+    def elastic_snapshot(self) -> dict:
+        """What a commit keeps: the step (the tables committed every push already)."""
+        return {"step": int(self.store.clock_value) if self.store is not None else -1}
+
+    def elastic_put_back(self, saved: dict) -> None:
+        self.committed_step = int(saved["step"])
+
+    def elastic_layout(self) -> list:
+        if self.store is None:  # a rank spawned into the job (``start_hybrid`` made nothing on it)
+            return [("tables", (0,), f"none on a rank spawned into the job: {GROWTH}")]
+        return [("tables", (len(self.collection.embedding_bag_configs()),), self.sharding)]
+
+    def elastic_receive(self, context: Context) -> None:
+        """Rank 0's step (collective: one allgather); after a failure (fewer ranks than the
+        tables', or their communicator revoked on any rank), the store's recovery set up for its
+        next call and this step's calls in flight dropped."""
+        if self.store is None or context.size > self.store.worker_count:
+            raise UnsupportedInputError(GROWTH)
+        told = context.comm.allgather((self.committed_step, _revoked(self.store.comm)))
+        step, revoked = told[0][0], any(flag for _, flag in told)
+        if context.size == self.store.worker_count and not revoked:
+            return
+        if step < self.store.clock_value and context.rank == 0:
+            print(f"hpcreduce: start_hybrid: the last commit (step {step}) is before the tables' last push (step "
+                  f"{self.store.clock_value - 1}): the tables refuse the steps redone, whose dense part reads the "
+                  "later rows (commit right after job.clock())", file=sys.stderr, flush=True)
+        self._pushes = []
+        self.collection._pending, self.collection._prefetched = [], None  # the abandoned step's forwards
+
+        def prepare() -> None:
+            self.store.clock_value = step
+
+        def then(lost: List[int]) -> None:
+            self.comm = context.comm
+            self.collection.bind(self.store, self.store.worker_count, context)
+            self.recoveries.append(lost)
+        self.store.recover_before_next(prepare, then)
+
+    def elastic_leave(self) -> None:
+        raise UnsupportedInputError(LEAVE)
+
+    def revoke_others(self) -> None:
+        """On a failure seen by the tables: revoke the context's communicator and the DDP
+        wrapper's, so that a peer waiting there for this rank leaves and joins the tables'
+        failure agreement (a recovery replaces both)."""
+        reducer = getattr(self.module, "reducer", None)
+        ddp = getattr(reducer, "_context", None)  # the wrapper's own duplicate, if it reduced yet
+        for comm in [self.context.comm] + ([ddp.comm] if ddp is not None else []):
+            revoke(comm)
+
+    def elastic_attempt_ended(self, failed: bool) -> None:
+        if self.store is not None:
+            self.store.end_attempt(failed)
+
+
+def _revoked(comm: Any) -> bool:
+    """Whether ``comm`` is revoked (a revoke reaches the ranks one by one: ``elastic_receive`` asks them all)."""
+    try:
+        return bool(comm.Is_revoked())
+    except Exception:  # a freed or broken communicator: recover all the same
+        return True
