@@ -105,6 +105,12 @@ class DistributedDataParallel(torch.nn.Module):
                     broadcast_tensor(context, buffer, 0)
         return self.module(*args, **kwargs)
 
+    def revoke(self) -> None:
+        """Revoke the library's own communicator (a failure seen elsewhere, as by a hybrid job's
+        tables): a peer blocked in a reduction leaves it; after a recovery the next reduction
+        duplicates the new communicator."""
+        self.reducer.revoke()
+
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backwards inside accumulate gradients in place without reducing them; the first

@@ -287,6 +287,11 @@ class EmbeddingBagCollection(torch.nn.Module):
             raise PSInputError(f"EmbeddingBagCollection: table {name!r}: ids {missing} are not among the rows given")
         return positions
 
+    def forget_in_flight(self) -> None:
+        """Forget the forwards not pushed yet and a prefetch not used (a step abandoned by a
+        process failure: their requests went with the store's communicator)."""
+        self._pending, self._prefetched = [], None
+
     def _drop_prefetched(self) -> None:
         """Finish a prefetch no forward used (its reply must land before its buffers go)."""
         if self._prefetched is not None:

@@ -102,7 +102,7 @@ class ElasticJob:
                   f"{self.store.clock_value - 1}): the tables refuse the steps redone, whose dense part reads the "
                   "later rows (commit right after job.clock())", file=sys.stderr, flush=True)
         self._pushes = []
-        self.collection._pending, self.collection._prefetched = [], None  # the abandoned step's forwards
+        self.collection.forget_in_flight()
 
         def prepare() -> None:
             self.store.clock_value = step
@@ -120,10 +120,9 @@ class ElasticJob:
         """On a failure seen by the tables: revoke the context's communicator and the DDP
         wrapper's, so that a peer waiting there for this rank leaves and joins the tables'
         failure agreement (a recovery replaces both)."""
-        reducer = getattr(self.module, "reducer", None)
-        ddp = getattr(reducer, "_context", None)  # the wrapper's own duplicate, if it reduced yet
-        for comm in [self.context.comm] + ([ddp.comm] if ddp is not None else []):
-            revoke(comm)
+        revoke(self.context.comm)
+        if callable(getattr(self.module, "revoke", None)):  # the DDP wrapper (absent: no dense part)
+            self.module.revoke()
 
     def elastic_attempt_ended(self, failed: bool) -> None:
         if self.store is not None:

@@ -41,6 +41,7 @@ from ..collectives.validate import InputProblem, ProblemKind, agree
 from ..errors import TrainingError
 from ..ft.watchdog import watchdog
 from ..runtime.context import Context, resolve
+from ..runtime.failures import revoke
 from .buckets import Bucket
 from .comm_thread import CommThread, has_spare_core
 from .dtypes import NARROW
@@ -253,6 +254,11 @@ class Reducer:
             self._source = outer.comm
         assert self._context is not None
         return self._context
+
+    def revoke(self) -> None:
+        """Revoke the library's communicator, if a reduction made it yet."""
+        if self._context is not None:
+            revoke(self._context.comm)
 
     def _finish(self) -> None:
         """End of backward: hand over the rest (missing gradients as zeros), wait, learn which
