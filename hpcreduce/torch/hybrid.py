@@ -126,6 +126,10 @@ def start_hybrid(module: torch.nn.Module, *, sparse_optimizer: RowOptimizer, lay
     if sharding not in SHARDINGS or (sharding == "table_wise" and layout != "colocated"):
         problems.append(f"sharding must be one of {', '.join(SHARDINGS)} (table_wise with layout=\"colocated\"), "
                         f"got {sharding!r} with layout {layout!r}")
+    if layout == "colocated" and (consistency != "bsp" or staleness != 0):
+        problems.append(f"layout=\"colocated\" is synchronous (every rank pulls and pushes its shard's rows "
+                        f"together each step): consistency must be \"bsp\" with staleness 0, got {consistency!r} "
+                        f"with staleness {staleness} (SSP and ASP need the dedicated layout's servers)")
     if not isinstance(sparse_optimizer, RowOptimizer):
         problems.append(f"sparse_optimizer must be a RowOptimizer(name, lr), got {sparse_optimizer!r}")
     elif sparse_optimizer.problem():

@@ -75,7 +75,8 @@ def batch_of(rng, weights=False):
 
 def start(sharding, model=None, **options):
     return hpt.start_hybrid(model or Model(), sparse_optimizer=hpt.RowOptimizer("sgd", lr=0.5),
-                            layout=options.pop("layout", "colocated"), consistency="bsp", sharding=sharding, **options)
+                            layout=options.pop("layout", "colocated"), consistency=options.pop("consistency", "bsp"),
+                            sharding=sharding, **options)
 
 
 def tables(job):
@@ -181,7 +182,8 @@ else:
     check(all(np.array_equal(before[n], after[n]) for n in before), "a refused push changed a table")
     job.release()
     for what, options, expected in [("a dynamic table", {"model": Model(users=None)}, "fixed tables only"),
-                                    ("the dedicated layout", {"layout": "dedicated"}, "table_wise with layout")]:
+                                    ("the dedicated layout", {"layout": "dedicated"}, "table_wise with layout"),
+                                    ("SSP colocated", {"consistency": "ssp", "staleness": 1}, "is synchronous")]:
         try:
             start("table_wise", **options)
             check(False, f"{what}: start_hybrid accepted it")
