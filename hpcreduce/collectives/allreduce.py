@@ -21,9 +21,11 @@ from ..errors import ConfigurationError
 from ..runtime.context import Comm, Context, resolve
 from ..runtime.settings import Setting, generation, switch
 from ..arrays import array_module, is_device_array
+from .finite_copy import finish_sum_in_place
 from .hierarchical import hierarchical_allreduce, hierarchical_pieces, stepped_aside
 from .memory import start_address
 from .native import native_allreduce, native_moved
+from .node_window import node_window
 from .one_shot import checked_one_shot, one_shot_allreduce, shot_plan
 from .ops import OP_NAMES, OPS, ReduceOp, dtype_code
 from .recursive_doubling import recursive_doubling_allreduce
@@ -153,9 +155,11 @@ def allreduce_pieces(pieces: Sequence[np.ndarray], out: np.ndarray, op: str = "s
     dtype, ``out.size`` values in all; any may be a view of ``out`` at its own place) make end
     to end, written into the contiguous 1-D ``out`` or, with ``in_place``, back into the pieces
     (``out`` is then scratch). Where the hierarchical allreduce runs it reads each piece where it
-    lies and copies the result straight to where it goes (``hierarchical_pieces``); elsewhere the
-    pieces are copied into ``out`` first (and, ``in_place``, back after; a single piece is reduced
-    where it lies). The same check as ``allreduce``'s, so either meets the other's.
+    lies and copies the result straight to where it goes (``hierarchical_pieces``); ``in_place``
+    with two ranks on one node, each piece is reduced where it lies by native ``MPI_Allreduce``
+    instead (``_native_pieces``: a sum of two has one order, so the same bits); elsewhere the pieces are copied into ``out`` first (and,
+    ``in_place``, back after; a single piece is reduced where it lies). The same check as
+    ``allreduce``'s, so either meets the other's.
     Returns whether the result may hold only finite values (its sum is finite: the same verdict
     on every rank; with ``check_finite``, else True), the sum taken in the hierarchical
     allreduce's copy out (``finite_copy``) or, elsewhere, in a pass of its own."""
@@ -165,9 +169,30 @@ def allreduce_pieces(pieces: Sequence[np.ndarray], out: np.ndarray, op: str = "s
         return _gathered_pieces(context, pieces, out, op, check_finite, in_place)
     if plan.checking:
         plan.check.run(context)
+    if in_place and context.size == 2 and node_window(context.comm).nodes == 1:
+        return _native_pieces(context, pieces, plan.op, check_finite)
     sent, received, total = hierarchical_pieces(context.comm, pieces, out, plan.op, summed=check_finite,
                                                 in_place=in_place)
     context.traffic.add(sent, received)
+    return math.isfinite(total)
+
+
+def _native_pieces(context: Context, pieces: Sequence[np.ndarray], op: ReduceOp, check_finite: bool) -> bool:
+    """Each piece reduced where it lies by ``MPI_Allreduce`` in place, then divided (a mean) with
+    its sum taken in the same pass (``finish_sum_in_place``). For two ranks of one node: Open MPI's
+    shared-memory path reads the peer's buffer itself, where the hierarchical allreduce copies every
+    piece into the node's window and the result out of it; measured inside a torch step (the
+    gradients just written by backward) this is the faster of the two (docs/algorithms.md), and
+    a sum of two values has one result, so the bits are the hierarchical allreduce's."""
+    comm, size, total = context.comm, context.size, 0.0
+    for piece in pieces:
+        comm.Allreduce(MPI.IN_PLACE, piece, op.mpi_op)
+        if check_finite:
+            total += finish_sum_in_place(op, piece, size)
+        else:
+            op.finish(piece, size)
+        moved = native_moved(piece.nbytes, size)
+        context.traffic.add(moved, moved)
     return math.isfinite(total)
 
 

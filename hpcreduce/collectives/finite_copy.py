@@ -17,6 +17,7 @@ import numpy as np
 from .ops import ReduceOp
 
 _kernel: Optional[Callable] = None
+_in_place_kernel: Optional[Callable] = None
 
 
 def finish_sum(op: ReduceOp, reduced: np.ndarray, out: np.ndarray, size: int) -> float:
@@ -34,3 +35,17 @@ def finish_sum(op: ReduceOp, reduced: np.ndarray, out: np.ndarray, size: int) ->
         _kernel = divide_sum
     divisor = size if op.divide_by_size and size > 1 else 1
     return float(_kernel(reduced, out, out.dtype.type(divisor)))
+
+
+def finish_sum_in_place(op: ReduceOp, reduced: np.ndarray, size: int) -> float:
+    """``op.finish(reduced, size)`` in place and the sum of the result (0 for integers): one pass
+    for float32 and float64, the division and then numpy's sum for float16."""
+    if reduced.dtype.kind != "f" or reduced.dtype == np.float16:
+        op.finish(reduced, size)
+        return float(np.sum(reduced, dtype=np.float64)) if reduced.dtype.kind == "f" else 0.0
+    global _in_place_kernel
+    if _in_place_kernel is None:
+        from .finite_kernel import divide_sum_in_place
+        _in_place_kernel = divide_sum_in_place
+    divisor = size if op.divide_by_size and size > 1 else 1
+    return float(_in_place_kernel(reduced, reduced.dtype.type(divisor)))

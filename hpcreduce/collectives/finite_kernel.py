@@ -15,3 +15,17 @@ def divide_sum(reduced, out, divisor):  # pragma: no cover - compiled
         out[i] = value
         total += value
     return total
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc"})
+def divide_sum_in_place(x, divisor):  # pragma: no cover - compiled
+    """``x[i] /= divisor`` (exact, as numpy's divide), returning the values' sum in their own
+    precision (``divisor``'s type, x's: float32 lanes are twice float64's; a sum that overflows
+    although every value is finite reads as not finite, and the caller then looks elementwise):
+    one array, so the loop vectorises (``divide_sum`` with ``out`` the same array would not)."""
+    total = divisor - divisor  # 0 of x's dtype
+    for i in range(x.size):
+        value = x[i] / divisor
+        x[i] = value
+        total += value
+    return total
