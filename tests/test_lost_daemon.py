@@ -19,6 +19,7 @@ import pytest
 
 from hpcreduce.runtime import jobs
 from hpcreduce.runtime.mpirun_output import LostDaemons
+from mpi_run import DAEMON_DID_NOT_START
 from multinode import daemon_of, nodes, processes_naming
 
 TIMEOUT = 150
@@ -51,11 +52,6 @@ def test_mpiruns_lost_daemon_texts_are_read_even_when_cut_between_reads(text, no
         for chunk in (b"x" * 5000 + text[:cut], text[cut:], b"y" * 100):
             lost.feed(chunk)
         assert (lost.nodes if lost.seen else None) == nodes_named, cut
-
-
-# mpirun's own start failing on a fake node before any rank ran ("A daemon failed to report back",
-# exit 213; seen once in 13 runs of the suite): not what these tests test, so the job starts once more.
-DAEMON_DID_NOT_START = "A daemon failed to report back"
 
 
 def launch(tmp_path, two, *args):
@@ -141,28 +137,22 @@ def test_a_lost_daemon_without_ft_is_relaunched_from_the_checkpoint(tmp_path):
     assert resume["step"] > 20 and data["steps"][-1]["step"] == 80 and "final:" in text, (resume, text)
 
 
-def test_a_lost_daemon_under_launch_ends_non_zero_naming_the_node(tmp_path):
+@pytest.mark.parametrize("first_start_fails", [False, True], ids=["started", "restarted"])
+def test_a_lost_daemon_under_launch_ends_non_zero_naming_the_node(tmp_path, first_start_fails):
+    """``restarted``: the retry above, provoked: node2's first daemon exits 1 before it starts
+    (mpirun: "A daemon failed to report back", exit 213); the second start runs, and its
+    daemon's loss is seen."""
     two = nodes(tmp_path, [1, 1])
+    failed = tmp_path / "failed_once"
+    if first_start_fails:
+        agent = Path(two.env["PRTE_MCA_plm_ssh_agent"])
+        script = agent.read_text().split("\n", 1)
+        agent.write_text(f"{script[0]}\nif [ ! -e {failed} ]; then touch {failed}; exit 1; fi\n{script[1]}")
     started = tmp_path / "started"
     program = f"import time; open({str(started)!r} + str(time.time()), 'w'); time.sleep(100)"
     process, output = launch_and_kill_daemon(tmp_path, two, lambda: len(list(tmp_path.glob("started*"))) == 2,
                                              "launch", "-n", "2", "--hostfile", two.hostfile, "--",
                                              "python", "-c", program)
     code, text = ended(process, output, tmp_path)
+    assert failed.exists() == first_start_fails, text
     assert code == 1 and "mpirun lost the daemon of node(s) node2" in text, text
-
-
-def test_a_job_whose_daemon_did_not_start_is_started_once_more(tmp_path):
-    """The retry above, provoked: node2's first daemon exits 1 before it starts (mpirun: "A daemon
-    failed to report back", exit 213); the second start runs, and its daemon's loss is seen."""
-    two = nodes(tmp_path, [1, 1])
-    agent, failed = Path(two.env["PRTE_MCA_plm_ssh_agent"]), tmp_path / "failed_once"
-    script = agent.read_text().split("\n", 1)
-    agent.write_text(f"{script[0]}\nif [ ! -e {failed} ]; then touch {failed}; exit 1; fi\n{script[1]}")
-    started = tmp_path / "started"
-    program = f"import time; open({str(started)!r} + str(time.time()), 'w'); time.sleep(100)"
-    process, output = launch_and_kill_daemon(tmp_path, two, lambda: len(list(tmp_path.glob("started*"))) == 2,
-                                             "launch", "-n", "2", "--hostfile", two.hostfile, "--",
-                                             "python", "-c", program)
-    code, text = ended(process, output, tmp_path)
-    assert failed.exists() and code == 1 and "mpirun lost the daemon of node(s) node2" in text, text

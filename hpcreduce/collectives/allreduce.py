@@ -157,9 +157,9 @@ def allreduce_pieces(pieces: Sequence[np.ndarray], out: np.ndarray, op: str = "s
     (``out`` is then scratch). Where the hierarchical allreduce runs it reads each piece where it
     lies and copies the result straight to where it goes (``hierarchical_pieces``); ``in_place``
     with two ranks on one node, each piece is reduced where it lies by native ``MPI_Allreduce``
-    instead (``_native_pieces``: a sum of two has one order, so the same bits); elsewhere the pieces are copied into ``out`` first (and,
-    ``in_place``, back after; a single piece is reduced where it lies). The same check as
-    ``allreduce``'s, so either meets the other's.
+    instead (``_native_pieces``: a sum of two has one order, so the same bits); elsewhere the
+    pieces are copied into ``out`` first (and, ``in_place``, back after; a single piece is reduced
+    where it lies). The same check as ``allreduce``'s, so either meets the other's.
     Returns whether the result may hold only finite values (its sum is finite: the same verdict
     on every rank; with ``check_finite``, else True), the sum taken in the hierarchical
     allreduce's copy out (``finite_copy``) or, elsewhere, in a pass of its own."""
