@@ -80,6 +80,7 @@ class Reducer:
         self._context: Optional[Context] = None
         self._source: Optional[MPI.Intracomm] = None
         self._flags: Optional[np.ndarray] = None  # this step's used-parameter flags, reduced with the last bucket
+        self._flags_scratch: Optional[np.ndarray] = None  # allreduce_pieces' scratch for the last bucket and flags
         self.new_buffers()
         me = weakref.ref(self)  # the parameters' hooks must not keep the reducer alive
 
@@ -224,7 +225,10 @@ class Reducer:
                 flags, scratch = self._flags, bucket.flat.numpy()
                 if flags is not None and bucket.index == len(self.buckets) - 1:
                     pieces.append(flags)
-                    scratch = np.empty(scratch.size + flags.size, scratch.dtype)
+                    size = scratch.size + flags.size
+                    if self._flags_scratch is None or self._flags_scratch.size != size:  # made once, not per step
+                        self._flags_scratch = np.empty(size, scratch.dtype)
+                    scratch = self._flags_scratch
                 return allreduce_pieces(pieces, scratch, "mean", comm=context, check_finite=check, in_place=True)
             with running_on(context):
                 future = self.hook(self.state, self._grad_buckets[bucket.index])
