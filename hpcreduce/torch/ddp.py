@@ -91,12 +91,15 @@ class DistributedDataParallel(torch.nn.Module):
         self.broadcast_buffers = broadcast_buffers and any(True for _ in module.buffers())
         self._named = named
         self._shapes = [param.shape for _, param in named]
+        self._slots = _slots(module, named) if is_module else []
         self.reducer = Reducer(build(named, cap), comm=group, check_finite=check_finite, overlap=overlap)
         self._hook_from = f"compression={compression!r}" if compression else None
         if compression:
             self.reducer.hook = COMPRESSIONS[compression]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.reducer.running:  # the last backward raised before its end: its gradients are not reduced
+            self.reducer.abandon()
         self._check_parameters()
         if self.broadcast_buffers and self.reducer.syncing:
             context = resolve(self.comm)
@@ -153,11 +156,11 @@ class DistributedDataParallel(torch.nn.Module):
         return self.reducer.sent_last_step
 
     def _check_parameters(self) -> None:
-        """A parameter replaced or reshaped since wrapping goes to the reduction as NaN (every rank stops)."""
-        current = [param for param in self.module.parameters() if param.requires_grad]
-        pairs = zip(current, self._named, self._shapes)
-        if len(current) == len(self._named) and all(now is then and now.shape == shape
-                                                    for now, (_, then), shape in pairs):
+        """A parameter replaced or reshaped since wrapping goes to the reduction as NaN (every rank
+        stops). Every forward: each submodule and parameter still where it was (``_slots``: a
+        dictionary lookup each, not a walk of the module tree) and of its shape."""
+        if all(held.get(key) is value for held, key, value in self._slots) \
+                and all(param.shape == shape for (_, param), shape in zip(self._named, self._shapes)):
             return
         for (name, then), shape in zip(self._named, self._shapes):
             owner, _, leaf = name.rpartition(".")
@@ -165,6 +168,21 @@ class DistributedDataParallel(torch.nn.Module):
             if now is not then or now.shape != shape:
                 self.reducer.note_problem(name, "it was replaced or changed shape after wrapping "
                                                 "(wrap the module after its last change)")
+
+def _slots(module: torch.nn.Module, named: List[Tuple[str, torch.nn.Parameter]]) -> List[Tuple[dict, str, object]]:
+    """Where each wrapped parameter and each submodule on the way to it is held: (the holder's
+    ``_modules`` or ``_parameters``, the key, what was there at wrapping)."""
+    slots = {}
+    for name, param in named:
+        *path, leaf = name.split(".")
+        holder = module
+        for key in path:
+            child = holder._modules[key]
+            slots[(id(holder), key)] = (holder._modules, key, child)
+            holder = child
+        slots[(id(holder), leaf)] = (holder._parameters, leaf, param)
+    return list(slots.values())
+
 
 def _device_problems(named: List[Tuple[str, torch.nn.Parameter]], device_ids: object, output_device: object,
                      dim: object, process_group: Comm, comm: Comm) -> List[str]:

@@ -143,13 +143,49 @@ def check_nan_on_one_rank_stops_every_rank():
 
 
 def check_changed_shape_on_one_rank():
-    model = Net()
-    ddp = hpt.DistributedDataParallel(model, bucket_cap_mb=0.001)
-    if rank == 1:
+    """A parameter replaced, or the submodule holding one (same shapes), on one rank."""
+    def replace_parameter(model):
         model.extra.weight = torch.nn.Parameter(torch.zeros(3, 8))
-    x, y = batch(0, rank)
-    expect_raised(TrainingError, "extra.weight", lambda: torch.nn.functional.cross_entropy(ddp(x), y).backward(),
-                  rank)
+
+    def replace_submodule(model):
+        model.body[2] = torch.nn.Linear(16, 16)
+
+    for change, named in ((replace_parameter, "extra.weight"), (replace_submodule, "body.2.weight")):
+        model = Net()
+        ddp = hpt.DistributedDataParallel(model, bucket_cap_mb=0.001)
+        if rank == 1:
+            change(model)
+        x, y = batch(0, rank)
+        expect_raised(TrainingError, named, lambda: torch.nn.functional.cross_entropy(ddp(x), y).backward(), rank)
+
+
+class FailingBackward(torch.autograd.Function):
+    """The identity, whose backward raises (after every parameter's gradient came)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("a user's backward failed")
+
+
+def check_a_backward_that_raised_leaves_the_next_one_reduced():
+    """A backward that raised in autograd (caught by the user, on every rank) before its end:
+    the next step's gradients are the mean again, on the thread and at the end of backward."""
+    for overlap in (True, False):
+        model = Net()
+        ddp = hpt.DistributedDataParallel(model, bucket_cap_mb=0.001, overlap=overlap)
+        x, y = batch(0, rank)
+        expect_raised(RuntimeError, "a user's backward failed", lambda: torch.nn.functional.cross_entropy(
+            ddp(FailingBackward.apply(x.requires_grad_())), y).backward(), rank)
+        model.zero_grad()
+        x, y = batch(1, rank)
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy()
+        gathered = ctx.comm.allgather(grads)
+        assert all((g == gathered[0]).all() for g in gathered), f"overlap={overlap}: gradients not reduced"
 
 
 def check_step_inside_no_sync_refused():
@@ -177,6 +213,7 @@ def check_bfloat16_model():
 if __name__ == "__main__":
     run_checks(check_equals_one_process, check_large_buckets_reduced_where_autograd_left_them,
                check_no_sync_accumulates, check_unused_parameter_counts_as_zeros, check_compressed_wires, check_different_modules_refused, check_nan_on_one_rank_stops_every_rank,
-               check_changed_shape_on_one_rank, check_step_inside_no_sync_refused, check_bfloat16_model)
+               check_changed_shape_on_one_rank, check_a_backward_that_raised_leaves_the_next_one_reduced,
+               check_step_inside_no_sync_refused, check_bfloat16_model)
     if rank == 0:
         print("torch ddp: all checks passed", flush=True)

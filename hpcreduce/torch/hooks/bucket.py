@@ -126,3 +126,18 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", group: Comm = None) -> "to
     future: "torch.futures.Future[torch.Tensor]" = torch.futures.Future()
     future.set_result(tensor)
     return future
+
+
+def hook_result(future: object, flat: torch.Tensor) -> torch.Tensor:
+    """The reduced tensor a hook's Future holds, or a ValueError saying how it does not fit."""
+    if not isinstance(future, torch.futures.Future):
+        raise ValueError(f"returned a {type(future).__name__}, not a torch.futures.Future")
+    value = future.wait()
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"returned a Future of a {type(value).__name__}, not of a tensor")
+    if value.numel() != flat.numel() or value.dtype != flat.dtype or value.device != flat.device:
+        raise ValueError(f"returned a Future of a {value.dtype} tensor of {value.numel()} values on {value.device}; "
+                         f"the bucket is {flat.dtype}, {flat.numel()} values on {flat.device}")
+    return value.reshape(-1)
