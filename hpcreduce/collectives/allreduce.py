@@ -156,8 +156,9 @@ def allreduce_pieces(pieces: Sequence[np.ndarray], out: np.ndarray, op: str = "s
     to end, written into the contiguous 1-D ``out`` or, with ``in_place``, back into the pieces
     (``out`` is then scratch). Where the hierarchical allreduce runs it reads each piece where it
     lies and copies the result straight to where it goes (``hierarchical_pieces``); ``in_place``
-    with two ranks on one node, each piece is reduced where it lies by native ``MPI_Allreduce``
-    instead (``_native_pieces``: a sum of two has one order, so the same bits); elsewhere the
+    with two ranks on one node (for a bucket of any size), each piece is reduced where it lies by
+    native ``MPI_Allreduce`` instead (``_native_pieces``: a sum of two has one order, so the same
+    bits); elsewhere the
     pieces are copied into ``out`` first (and, ``in_place``, back after; a single piece is reduced
     where it lies). The same check as ``allreduce``'s, so either meets the other's.
     Returns whether the result may hold only finite values (its sum is finite: the same verdict
@@ -165,27 +166,49 @@ def allreduce_pieces(pieces: Sequence[np.ndarray], out: np.ndarray, op: str = "s
     allreduce's copy out (``finite_copy``) or, elsewhere, in a pass of its own."""
     context = comm if type(comm) is Context else resolve(comm)
     plan = _plan_of(context, out, op, "auto")
+    if plan is not None and in_place and _two_ranks_of_one_node(context, plan):
+        if plan.checking:
+            plan.check.run(context)
+        return _native_pieces(context, pieces, plan.op, check_finite)
     if plan is None or plan.function is not hierarchical_allreduce or plan.shot is not None:
         return _gathered_pieces(context, pieces, out, op, check_finite, in_place)
     if plan.checking:
         plan.check.run(context)
-    if in_place and context.size == 2 and node_window(context.comm).nodes == 1:
-        return _native_pieces(context, pieces, plan.op, check_finite)
     sent, received, total = hierarchical_pieces(context.comm, pieces, out, plan.op, summed=check_finite,
                                                 in_place=in_place)
     context.traffic.add(sent, received)
     return math.isfinite(total)
 
 
+def _two_ranks_of_one_node(context: Context, plan: CallPlan) -> bool:
+    """Whether ``plan``'s call runs on two ranks of one node with the automatic choice
+    node-aware (hierarchical, or one-shot for a small bucket; no fault tolerance, where shared
+    windows are not used): there ``_native_pieces`` reduces each piece where it lies."""
+    return context.size == 2 and not context.ft and plan.algorithm in ("hierarchical", "one_shot") \
+        and node_window(context.comm).nodes == 1
+
+
+PACKED_BELOW = 64 << 10
+"""``_native_pieces`` packs the pieces smaller than this (biases, the used-parameter flags) into
+one message: one ``MPI_Allreduce`` and one pass for all of them instead of a call each."""
+
+
 def _native_pieces(context: Context, pieces: Sequence[np.ndarray], op: ReduceOp, check_finite: bool) -> bool:
-    """Each piece reduced where it lies by ``MPI_Allreduce`` in place, then divided (a mean) with
-    its sum taken in the same pass (``finish_sum_in_place``). For two ranks of one node: Open MPI's
-    shared-memory path reads the peer's buffer itself, where the hierarchical allreduce copies every
-    piece into the node's window and the result out of it; measured inside a torch step (the
-    gradients just written by backward) this is the faster of the two (docs/algorithms.md), and
-    a sum of two values has one result, so the bits are the hierarchical allreduce's."""
+    """Each piece reduced where it lies by ``MPI_Allreduce`` in place (the small ones packed into
+    one array and back, ``PACKED_BELOW``), then divided (a mean) with its sum taken in the same
+    pass (``finish_sum_in_place``). For two ranks of one node: Open MPI's shared-memory path reads
+    the peer's buffer itself, where the hierarchical allreduce copies every piece into the node's
+    window and the result out of it; measured inside a torch step (the gradients just written by
+    backward) this is the faster of the two (docs/algorithms.md), and a sum of two values has one
+    result, so the bits are the hierarchical allreduce's."""
+    small = [piece for piece in pieces if piece.nbytes < PACKED_BELOW]
+    whole = [piece for piece in pieces if piece.nbytes >= PACKED_BELOW]
+    packed, start = np.empty(sum(piece.size for piece in small), pieces[0].dtype), 0
+    for piece in small:
+        packed[start:start + piece.size] = piece
+        start += piece.size
     comm, size, total = context.comm, context.size, 0.0
-    for piece in pieces:
+    for piece in whole + ([packed] if small else []):
         comm.Allreduce(MPI.IN_PLACE, piece, op.mpi_op)
         if check_finite:
             total += finish_sum_in_place(op, piece, size)
@@ -193,6 +216,10 @@ def _native_pieces(context: Context, pieces: Sequence[np.ndarray], op: ReduceOp,
             op.finish(piece, size)
         moved = native_moved(piece.nbytes, size)
         context.traffic.add(moved, moved)
+    start = 0
+    for piece in small:
+        piece[...] = packed[start:start + piece.size]
+        start += piece.size
     return math.isfinite(total)
 
 

@@ -10,14 +10,14 @@ finite reads as not finite, so a caller looks elementwise before it raises.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 
 from .ops import ReduceOp
 
 _kernel: Optional[Callable] = None
-_in_place_kernel: Optional[Callable] = None
+_in_place_kernels: Optional[Tuple[Callable, Callable]] = None
 
 
 def finish_sum(op: ReduceOp, reduced: np.ndarray, out: np.ndarray, size: int) -> float:
@@ -43,9 +43,12 @@ def finish_sum_in_place(op: ReduceOp, reduced: np.ndarray, size: int) -> float:
     if reduced.dtype.kind != "f" or reduced.dtype == np.float16:
         op.finish(reduced, size)
         return float(np.sum(reduced, dtype=np.float64)) if reduced.dtype.kind == "f" else 0.0
-    global _in_place_kernel
-    if _in_place_kernel is None:
-        from .finite_kernel import divide_sum_in_place
-        _in_place_kernel = divide_sum_in_place
+    global _in_place_kernels
+    if _in_place_kernels is None:
+        from .finite_kernel import divide_sum_in_place, scale_sum_in_place
+        _in_place_kernels = divide_sum_in_place, scale_sum_in_place
+    divide, scale = _in_place_kernels
     divisor = size if op.divide_by_size and size > 1 else 1
-    return float(_in_place_kernel(reduced, reduced.dtype.type(divisor)))
+    if divisor & (divisor - 1) == 0:  # a power of two: multiplied by its exact reciprocal, the same bits
+        return float(scale(reduced, reduced.dtype.type(1.0 / divisor)))
+    return float(divide(reduced, reduced.dtype.type(divisor)))

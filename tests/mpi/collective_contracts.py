@@ -120,7 +120,8 @@ def check_traffic_counter():
 def check_pieces():
     """allreduce_pieces equals allreduce of the pieces end to end, bit for bit (hierarchical above
     128 KiB, the copying fallback below), pieces that are views of out read in place, and with
-    in_place=True written back into the pieces (one piece or several); the finite verdict is the
+    in_place=True written back into the pieces (one piece or several, some of them views of the
+    scratch; small pieces packed into one message at two ranks of one node); the finite verdict is the
     same on every rank and False when one rank holds a NaN or an Inf."""
     for count, dtype in ((300_000, np.float32), (70_000, np.float64), (1000, np.float32)):
         rng = np.random.default_rng(rank)
@@ -134,11 +135,14 @@ def check_pieces():
                 piece[...] = whole[a:b]
             assert allreduce_pieces(pieces, out, op, comm=context, check_finite=True)
             assert out.tobytes() == expected.tobytes(), (count, dtype, op)
-            for cuts in ([0, count], cut):
-                pieces = [whole[a:b].copy() for a, b in zip(cuts, cuts[1:])]
-                scratch = np.full(count, 7, dtype)
+            for cuts, views in (([0, count], False), (cut, False), (cut, True)):
+                scratch = np.full(count, 7, dtype)  # views: every other piece lies in it, at its own place
+                pieces = [scratch[a:b] if views and i % 2 == 0 else whole[a:b].copy()
+                          for i, (a, b) in enumerate(zip(cuts, cuts[1:]))]
+                for piece, a, b in zip(pieces, cuts, cuts[1:]):
+                    piece[...] = whole[a:b]
                 assert allreduce_pieces(pieces, scratch, op, comm=context, check_finite=True, in_place=True)
-                assert np.concatenate(pieces).tobytes() == expected.tobytes(), (count, dtype, op, len(pieces))
+                assert np.concatenate(pieces).tobytes() == expected.tobytes(), (count, dtype, op, len(pieces), views)
         for bad in (np.nan, np.inf):
             if rank == size - 1:
                 whole[count // 2] = bad
