@@ -18,7 +18,7 @@ def test_bench_torch_writes_every_candidate_and_the_distance_to_torch_ddp(tmp_pa
     assert set(row["step_s"]) == {"compute", "torch_ddp", "hpcreduce_ddp", "hpcreduce_ddp_thread",
                                   "hpcreduce_ddp_no_check", "hpcreduce_ddp_bf16", "hpcreduce_ddp_powersgd",
                                   "hpcreduce_ddp_adam", "hpcreduce_zero_adam", "allreduce_gradients",
-                                  "allreduce_gradients_no_check", "mpi4py_loop"}, row
+                                  "allreduce_gradients_no_check", "mpi4py_loop", "mpi4py_flat_loop"}, row
     assert row["max_difference_vs_torch_ddp"] <= 1e-6, row
     sent = row["bytes_sent_per_step"]
     assert abs(sent["hpcreduce_ddp_bf16"] * 2 - sent["hpcreduce_ddp"]) <= 0.01 * sent["hpcreduce_ddp"], row

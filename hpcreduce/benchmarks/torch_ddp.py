@@ -4,8 +4,9 @@ Per model (``mlp``: 6 x 512-wide linear layers, 6.3 MB of gradients; ``cnn``: co
 backward takes longer than the reduction), every candidate of ``torch_peers`` steps in turn,
 interleaved round by round (each round in another order; ``--settle`` untimed steps before each
 timed one, so a candidate is timed warm, as in its own training loop), one torch thread per rank,
-the same batch and the same starting parameters: median step times, each relative to torch DDP's
-and to the plain loop's, and the share of the plain loop's communication (its step minus
+the same batch and the same starting parameters: median step times, each relative to torch DDP's,
+to the plain loop's (each gradient reduced in place) and to the flat loop's (flattened, one
+``MPI_Allreduce``, copied back), and the share of the plain loop's communication (its step minus
 ``compute``) that the wrapper hides. Then torch DDP and the wrapper train 30 steps more from the
 same parameters: the largest parameter difference (target: 1e-6). Each step's CPU time (all of a
 rank's threads, rank 0) beside its wall time shows whether a core was idle that overlap could
@@ -107,6 +108,7 @@ def derived(medians: Dict[str, float]) -> Dict[str, float]:
             continue
         out[f"{name}_vs_torch_ddp"] = medians[name] / medians["torch_ddp"]
         out[f"{name}_vs_loop"] = medians[name] / medians["mpi4py_loop"]
+        out[f"{name}_vs_flat_loop"] = medians[name] / medians["mpi4py_flat_loop"]
     out["check_share_of_step"] = 1 - medians["hpcreduce_ddp_no_check"] / medians["hpcreduce_ddp"]
     out["allreduce_gradients_check_share"] = (1 - medians["allreduce_gradients_no_check"]
                                               / medians["allreduce_gradients"])
@@ -139,7 +141,8 @@ def render(result: Dict[str, object]) -> str:
                      f"{row['batch_per_rank']} per rank):")
         for name, seconds in times.items():
             ratios = "" if name in ("compute", "torch_ddp") else \
-                f"  {row[f'{name}_vs_torch_ddp']:.2f}x torch DDP, {row[f'{name}_vs_loop']:.2f}x the loop"
+                f"  {row[f'{name}_vs_torch_ddp']:.2f}x torch DDP, {row[f'{name}_vs_loop']:.2f}x the loop, " \
+                f"{row[f'{name}_vs_flat_loop']:.2f}x the flat one"
             lines.append(f"  {name:28s} {seconds * 1e3:8.2f} (cpu {row['cpu_s'][name] * 1e3:6.2f}){ratios}")
         sent = row["bytes_sent_per_step"]
         lines.append(f"  bytes each rank sends per step: {sent['hpcreduce_ddp'] / 2 ** 20:.2f} MiB (float32 wire), "

@@ -8,8 +8,10 @@ reductions on a thread where the rank has a spare core, else at the end of backw
 ``hpcreduce_ddp_no_check`` (no NaN/Inf check), ``hpcreduce_ddp_bf16`` (16-bit wire),
 ``hpcreduce_ddp_powersgd`` (``powerSGD_hook`` at rank 4, compressing from the second step),
 ``hpcreduce_ddp_adam`` and ``hpcreduce_zero_adam`` (Adam, unsharded and as a
-``ZeroRedundancyOptimizer``), ``allreduce_gradients`` (after backward; ``_no_check`` without its NaN/Inf check) and
-``mpi4py_loop`` (one ``MPI_Allreduce`` per gradient after backward, the plain loop).
+``ZeroRedundancyOptimizer``), ``allreduce_gradients`` (after backward; ``_no_check`` without its NaN/Inf check),
+``mpi4py_loop`` (one ``MPI_Allreduce`` per gradient, in place, after backward: the plain loop)
+and ``mpi4py_flat_loop`` (the gradients flattened into one tensor, one ``MPI_Allreduce``,
+copied back: the loop many users write, and the one issue 35 names).
 """
 from __future__ import annotations
 
@@ -127,4 +129,16 @@ def candidates(model: str, comm: MPI.Intracomm, batch: int, initial: Dict[str, t
             comm.Allreduce(MPI.IN_PLACE, param.grad.numpy(), op=MPI.SUM)
             param.grad.div_(size)
     add("mpi4py_loop", module, module, loop)
+    module = fresh()
+
+    def flat_loop(m: torch.nn.Module = module) -> None:
+        grads = [param.grad for param in m.parameters()]
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
+        flat.div_(size)
+        start = 0
+        for grad in grads:
+            grad.copy_(flat[start:start + grad.numel()].view_as(grad))
+            start += grad.numel()
+    add("mpi4py_flat_loop", module, module, flat_loop)
     return steps, modules, kept
