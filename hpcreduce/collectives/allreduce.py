@@ -158,9 +158,8 @@ def allreduce_pieces(pieces: Sequence[np.ndarray], out: np.ndarray, op: str = "s
     lies and copies the result straight to where it goes (``hierarchical_pieces``); ``in_place``
     with two ranks on one node (for a bucket of any size), each piece is reduced where it lies by
     native ``MPI_Allreduce`` instead (``_native_pieces``: a sum of two has one order, so the same
-    bits); elsewhere the
-    pieces are copied into ``out`` first (and, ``in_place``, back after; a single piece is reduced
-    where it lies). The same check as ``allreduce``'s, so either meets the other's.
+    bits); elsewhere the pieces are copied into ``out`` first (and, ``in_place``, back after; a
+    single piece is reduced where it lies). The same check as ``allreduce``'s, so either meets the other's.
     Returns whether the result may hold only finite values (its sum is finite: the same verdict
     on every rank; with ``check_finite``, else True), the sum taken in the hierarchical
     allreduce's copy out (``finite_copy``) or, elsewhere, in a pass of its own."""
@@ -203,7 +202,7 @@ def _native_pieces(context: Context, pieces: Sequence[np.ndarray], op: ReduceOp,
     result, so the bits are the hierarchical allreduce's."""
     small = [piece for piece in pieces if piece.nbytes < PACKED_BELOW]
     whole = [piece for piece in pieces if piece.nbytes >= PACKED_BELOW]
-    packed, start = np.empty(sum(piece.size for piece in small), pieces[0].dtype), 0
+    packed, start = (np.empty(sum(piece.size for piece in small), small[0].dtype) if small else None), 0
     for piece in small:
         packed[start:start + piece.size] = piece
         start += piece.size

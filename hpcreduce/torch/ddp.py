@@ -169,6 +169,7 @@ class DistributedDataParallel(torch.nn.Module):
                 self.reducer.note_problem(name, "it was replaced or changed shape after wrapping "
                                                 "(wrap the module after its last change)")
 
+
 def _slots(module: torch.nn.Module, named: List[Tuple[str, torch.nn.Parameter]]) -> List[Tuple[dict, str, object]]:
     """Where each wrapped parameter and each submodule on the way to it is held: (the holder's
     ``_modules`` or ``_parameters``, the key, what was there at wrapping)."""
