@@ -202,10 +202,9 @@ def _native_pieces(context: Context, pieces: Sequence[np.ndarray], op: ReduceOp,
     result, so the bits are the hierarchical allreduce's."""
     small = [piece for piece in pieces if piece.nbytes < PACKED_BELOW]
     whole = [piece for piece in pieces if piece.nbytes >= PACKED_BELOW]
-    packed, start = (np.empty(sum(piece.size for piece in small), small[0].dtype) if small else None), 0
-    for piece in small:
-        packed[start:start + piece.size] = piece
-        start += piece.size
+    packed = np.empty(sum(piece.size for piece in small), small[0].dtype) if small else None
+    if small:
+        _copy_in(small, packed)
     comm, size, total = context.comm, context.size, 0.0
     for piece in whole + ([packed] if small else []):
         comm.Allreduce(MPI.IN_PLACE, piece, op.mpi_op)
@@ -215,10 +214,8 @@ def _native_pieces(context: Context, pieces: Sequence[np.ndarray], op: ReduceOp,
             op.finish(piece, size)
         moved = native_moved(piece.nbytes, size)
         context.traffic.add(moved, moved)
-    start = 0
-    for piece in small:
-        piece[...] = packed[start:start + piece.size]
-        start += piece.size
+    if small:
+        _copy_back(small, packed)
     return math.isfinite(total)
 
 
@@ -230,19 +227,29 @@ def _gathered_pieces(context: Context, pieces: Sequence[np.ndarray], out: np.nda
     if in_place and len(pieces) == 1:
         out = pieces[0]
     else:
-        start = 0
-        for piece in pieces:
-            if start_address(piece) != start_address(out[start:]):
-                out[start:start + piece.size] = piece
-            start += piece.size
+        _copy_in(pieces, out)
     allreduce(out, op, comm=context, out=out)
     if in_place and len(pieces) > 1:
-        start = 0
-        for piece in pieces:
-            if start_address(piece) != start_address(out[start:]):
-                piece[...] = out[start:start + piece.size]
-            start += piece.size
+        _copy_back(pieces, out)
     return not check_finite or out.dtype.kind != "f" or math.isfinite(float(np.sum(out)))
+
+
+def _copy_in(pieces: Sequence[np.ndarray], flat: np.ndarray) -> None:
+    """The pieces end to end into ``flat`` (a piece already at its own place in it stays)."""
+    start = 0
+    for piece in pieces:
+        if start_address(piece) != start_address(flat[start:]):
+            flat[start:start + piece.size] = piece
+        start += piece.size
+
+
+def _copy_back(pieces: Sequence[np.ndarray], flat: np.ndarray) -> None:
+    """``_copy_in`` undone: each piece takes its part of ``flat`` back."""
+    start = 0
+    for piece in pieces:
+        if start_address(piece) != start_address(flat[start:]):
+            piece[...] = flat[start:start + piece.size]
+        start += piece.size
 
 
 def _plan_of(context: Context, x: np.ndarray, op: str, algorithm: str) -> Optional[CallPlan]:
