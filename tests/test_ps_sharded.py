@@ -43,6 +43,10 @@ def test_row_index_finds_owned_rows_and_nothing_else_direct_and_bucketed():
         expected = {int(i): p for p, i in enumerate(ids)}
         assert index[query].tolist() == [expected.get(int(q), -1) for q in query], rows
         assert RowIndex(np.empty(0, np.int32), rows)[np.array([1, 7])].tolist() == [-1, -1]
+        whole = RowIndex(np.arange(rows, dtype=np.int32), rows)  # every row here: no index kept
+        assert whole.direct is None and whole.starts is None, rows
+        assert whole[query].tolist() == [int(q) if 0 <= q < rows else -1 for q in query], rows
+        assert whole[ids].tolist() == ids.tolist(), rows
 
 
 def test_part_init_equals_whole_tables_on_every_shard():

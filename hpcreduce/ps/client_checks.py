@@ -7,7 +7,11 @@ import numpy as np
 
 from ..arrays import is_device_array, to_host
 from ..errors import PSInputError
+from .kernels import kernel
 from .tables import ParamSpec
+
+FIRST_BAD_ID = kernel("index", "first_bad_id")
+ANY_ID = (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
 
 
 def check_array(what: str, array, shape, dtype, *, output: bool = False) -> None:
@@ -51,6 +55,11 @@ def checked_ids(what: str, ids, rows: Optional[int]) -> np.ndarray:
         if bad.size:
             raise PSInputError(f"{what}: id {int(bad[0])} is outside int64 (dynamic tables are keyed by int64)")
         return array.astype(np.int64, copy=False)
+    if array.dtype == np.int64:  # the usual ids: one compiled pass
+        bad = FIRST_BAD_ID(np.ascontiguousarray(array), 0, rows - 1, False) if array.size else -1
+        if bad >= 0:
+            raise PSInputError(f"{what}: row id {int(array[bad])} out of range [0, {rows})")
+        return array
     bad = array[array >= rows] if array.dtype.kind == "u" else array[(array < 0) | (array >= rows)]
     if bad.size:
         raise PSInputError(f"{what}: row id {int(bad[0])} out of range [0, {rows})")
@@ -63,10 +72,15 @@ def sorted_push_rows(table: str, spec: ParamSpec, ids, grads) -> Tuple[np.ndarra
     ids = checked_ids(f"push_rows to {table!r}", to_host(ids) if is_device_array(ids) else ids, table_rows(spec))
     grads = to_host(grads) if is_device_array(grads) else grads
     check_array(f"push_rows to {table!r}: gradients", grads, (len(ids),) + tuple(spec.shape[1:]), spec.dtype)
-    if np.all(ids[1:] > ids[:-1]):  # already sorted and unique (np.unique's, torch.unique's): no sort
+    if increasing(ids):  # already sorted and unique (np.unique's, torch.unique's): no sort
         return ids.copy(), np.array(grads, order="C")  # the worker's own copies: in flight, key-cached
     order = np.argsort(ids, kind="stable")
     ids, grads = ids[order], np.ascontiguousarray(grads[order])
     if np.any(ids[1:] == ids[:-1]):
         raise PSInputError(f"push_rows to {table!r}: ids must be unique (sum the gradients of repeated rows)")
     return ids, grads
+
+
+def increasing(ids: np.ndarray) -> bool:
+    """Whether int64 ``ids`` are sorted and unique (one compiled pass)."""
+    return not len(ids) or FIRST_BAD_ID(np.ascontiguousarray(ids), *ANY_ID, True) < 0

@@ -15,6 +15,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..arrays.finite import all_finite
+from .kernels import kernel
+from .client_checks import ANY_ID
 from .key_cache import KnownKeys
 from .layout import Layout
 from .tables import row_width
@@ -28,6 +30,7 @@ TABLE_OPS = frozenset(SPARSE_OPS + DENSE_PUSHES + (Op.PULL,))
 ALL_OPS = frozenset(Op)
 WORKER_OP_SET = frozenset(WORKER_OPS)
 TakeBuffer = Callable[[int], np.ndarray]
+FIRST_BAD_ID = kernel("index", "first_bad_id")
 
 
 @dataclass
@@ -256,12 +259,10 @@ def content_refusal(request: Request, layout: Layout, state: ShardState) -> Opti
     if op in SPARSE_OPS:
         ids = request.payloads[0]
         spec = layout.specs[request.table]
-        if len(ids):
-            bad = ids[(ids < 0) | (ids >= spec.shape[0])] if spec.dynamic is None else ids[:0]
-            if len(bad):
-                return Status.BAD_IDS, int(bad[0])
-            if op == Op.PUSH_ROWS and not np.all(ids[1:] > ids[:-1]):
-                return Status.BAD_IDS, int(ids[np.argmin(ids[1:] > ids[:-1]) + 1])
+        low, high = (0, spec.shape[0] - 1) if spec.dynamic is None else ANY_ID  # a dynamic table takes any id
+        bad = FIRST_BAD_ID(ids, low, high, op == Op.PUSH_ROWS) if len(ids) else -1
+        if bad >= 0:
+            return Status.BAD_IDS, int(ids[bad])
         request.ids = ids
         foreign = _foreign_id(layout, request.table, state.shard, ids) if spec.dynamic is not None \
             else state.tables[request.table].foreign(ids)

@@ -89,7 +89,7 @@ class TableShard:
     def foreign(self, ids: np.ndarray) -> Optional[int]:
         """The first of ``ids`` (in range) this shard holds no row for, or None."""
         local = self.position[ids]
-        return int(ids[np.argmax(local < 0)]) if (local < 0).any() else None
+        return int(ids[np.argmax(local < 0)]) if local.size and local.min() < 0 else None
 
     def apply(self, ids: np.ndarray, grads: np.ndarray, optimizer: Optimizer, step: int, events: Counter) -> None:
         """One optimizer update of rows ``ids`` (unique, held here) from ``grads``."""

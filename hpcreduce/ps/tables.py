@@ -13,6 +13,7 @@ reads as its initial value, a function of (seed, table, id) alone (``initial_row
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -133,12 +134,12 @@ def counter_normal(seed: int, name: str, flat: np.ndarray, scale: float = 1.0,
 
 def numel(spec: ParamSpec) -> int:
     """Elements of the whole table."""
-    return int(np.prod(spec.shape, dtype=np.int64))
+    return int(math.prod(spec.shape))
 
 
 def row_width(spec: ParamSpec) -> int:
     """Elements per row of a sparse table (1 for a one-dimensional table)."""
-    return int(np.prod(spec.shape[1:], dtype=np.int64))
+    return int(math.prod(spec.shape[1:]))
 
 
 def id_dtype(rows: int) -> np.dtype:
@@ -147,6 +148,8 @@ def id_dtype(rows: int) -> np.dtype:
     return np.dtype(np.int32 if rows <= 2**30 else np.int64)
 
 
+DIRECT_POSITIONS, BUCKET_POSITIONS = kernel("index", "direct_positions"), kernel("index", "bucket_positions")
+FIRST_BAD_ID = kernel("index", "first_bad_id")
 DENSE_INDEX_ROWS = 1 << 22  # up to here a direct index: 4 B a row of the table (16 MiB at most)
 BUCKET_BITS = 6
 
@@ -155,17 +158,24 @@ class RowIndex:
     """Where a shard's rows are: ``index[query]`` gives each queried id's position in the
     sorted ``ids`` the shard owns, -1 for ids owned elsewhere or out of range.
 
+    A shard holding the whole table needs no index: row i is at position i (the query itself is
+    the answer when every id is in range; a view, not to be written to).
+
     A table of at most ``DENSE_INDEX_ROWS`` rows gets a direct index (one int32 per row of
     the table, -1 elsewhere; one gather per lookup). A larger one gets buckets of
     ``2**BUCKET_BITS`` consecutive ids: where each bucket's owned ids start (4 B per 64 rows of
-    the table), then a vectorised binary search inside the bucket (at most 7 rounds, each
-    touching one cache line per id), so a shard's memory grows with its own rows."""
+    the table), then a binary search inside the bucket (at most 7 rounds, each
+    touching one cache line per id), so a shard's memory grows with its own rows. Lookups are
+    compiled loops (``kernels.index``)."""
 
     def __init__(self, ids: np.ndarray, rows: int):
         self.ids, self.rows = ids, rows
         small = np.int32 if len(ids) < 2**31 else np.int64
         self.direct: Optional[np.ndarray] = None
         self.starts: Optional[np.ndarray] = None
+        self.whole = len(ids) == rows  # sorted unique ids below rows: all of them, row i at position i
+        if self.whole:
+            return
         if rows <= DENSE_INDEX_ROWS:
             self.direct = np.full(rows, -1, dtype=small)
             self.direct[ids] = np.arange(len(ids))
@@ -174,29 +184,13 @@ class RowIndex:
             self.starts = np.searchsorted(ids, edges).astype(small)  # edges of the ids' dtype: no copy of ids
 
     def __getitem__(self, query) -> np.ndarray:
-        query = np.asarray(query)
+        """The positions (int64) of the ``query`` ids, -1 for ids not here: one compiled pass."""
+        query = np.ascontiguousarray(query, dtype=np.int64)
+        if self.whole:
+            inside = not query.size or FIRST_BAD_ID(query.reshape(-1), 0, self.rows - 1, False) < 0
+            return query if inside else np.where((query >= 0) & (query < self.rows), query, -1)
         if self.direct is not None:
-            inside = (query >= 0) & (query < self.rows)
-            if inside.all():
-                return self.direct[query]
-            return np.where(inside, self.direct[np.where(inside, query, 0)], -1)
-        return self._search(query)
-
-    def _search(self, query: np.ndarray) -> np.ndarray:
-        ids, last = self.ids, len(self.ids) - 1
-        if last < 0:
+            return DIRECT_POSITIONS(self.direct, query.reshape(-1)).reshape(query.shape)
+        if not len(self.ids):
             return np.full(query.shape, -1, dtype=np.int64)
-        inside = (query >= 0) & (query < self.rows)
-        wanted = np.where(inside, query, 0).astype(np.int64)
-        bucket = wanted >> BUCKET_BITS
-        low, high = self.starts[bucket].astype(np.int64), self.starts[bucket + 1].astype(np.int64)
-        while True:
-            open_ = low < high
-            if not open_.any():
-                break
-            middle = (low + high) >> 1
-            below = ids[np.minimum(middle, last)] < wanted
-            low = np.where(open_ & below, middle + 1, low)
-            high = np.where(open_ & ~below, middle, high)
-        found = inside & (ids[np.minimum(low, last)] == wanted)
-        return np.where(found, low, -1)
+        return BUCKET_POSITIONS(self.starts, self.ids, query.reshape(-1), self.rows, BUCKET_BITS).reshape(query.shape)

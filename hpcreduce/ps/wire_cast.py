@@ -38,10 +38,13 @@ def on_wire(what: str, values: np.ndarray, spec: ParamSpec, wire_dtype: Optional
 
 
 def by_shard(layout: Layout, table: int, ids: np.ndarray) -> List[Tuple[int, np.ndarray]]:
-    """(server rank, positions in ids) for each shard owning some of ``ids``."""
+    """(server rank, positions in ids) for each shard owning some of ``ids`` (one shard: all of them,
+    in order, so ``ids[where]`` is ``ids``)."""
     if not len(ids):
         return []
     placement = layout.placement
+    if len(placement.shards) == 1:
+        return [(layout.shard_ranks[placement.shards[0]], np.arange(len(ids)))]
     order, starts = GROUP(placement.owner_index(table, ids), len(placement.shards))
     return [(layout.shard_ranks[key], order[starts[k]:starts[k + 1]])
             for k, key in sorted(enumerate(placement.shards), key=lambda pair: pair[1]) if starts[k + 1] > starts[k]]

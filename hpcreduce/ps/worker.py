@@ -141,7 +141,8 @@ class Worker:
         for rank, where in groups:
             # one shard holding every row: its reply lands in ``out`` directly
             rows = out if direct else np.empty((len(where),) + out.shape[1:], dtype=wire)
-            parts.append(self._rows_request(Op.PULL_ROWS, t, spec, rank, ids[where], [], [rows]))
+            parts.append(self._rows_request(Op.PULL_ROWS, t, spec, rank, ids.copy() if direct else ids[where], [],
+                                            [rows]))
 
         def scatter(done: List[Part]) -> np.ndarray:
             if not direct:
@@ -157,9 +158,10 @@ class Worker:
         """Start sending the gradients of rows ``ids`` (unique) of sparse ``table``."""
         t, spec = self._table(table, sparse=True)
         ids, grads = self._sorted_rows(table, spec, ids, grads)
-        parts = []
-        for rank, where in by_shard(self.layout, t, ids):
-            parts.append(self._rows_request(Op.PUSH_ROWS, t, spec, rank, ids[where], [grads[where]], []))
+        groups = by_shard(self.layout, t, ids)
+        whole = len(groups) == 1  # one server takes every row: the worker's sorted copies go as they are
+        parts = [self._rows_request(Op.PUSH_ROWS, t, spec, rank, ids if whole else ids[where],
+                                    [grads if whole else grads[where]], []) for rank, where in groups]
         return self._handle(f"push_rows to table {table!r} at step {self.clock_value}", parts,
                             push_result, t)
 

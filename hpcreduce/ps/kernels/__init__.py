@@ -1,8 +1,8 @@
 """Compiled kernels of the rows path (numba ``@njit(nogil=True, cache=True)``), loaded lazily.
 
 ``index``: the id index's probes (``find``; ``cells``, which ``IdIndex.remove`` and ``move``
-use), ``insert``, and ``first_touched`` (table-wise rows made on first touch); ``sketch``: the
-admission sketch's count-min sighting; ``rows``: summing
+use), ``insert``, a fixed table's row positions and a request's id check, and ``first_touched``
+(table-wise rows made on first touch); ``sketch``: the admission sketch's count-min sighting; ``rows``: summing
 duplicate ids' gradients (``merge_runs``: several senders' sorted runs at once), the row
 optimizers (SGD, momentum, Adagrad, Adam) fused with the gather and scatter, and a pooled
 lookup's backward (``pooled_grad``); ``route``: a worker's shard routing (rendezvous owners, the
@@ -46,6 +46,10 @@ def warm() -> None:
     index.find(np.zeros(2, np.int64), cells, ids)
     index.cells(np.zeros(2, np.int64), cells, ids)
     index.first_touched(np.zeros(2, np.bool_), ids)
+    index.first_bad_id(ids, 0, 1, True)
+    for small in (np.int32, np.int64):  # a fixed table's index: int32 while its ids fit
+        index.direct_positions(np.zeros(1, small), ids)
+        index.bucket_positions(np.zeros(2, small), np.zeros(1, small), ids, 1, 6)
     sketch.sighting(np.zeros((1, 2), np.uint16), ids, np.uint64(1), 65535)
     route.owners(ids, np.ones(2, np.uint64))
     route.group(ids, 1)

@@ -1,5 +1,6 @@
-"""The id index's probes (open addressing, linear probing; see ``id_index.py``), and ``first_touched``
-(table-wise rows made on first touch)."""
+"""The id index's probes (open addressing, linear probing; see ``id_index.py``), a fixed table's
+row positions (``direct_positions``, ``bucket_positions``: ``tables.RowIndex``), a request's id check
+(``first_bad_id``), and ``first_touched`` (table-wise rows made on first touch)."""
 from __future__ import annotations
 
 import numpy as np
@@ -74,3 +75,50 @@ def first_touched(made, ids):
             out[count] = row
             count += 1
     return out[:count]
+
+
+@njit(nogil=True, cache=True)
+def direct_positions(direct, query):
+    """Each id's position by a direct index (one entry per row of the table), -1 outside it."""
+    rows = len(direct)
+    out = np.empty(len(query), np.int64)
+    for i in range(len(query)):
+        q = query[i]
+        out[i] = direct[q] if 0 <= q < rows else -1
+    return out
+
+
+@njit(nogil=True, cache=True)
+def bucket_positions(starts, ids, query, rows, bits):
+    """Each id's position in the sorted ``ids`` by a binary search inside its bucket of ``2**bits``
+    ids (``starts``: where each bucket's ids begin), -1 for ids not there or outside ``[0, rows)``."""
+    out = np.empty(len(query), np.int64)
+    for i in range(len(query)):
+        q = query[i]
+        out[i] = -1
+        if q < 0 or q >= rows:
+            continue
+        low, high = np.int64(starts[q >> bits]), np.int64(starts[(q >> bits) + 1])
+        while low < high:
+            middle = (low + high) >> 1
+            if ids[middle] < q:
+                low = middle + 1
+            else:
+                high = middle
+        if low < len(ids) and ids[low] == q:
+            out[i] = low
+    return out
+
+
+@njit(nogil=True, cache=True)
+def first_bad_id(ids, low, high, increasing):
+    """Where the first id outside ``[low, high]`` is; when there is none and ``increasing``, where the
+    first id not above the one before it is; -1 when neither."""
+    for i in range(len(ids)):
+        if ids[i] < low or ids[i] > high:
+            return i
+    if increasing:
+        for i in range(1, len(ids)):
+            if ids[i] <= ids[i - 1]:
+                return i
+    return -1
