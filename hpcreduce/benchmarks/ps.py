@@ -10,7 +10,8 @@ For each number of servers K (``--servers``, default every K from 1 to N-1), ran
   each worker sends the same bytes to the same servers (the table's pieces), which
   send them back, with ``Isend``/``Irecv``/``Waitall`` and nothing else.
 - latency: a pull of a 64 B table (one small request, no clock) against a raw round
-  trip of 64 B each way: a request's fixed cost.
+  trip of 64 B each way: a request's fixed cost; and ``python_floor``'s bare request loop of
+  the same shape, in the same rotation: what any server written in Python pays.
 - idle server: the servers' CPU share (process time / wall time, the busiest server's)
   while the workers send nothing for ``IDLE_S``: an idle server must not spin.
 - sparse: ``pull_rows`` and ``push_rows`` of ``--rows`` random rows of a
@@ -39,6 +40,7 @@ from ..ps import Consistency, ParamSpec, Server, start
 from ..arrays.finite import all_finite
 from ..ps.optimizers import make_optimizer
 from ..runtime.context import Context
+from . import python_floor
 from .timing import format_size, launch_facts
 
 NAME = "ps"
@@ -152,6 +154,9 @@ class Bench:
         if self.is_server:
             if ps_call is not None:
                 self.role.serve()
+            elif kind == "python_loop":
+                mine = self._served(raw_bytes)
+                python_floor.answer(self.comm, reps * len(mine), max((down for _, down in mine.values()), default=0))
             else:
                 self._raw_server(raw_bytes, reps, arithmetic=kind == "raw_update")
             return 0.0
@@ -164,6 +169,8 @@ class Bench:
                 ps_call(worker)
                 if clock:
                     worker.clock()
+        elif kind == "python_loop":
+            python_floor.ask(self.comm, raw_bytes(worker.slot), reps)
         else:
             self._raw_worker(raw_bytes(worker.slot), reps)
         elapsed = time.perf_counter() - began
@@ -179,10 +186,14 @@ class Bench:
             requests += [self.comm.Irecv(down[rank], rank, TAG_RAW) for rank in pairs]
             MPI.Request.Waitall(requests)
 
-    def _raw_server(self, raw_bytes: Callable, reps: int, *, arithmetic: bool) -> None:
+    def _served(self, raw_bytes: Callable) -> Dict[int, Tuple[int, int]]:
+        """The worker ranks that send this server rank something: rank -> (bytes up, bytes down)."""
         me = self.comm.Get_rank()
         mine = {rank: raw_bytes(w).get(me) for w, rank in enumerate(self.role.layout.worker_ranks)}
-        mine = {rank: pair for rank, pair in mine.items() if pair is not None}
+        return {rank: pair for rank, pair in mine.items() if pair is not None}
+
+    def _raw_server(self, raw_bytes: Callable, reps: int, *, arithmetic: bool) -> None:
+        mine = self._served(raw_bytes)
         up = {rank: written(n) for rank, (n, _) in mine.items()}
         down = {rank: written(n) for rank, (_, n) in mine.items()}
         optimizer = make_optimizer("sgd", 1e-6)
@@ -203,9 +214,10 @@ class Bench:
         nbytes = piece.size * np.dtype(self.args.wire_dtype).itemsize
         out = np.empty(piece.size, np.float32)
         seconds = self.compare(lambda w: w.pull(SMALL_TABLE, out=out), lambda _w: {rank: (nbytes, nbytes)},
-                               reps=200, clock=False)
+                               reps=200, kinds=("ps", "raw", "python_loop"), clock=False)
         return {"servers": servers, "workers": self.worker_count, "case": "latency (pull)",
-                "bytes": nbytes, **seconds, "ps_us": seconds["ps_s"] * 1e6, "raw_us": seconds["raw_s"] * 1e6}
+                "bytes": nbytes, **seconds, "ps_us": seconds["ps_s"] * 1e6, "raw_us": seconds["raw_s"] * 1e6,
+                "python_loop_us": seconds["python_loop_s"] * 1e6}
 
     def idle_case(self, servers: int) -> Dict[str, object]:
         """A server's CPU share while its workers send nothing for ``IDLE_S`` (it must not spin)."""
@@ -269,6 +281,8 @@ def render(result: Dict[str, object]) -> str:
         if "ps_us" in row:
             lines.append(f"{row['servers']:>2} {row['workers']:>2} {row['case']:<16} {format_size(row['bytes']):>9} "
                          f"{row['ps_us']:>13.1f} us {row['raw_us']:>13.1f} us {row['ratio']:>6.2f}x {'-':>16}")
+            lines.append(f"{'':>5} the least a request costs in Python (python_floor): {row['python_loop_us']:.1f} us, "
+                         f"{row['python_loop_us'] / row['raw_us']:.1f}x raw")
             continue
         if "bytes" in row:
             size, unit, key = format_size(row["bytes"]), "GB/s", "GBps"
