@@ -13,6 +13,25 @@
             state.step += 1
             state.commit()                 # right after clock(): nothing is redone twice
 
+Pipelined, the same (``TrainPipeline``; the pipeline is not tracked, its job is):
+
+    pipeline = hpt.TrainPipeline(job, dense_opt)
+
+    @elastic.run
+    def train(state):
+        batches = my_batches(state.step, job.comm)   # again in each call: from the committed step
+        while state.step < steps:
+            pipeline.progress(batches)               # ends with clock(): the next pull waits
+            state.step += 1
+            state.commit()
+
+The job counts the calls of the loop that ended (``attempts_ended``), and a pipeline drops,
+unwaited, a batch it planned in an earlier call (for the ranks of then, from that call's
+iterator); the recovery forgets the collection's pull in flight. Under a fault-tolerant launch a
+colocated job ``recovers_in_place``, and the pipeline then posts the next batch's pull at the
+start of the next ``progress`` instead of right after the clock, so that no call of the tables
+comes between the clock and the commit.
+
 The job is tracked by the ``job`` handler (``elastic.handlers.Own``). Its tables commit each
 push by one agreement of their own (``ps.colocated.agreed_calls``), so a commit keeps only the
 job's step. After a failure the driver shrinks the context and every survivor restores its
@@ -36,7 +55,8 @@ left by a failure joins the tables' failure agreement unless a call of theirs al
 one that finished joins a closing one; a rank that sees the failure in a call of the tables first
 revokes the context's and the DDP wrapper's communicators (``revoke_others``), so that no peer
 stays blocked there for it. Refused: a dedicated-layout job (its recovery is
-``TorchModel`` under ``hpcreduce.train``), on every rank; ranks leaving, before the leave, and
+``TorchModel`` under ``hpcreduce.train``), and a ``TrainPipeline`` given to ``State`` (nothing
+to commit: its job is tracked), on every rank; ranks leaving, before the leave, and
 growth or replacement (the tables take no new shard holder: a rank spawned into the job makes
 nothing in ``start_hybrid`` and its sync is refused on every rank), before any value moves.
 """
@@ -67,6 +87,16 @@ class ElasticJob:
     _pushes: List[Any]
     committed_step = 0
     recoveries: List[List[int]]
+    attempts_ended = 0
+    """Calls of the loop ended under ``elastic.run`` (the same count on every rank): a
+    ``TrainPipeline`` drops a batch it planned in an earlier one."""
+
+    @property
+    def recovers_in_place(self) -> bool:
+        """Whether ``elastic.State`` can track this job and recover it in place (colocated, under
+        a fault-tolerant launch): then nothing of a step may reach the tables after its
+        ``clock()`` before the loop commits (a ``TrainPipeline`` pulls the next batch after that)."""
+        return self.layout == "colocated" and self.context is not None and self.context.ft
 
     def elastic_problem(self) -> Optional[str]:
         """Why ``State`` cannot track this job (None: it can)."""
@@ -125,6 +155,7 @@ class ElasticJob:
             self.module.revoke()
 
     def elastic_attempt_ended(self, failed: bool) -> None:
+        self.attempts_ended += 1
         if self.store is not None:
             self.store.end_attempt(failed)
 

@@ -17,21 +17,45 @@ flight; batch i+1 is taken from the iterator and planned (ids deduplicated per t
 by every trainer started as a nonblocking allreduce: ``batch_check``) while that pull travels;
 forward on batch i, backward, push (one request for all tables), the dense optimizer's step,
 ``clock()``. Batch i+1's check is finished just before its pull is sent: a bad batch raises
-on every trainer there, after step i, with nothing of it sent. Staleness: under BSP (and SSP
-with staleness 0) the pull of batch i+1 leaves right after step i's clock, so it reads exactly
-what an unpipelined run reads (same result, bit for bit); under SSP(s >= 1) or ASP it leaves
-after step i's forward, before its backward, so the rows of batch i+1 may miss step i's updates
-as well: a read up to s + 1 steps stale (the pipeline's ``extra_staleness`` is that 1).
-Colocated tables pull collectively: after the clock.
+on every trainer there, with nothing of it sent. Staleness: under BSP (and SSP with staleness
+0) the pull of batch i+1 leaves after step i's clock, so it reads exactly what an unpipelined
+run reads (same result, bit for bit); under SSP(s >= 1) or ASP it leaves after step i's
+forward, before its backward, so the rows of batch i+1 may miss step i's updates as well: a
+read up to s + 1 steps stale (the pipeline's ``extra_staleness`` is that 1). Colocated tables
+pull collectively: right after the clock, or, when the job recovers in place (a colocated job
+under a fault-tolerant launch, ``hybrid_elastic``), at the start of the next ``progress``, so
+that ``progress`` ends with ``clock()`` and a commit right after it keeps exactly once.
+
+Under ``hpcreduce.elastic.run`` (track the job, not the pipeline: ``State(hybrid=job, ...)``;
+a pipeline given to ``State`` is refused), a batch planned in an earlier call of the loop (from
+that call's iterator, shared out over the ranks of then) is dropped, nothing of it waited for:
+its pull, if posted, went with the recovery (``ElasticJob.elastic_receive`` forgets the
+collection's calls in flight). Recreate the iterator from the committed step in each call.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
 
 import torch
 
 from .hybrid import HybridWorker
 from .routing import BatchPlan
+
+TRACKED = ("a TrainPipeline holds nothing to commit (only the next batch, planned from the loop's iterator): "
+           "track its job (State(hybrid=job, ...)); after a recovery the pipeline drops what it planned before, "
+           "and the loop recreates its iterator from the committed step")
+
+
+@dataclass
+class Planned:
+    """A batch taken from the iterator: its ``plan``, the job's ``attempt`` (calls of the loop
+    ended under ``elastic.run``) when it was planned, and whether its pull is posted."""
+
+    batch: Any
+    plan: BatchPlan
+    attempt: int
+    pulled: bool = False
 
 
 class TrainPipeline:
@@ -40,41 +64,52 @@ class TrainPipeline:
     def __init__(self, job: HybridWorker, optimizer: torch.optim.Optimizer):
         self.job, self.optimizer = job, optimizer
         self.extra_staleness = 1 if job.early_pull else 0
-        self._next: Optional[Tuple[Any, BatchPlan]] = None
-        self._pulled = False
+        self._pull_after_clock = not job.recovers_in_place
+        self._next: Optional[Planned] = None
 
     def progress(self, batches: Iterator[Any]) -> Any:
         """One training step on the next batch; its ``output``. ``StopIteration`` when
         ``batches`` is exhausted (after the last step)."""
-        if self._next is None:
-            self._next = self._planned(next(batches))
-            self._pulled = False
-        batch, routed = self._next
-        if not self._pulled:
-            self._pull(routed)
+        current = self._held()
+        if current is None:
+            current = self._planned(next(batches))
+        self._pull(current)
         following = next(batches, None)
         self._next = None if following is None else self._planned(following)
         self.optimizer.zero_grad()
-        loss, output = self.job.module(batch)
-        self._pulled = self._next is not None and self.job.early_pull
-        if self._pulled:
-            self._pull(self._next[1])
+        loss, output = self.job.module(current.batch)
+        if self.job.early_pull:
+            self._pull(self._next)
         loss.backward()
         self.job.push()
         self.optimizer.step()
         self.job.clock()
-        if self._next is not None and not self._pulled:
-            self._pull(self._next[1])
-            self._pulled = True
+        if self._pull_after_clock:
+            self._pull(self._next)
         return output
 
-    def _pull(self, routed: BatchPlan) -> None:
-        """Start a planned batch's pull; a bad batch (refused on every trainer) is dropped."""
+    def elastic_problem(self) -> str:
+        """Why ``elastic.State`` refuses to track a pipeline (on every rank alike)."""
+        return TRACKED
+
+    def _held(self) -> Optional[Planned]:
+        """The next batch planned by the last step, unless planned in an earlier call of the loop
+        under ``elastic.run`` (then dropped, unwaited: before a recovery, from another iterator)."""
+        held, self._next = self._next, None
+        return held if held is not None and held.attempt == self.job.attempts_ended else None
+
+    def _pull(self, planned: Optional[Planned]) -> None:
+        """Start a planned batch's pull unless posted (or none); a bad batch (refused on every
+        trainer) is dropped."""
+        if planned is None or planned.pulled:
+            return
         try:
-            self.job.collection.start_pull(routed)
+            self.job.collection.start_pull(planned.plan)
         except Exception:
             self._next = None
             raise
+        planned.pulled = True
 
-    def _planned(self, batch: Any) -> Tuple[Any, BatchPlan]:
-        return batch, self.job.collection.start_plan(getattr(batch, "sparse_features", None))
+    def _planned(self, batch: Any) -> Planned:
+        plan = self.job.collection.start_plan(getattr(batch, "sparse_features", None))
+        return Planned(batch, plan, self.job.attempts_ended)
