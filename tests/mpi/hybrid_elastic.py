@@ -8,18 +8,30 @@ split over the live ranks, twice in one launch: unkilled, then with ranks SIGKIL
 (the second loss rebuilt from replicas made after the first), ``in-backward`` (the dense
 part's reduction under way) world rank 2 at step 3, ``in-push`` (its push posted, not clocked)
 world rank 0 (the sync's root, a table's owner) at step 3; ``random``: world rank 2 from a timer
-0-6 ms after step 2 begins (``HPCREDUCE_TEST_SEED``), wherever it then is. The survivors recover in place
-(``elastic.State(hybrid=job, ...)``): the tables promote the lost owner's shards from their
-replicas, the dense model and optimizer go back to the last commit, and the step is redone over
-the ranks left. The survivors must end with the unkilled run's tables (every row) and dense
+0-6 ms after step 2 begins (``HPCREDUCE_TEST_SEED``), wherever it then is. The survivors recover
+in place (``elastic.State(hybrid=job, ...)``): the tables promote the lost owner's shards from
+their replicas, the dense model and optimizer go back to the last commit, and the step is redone
+over the ranks left. The survivors must end with the unkilled run's tables (every row) and dense
 parameters within 1e-5 (the global batch's gradients summed over 3 shares, then over fewer,
 round differently: measured 2e-8; pushes left at 1/3 after the recovery miss by 3e-3), and with
 the same dense parameters. Also: tracking a dedicated-layout job is refused on every rank (in the
 unkilled part).
-Run: python hybrid_elastic.py table_wise|row_wise between|in-backward|in-push|random.
-With ``resize DISCOVERY_FILE`` (under ``hpcreduce launch --ft``; the file asks for 4 ranks, or 2):
-the rank spawned at the first commit is refused at its sync, on every rank (or the leave, before
-it begins).
+
+Through ``TrainPipeline`` (each call of the loop takes the batches from the committed step on):
+``pipelined-after-clock``, world rank 2 right after its ``clock()`` at step 2, before its commit
+(the pipeline holding batch 3 planned), then world rank 1 in the dense part's backward at step 4
+(batch 5 planned); ``pipelined-pulling``, world rank 0 as the pipeline takes batch 4, batch 3's
+pull posted. Also: the unkilled pipelined run ends bit for bit where the unpipelined one ends,
+the survivors took a batch again (the one planned before the recovery was dropped), a pipeline
+given to ``State`` is refused on every rank, and so is a batch bad on one rank
+(``refused_bad_batch``). Measured by hand: a pipeline that kept its planned batch across the
+recovery ends 6e-2 (after-clock) and 9e-2 (pulling) away; one that pulled the next batch right
+after the clock, before the commit (as without fault tolerance), 6e-4 away.
+
+Run: python hybrid_elastic.py table_wise|row_wise between|in-backward|in-push|random|pipelined-after-clock|
+pipelined-pulling. With ``resize DISCOVERY_FILE`` (under ``hpcreduce launch --ft``; the file asks
+for 4 ranks, or 2): the rank spawned at the first commit is refused at its sync, on every rank
+(or the leave, before it begins).
 """
 import os
 import random
@@ -44,8 +56,10 @@ ctx = hpcreduce.init(ft=True)
 assert ctx.size == 3 or ctx.joined, "run with 3 ranks"
 WORLD = MPI.COMM_WORLD.Get_rank()
 STEPS, BATCH, DIM = 6, 12, 4
-KILLS = {"between": {2: 2, 4: 1}, "in-backward": {3: 2}, "in-push": {3: 0}, "random": {2: 2}}.get(WHERE, {})
+KILLS = {"between": {2: 2, 4: 1}, "in-backward": {3: 2}, "in-push": {3: 0}, "random": {2: 2},
+         "pipelined-after-clock": {2: 2, 4: 1}, "pipelined-pulling": {3: 0}}.get(WHERE, {})
 # step: world rank (``random``: the rank dies at step 2 or later, ``random_kill``)
+HOW = {"pipelined-after-clock": {4: "in-backward"}}.get(WHERE, {})  # step: where, when not WHERE's own
 TABLES = [("users", 40), ("items", 30), ("ads", 20)]
 torch.set_num_threads(1)
 
@@ -66,7 +80,7 @@ class DLRM(torch.nn.Module):
     def forward(self, batch):
         pooled = self.sparse(batch.sparse_features).values()
         logits = self.top(torch.cat([pooled, self.bottom(batch.dense)], 1)).squeeze(1)
-        return torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels), logits
 
 
 def batch_of(step: int) -> Batch:
@@ -92,37 +106,90 @@ def start():
                             sharding="table_wise" if SHARDING == "resize" else SHARDING, seed=3)
 
 
-def train(kill: bool):
+def dies_at(step: int, kill: bool):
+    """Where this rank dies at ``step`` of the killed run (None: it does not)."""
+    if not kill or KILLS.get(step) != WORLD:
+        return None
+    return HOW.get(step, WHERE.replace("pipelined-", ""))
+
+
+def die_in_backward(job) -> None:
+    """A SIGKILL in the dense part's backward, its reduction under way."""
+    job.module.module.bottom.weight.register_hook(lambda grad: os.kill(os.getpid(), signal.SIGKILL))
+
+
+def die_after_clock(job) -> None:
+    """A SIGKILL right after this step's ``clock()`` returns (inside ``progress``), before the commit."""
+    clock = job.clock
+    job.clock = lambda: (clock(), os.kill(os.getpid(), signal.SIGKILL))
+
+
+def train(kill: bool, pipelined: bool):
     job = start()
     dense_opt = torch.optim.SGD(job.module.parameters(), lr=0.5)
+    taken = []
+    loop = pipelined_loop(job, dense_opt, kill, taken) if pipelined else plain_loop(job, dense_opt, kill)
     state = elastic.State(hybrid=job, model=job.module, optimizer=dense_opt, step=0)
+    first = every_row(job)
+    loop(state)
+    dense = {name: p.detach().clone() for name, p in job.module.named_parameters()}
+    job.recovered_s, job.taken = [event["recovered_s"] for event in state.events], taken
+    return job, first, every_row(job), dense
+
+
+def plain_loop(job, dense_opt, kill: bool):
+    """The unpipelined steps: ``loss.backward(); job.push(); dense_opt.step(); job.clock()``."""
 
     @elastic.run
     def loop(state):
         while state.step < STEPS:
-            dies = kill and KILLS.get(state.step) == WORLD and WHERE != "random"
+            where = dies_at(state.step, kill)
             if kill and WHERE == "random" and WORLD == 2 and state.step in (2, 5):
                 random_kill(state.step)
             dense_opt.zero_grad()
-            loss = job.module(batch_of(state.step))
-            if dies and WHERE == "in-backward":  # in the dense part's backward, its reduction under way
-                job.module.module.bottom.weight.register_hook(lambda grad: os.kill(os.getpid(), signal.SIGKILL))
+            loss, _ = job.module(batch_of(state.step))
+            if where == "in-backward":
+                die_in_backward(job)
             loss.backward()
             job.push()
-            if dies and WHERE == "in-push":
+            if where == "in-push":
                 os.kill(os.getpid(), signal.SIGKILL)
             dense_opt.step()
             job.clock()
             state.step += 1
             state.commit()
-            if dies and WHERE == "between":
+            if where == "between":
                 os.kill(os.getpid(), signal.SIGKILL)
+    return loop
 
-    first = every_row(job)
-    loop(state)
-    dense = {name: p.detach().clone() for name, p in job.module.named_parameters()}
-    job.recovered_s = [event["recovered_s"] for event in state.events]
-    return job, first, every_row(job), dense
+
+def pipelined_loop(job, dense_opt, kill: bool, taken: list):
+    """``TrainPipeline``'s steps; each call of the loop takes the batches from the committed step
+    on (``taken``: the steps whose batch was taken, in order). A pipeline in a ``State`` is refused."""
+    pipeline = hpt.TrainPipeline(job, dense_opt)
+    expect(UnsupportedInputError, "TrainPipeline holds nothing to commit",
+           lambda: elastic.State(hybrid=job, pipeline=pipeline, step=0))
+
+    def batches(first: int):
+        for step in range(first, STEPS):
+            if dies_at(step - 1, kill) == "pulling":  # taking batch step, step - 1's pull posted
+                os.kill(os.getpid(), signal.SIGKILL)
+            taken.append(step)
+            yield batch_of(step)
+
+    @elastic.run
+    def loop(state):
+        steps = batches(state.step)
+        while state.step < STEPS:
+            where = dies_at(state.step, kill)
+            if where == "in-backward":
+                die_in_backward(job)
+            if where == "after-clock":
+                die_after_clock(job)
+            pipeline.progress(steps)
+            state.step += 1
+            state.commit()  # right after progress(), which ends with clock()
+    return loop
 
 
 def random_kill(step: int) -> None:
@@ -149,6 +216,34 @@ def refused_dedicated():
         role.release()
 
 
+def refused_bad_batch():
+    """Pipelined under ``elastic.run``, a batch bad on one rank (world rank 1's at step 1: an id
+    outside its table) raises on every rank, at the start of its step, nothing of it sent."""
+    job = start()
+    dense_opt = torch.optim.SGD(job.module.parameters(), lr=0.5)
+    pipeline = hpt.TrainPipeline(job, dense_opt)
+    state = elastic.State(hybrid=job, model=job.module, optimizer=dense_opt, step=0)
+
+    def batches(first: int):
+        for step in range(first, STEPS):
+            batch = batch_of(step)
+            if step == 1 and WORLD == 1:
+                batch.sparse_features.values()[0] = 99
+            yield batch
+
+    @elastic.run
+    def loop(state):
+        steps = batches(state.step)
+        while state.step < STEPS:
+            pipeline.progress(steps)
+            state.step += 1
+            state.commit()
+
+    expect(UnsupportedInputError, "looks up ids [99]", lambda: loop(state))
+    assert state.step == 1 and job.store.clock_value == 1, (state.step, job.store.clock_value)
+    job.store.release()
+
+
 def refused_resize(discovery: str):
     """The discovery file asks for 4 ranks at the first commit: the rank spawned and every rank of
     the job raise the same error at the newcomer's sync, before any value moves; for 2 ranks (a
@@ -159,7 +254,7 @@ def refused_resize(discovery: str):
     @elastic.run
     def loop(state):
         while state.step < 2:
-            job.module(batch_of(state.step)).backward()
+            job.module(batch_of(state.step))[0].backward()
             job.clock()
             state.step += 1
             state.commit()
@@ -175,12 +270,22 @@ if SHARDING == "resize":
     refused_resize(WHERE)
     sys.exit(0)
 refused_dedicated()
-reference, first_rows, want_rows, want_dense = train(kill=False)
+PIPELINED = WHERE.startswith("pipelined-")
+reference, first_rows, want_rows, want_dense = train(kill=False, pipelined=False)
 assert reference.recoveries == []
 reference.store.release()
-job, _, rows, dense = train(kill=True)
+if PIPELINED:  # the unkilled pipelined run: bit for bit the unpipelined one
+    refused_bad_batch()
+    unkilled, _, piped_rows, piped_dense = train(kill=False, pipelined=True)
+    assert all(np.array_equal(piped_rows[name], want_rows[name]) for name in want_rows)
+    assert all(torch.equal(piped_dense[name], want_dense[name]) for name in want_dense)
+    assert unkilled.taken == list(range(STEPS)), unkilled.taken
+    unkilled.store.release()
+job, _, rows, dense = train(kill=True, pipelined=PIPELINED)
 lost = [[KILLS[step]] for step in sorted(KILLS)]
 assert job.store.worker_count == 3 - len(lost) and job.recoveries == lost, (job.store.worker_count, job.recoveries)
+if PIPELINED:  # a batch planned before a recovery was dropped and taken again from the committed step
+    assert sorted(set(job.taken)) == list(range(STEPS)) and len(job.taken) > STEPS, job.taken
 gaps = [float(np.abs(rows[name] - want_rows[name]).max()) for name in want_rows] + \
     [float((dense[name] - want_dense[name]).abs().max()) for name in want_dense]
 assert max(gaps) < 1e-5, gaps
