@@ -5,7 +5,9 @@ with exit 0, the recovery recorded, every live worker's dense replica identical 
 and the held-out loss lower than the start's. A BSP run that loses a server ends where the same
 run without a kill ends (the interrupted step is redone: summation order only); a replacement
 for a killed worker (--replace) joins with the dense replica the others hold. A ``features_of`` that
-misreports the ids stops every rank with a PSTrainingError naming it (tests/mpi/torch_model_errors.py)."""
+misreports the ids stops every rank with a PSTrainingError naming it (tests/mpi/torch_model_errors.py).
+A table's ``init_fn`` starts its rows under the hybrid and ring trainers, and ranks that built the
+module from different random states still train one model (tests/mpi/torch_model_init.py)."""
 import json
 from pathlib import Path
 
@@ -65,3 +67,9 @@ def test_features_of_that_misreports_the_ids_stops_every_rank_by_name():
     job = mpirun(4, "torch_model_errors.py", timeout=60)
     assert job.returncode == 0, job
     assert "torch model errors: all checks passed" in job.output, job
+
+
+def test_an_init_fn_starts_the_tables_and_ranks_built_apart_train_one_model():
+    job = mpirun(4, "torch_model_init.py", timeout=90)
+    assert job.returncode == 0, job
+    assert "torch model init_fn: all checks passed" in job.output, job

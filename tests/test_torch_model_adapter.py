@@ -118,6 +118,20 @@ def test_fixed_tables_start_from_seed_table_and_id_and_dense_values_as_built():
     np.testing.assert_array_equal(head.weight.detach().numpy(), trained["head.weight"])
 
 
+def test_an_init_fn_fills_the_rows_asked_for_as_under_start_hybrid():
+    torch.manual_seed(0)
+    module = torch.nn.ModuleDict({"sparse": collection(init_fn=lambda weight: weight.fill_(0.25)),
+                                  "head": torch.nn.Linear(2, 1)})
+    model = hpt.TorchModel(module, click_loss, lambda batch: batch)
+    np.testing.assert_array_equal(model.init_params(7)["items"], np.full((10, 2), 0.25, np.float32))
+    specs = model.param_specs()
+    init = model.part_init(7, specs)  # what a server makes its shard from
+    np.testing.assert_array_equal(init.rows(specs.index(specs[-1]), np.array([1, 8])), np.full((2, 2), 0.25))
+    np.testing.assert_array_equal(init.dense(0, 0, 2), module["head"].weight.detach().numpy().reshape(-1))
+    with pytest.raises(ModelError, match=r"table 'items': init_fn must fill the \(rows, 2\) float32 tensor"):
+        hpt.TorchModel(torch.nn.ModuleList([collection(init_fn=lambda weight: weight[:1])]), click_loss, kjt)
+
+
 def test_the_collection_pools_as_embedding_bags_and_reads_only_the_rows_given():
     sums, means = collection(), hpt.EmbeddingBagCollection([hpt.EmbeddingBagConfig(
         10, 2, name="items", feature_names=["x", "y"], pooling=hpt.PoolingType.MEAN)])

@@ -8,7 +8,9 @@ fault-tolerant hybrid one included, trains it.
 
 The parameters: the module's trainable dense parameters (by ``named_parameters`` name, float
 dtypes), then the tables of its ``EmbeddingBagCollection`` (``EmbeddingBagConfig.spec``:
-dynamic, or fixed and initialised from the run's seed as ``start_hybrid`` initialises them).
+dynamic, or fixed and initialised as ``start_hybrid`` initialises them: from the run's seed, or
+by the config's ``init_fn`` on each server's shard of rows, so then from torch's random state on
+the server ranks, as TorchRec's are; ``part_init``).
 ``rows(batch)``: per table, the sorted unique ids of ``features_of(batch)`` (the collection's
 own check and deduplication). ``loss_and_grads``: the dense arrays become the module's
 parameters (``torch.from_numpy`` views, no copy), the collection reads the rows the trainer
@@ -20,17 +22,19 @@ Cost per step: the module's forward and backward, plus copies of the gradients o
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ..errors import ModelError, PSInputError
 from ..ps import ParamSpec
+from ..ps.init import PartInit
 from ..ps.tables import numel
 from ..train.model import Model, Params, SparseRows, StepOutput
 from .dtypes import NUMPY
 from .embedding_collection import EmbeddingBagCollection
+from .embedding_configs import init_fn_problem
 from .jagged import KeyedJaggedTensor
 from .layouts import TableInit
 
@@ -44,10 +48,10 @@ class TorchModel(Model):
     over the batch, a 0-d tensor; correct predictions; examples); ``features_of(batch)``: the
     batch's ``KeyedJaggedTensor`` (what the module's forward gives its collection). ``seed``:
     the dynamic tables' (their rows start from it on the servers). Initial dense values: the
-    module's at construction (the same on every rank when torch is seeded alike; the hybrid
-    trainer also gives every worker the first worker's). Bad modules (a dense parameter not
-    float32/64, no collection or two, a table named like a parameter, an ``init_fn``: rows
-    start from (seed, table, id) here) raise ``ModelError`` here."""
+    module's at construction; every rank starts from one model whatever its own random state (the
+    hybrid trainer gives every worker the first worker's, the ring trainer rank 0's). Bad modules (a dense parameter not
+    float32/64, no collection or two, a table named like a parameter, an ``init_fn`` that does
+    not fill the tensor it is given) raise ``ModelError`` here."""
 
     def __init__(self, module: torch.nn.Module, loss_fn: LossFn, features_of: FeaturesOf, *, name: str = "torch",
                  seed: int = 0):
@@ -65,18 +69,18 @@ class TorchModel(Model):
         return [ParamSpec(key, tuple(param.shape), DENSE_DTYPES[param.dtype]) for key, param in self.dense.items()] \
             + self.collection.specs(self.seed)
 
-    def init_elements(self, seed: int, name: str, flat: np.ndarray) -> np.ndarray:
-        """Elements ``flat`` of parameter ``name``: the module's initial values, or a fixed
-        table's from (seed, name, index), as ``start_hybrid`` makes them."""
-        if name in self.initial:
-            return self.initial[name].reshape(-1)[flat]
-        init = TableInit(self.collection.embedding_bag_configs(), seed)
-        return init.elements(self.tables.index(name), flat)
+    def part_init(self, seed: int, specs: Sequence[ParamSpec]) -> PartInit:
+        """The initial values of ``specs`` (this model's) by part, as the servers make their shards:
+        the module's dense values, and the fixed tables as ``start_hybrid`` makes them."""
+        return ModuleInit(self.initial, TableInit(self.collection.embedding_bag_configs(), seed), specs)
 
     def init_params(self, seed: int) -> Dict[str, np.ndarray]:
         """Every parameter but the dynamic tables (their rows start on the servers), whole."""
-        return {spec.name: self.init_elements(seed, spec.name, np.arange(numel(spec))).reshape(spec.shape)
-                for spec in self.param_specs() if spec.dynamic is None}
+        specs = self.param_specs()
+        init = self.part_init(seed, specs)
+        return {spec.name: init.rows(t, np.arange(spec.shape[0])) if spec.sparse else
+                init.dense(t, 0, numel(spec)).reshape(spec.shape)
+                for t, spec in enumerate(specs) if spec.dynamic is None}
 
     def rows(self, batch: Any) -> Dict[str, np.ndarray]:
         try:
@@ -110,6 +114,26 @@ class TorchModel(Model):
             param.grad = None
 
 
+class ModuleInit(PartInit):
+    """A ``TorchModel``'s initial values by part: dense parameters from ``initial`` (by name), the
+    tables' from ``tables`` (``TableInit``: from (seed, table, id), or a config's ``init_fn`` filling
+    the rows asked for, as it fills a shard's rows under ``start_hybrid``)."""
+
+    def __init__(self, initial: Mapping[str, np.ndarray], tables: TableInit, specs: Sequence[ParamSpec]):
+        self.initial, self.tables = initial, tables
+        self.table_of = {spec.name: k for k, spec in enumerate(tables.specs)}
+        super().__init__(specs, self._elements)
+
+    def rows(self, table: int, ids: np.ndarray) -> np.ndarray:
+        return self.tables.rows(self.table_of[self.specs[table].name], ids)
+
+    def _elements(self, table: int, flat: np.ndarray) -> np.ndarray:
+        name = self.specs[table].name
+        if name in self.initial:
+            return self.initial[name].reshape(-1)[flat]
+        return self.tables.elements(self.table_of[name], flat)
+
+
 def _numpy_grad(tensor: torch.Tensor) -> np.ndarray:
     """``tensor``'s gradient as a numpy array (zeros when nothing reached it)."""
     grad = tensor.grad
@@ -129,6 +153,5 @@ def _module_problems(dense: Mapping[str, torch.nn.Parameter], collections: List[
     clashing = sorted({config.name for config in configs} & set(dense))
     if clashing:
         problems.append(f"tables {clashing} are named like dense parameters; rename the tables")
-    problems += [f"table {config.name!r} has an init_fn; under the trainers rows start from (seed, table, id)"
-                 for config in configs if config.init_fn is not None]
+    problems += [p for p in (init_fn_problem(config) for config in configs) if p]
     return problems

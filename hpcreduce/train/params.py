@@ -55,8 +55,11 @@ def zero_grads(specs: Sequence[ParamSpec], like: Mapping[str, object]) -> Dict[s
 
 
 def part_init(model: Model, seed: int, specs: Sequence[ParamSpec]) -> PartInit:
-    """The initial values of ``model``'s tables, made per part when the model can
-    (``init_elements``), else sliced from ``init_params``'s whole tables."""
+    """The initial values of ``model``'s tables, made per part when the model can (its own
+    ``part_init(seed, specs)``, or ``init_elements``), else sliced from ``init_params``'s whole tables."""
+    own = getattr(model, "part_init", None)
+    if own is not None:
+        return own(seed, specs)
     elements = getattr(model, "init_elements", None)
     if elements is None:
         return whole_tables(specs, checked(model.init_params(seed), specs))

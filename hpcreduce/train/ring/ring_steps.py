@@ -39,6 +39,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ...arrays import Device
+from ...collectives.broadcast import broadcast_arrays
 from ...collectives.bucket_sum import BucketSum
 from ...errors import TrainingError
 from ...arrays.finite import all_finite
@@ -93,8 +94,16 @@ class RingTrainer:
         self.sharded = ShardedUpdate(ctx, self.specs, self.optimizer) if config.shard_optimizer else None
 
     def initial_state(self) -> TrainState:
-        return TrainState.initial(self.model, self.optimizer, self.config.seed, self.device,
-                                  sharded=self.sharded.init_state if self.sharded is not None else None)
+        """The initial state, with rank 0's parameters on every rank of the starting job (as torch DDP
+        starts): a model whose initial values come from each rank's own random state (a ``TorchModel``
+        built without seeding torch alike) would otherwise train a different replica on each rank.
+        A rank that joins a running job makes its own, then takes the job's state (collective over
+        the starting ranks only)."""
+        state = TrainState.initial(self.model, self.optimizer, self.config.seed, self.device,
+                                   sharded=self.sharded.init_state if self.sharded is not None else None)
+        if not self.ctx.joined:
+            broadcast_arrays(self.ctx, [state.params[name] for name in sorted(state.params)])
+        return state
 
     def compute(self, state: TrainState) -> StepGrads:
         """This rank's summed gradients for step ``state.step``; changes nothing. A model
