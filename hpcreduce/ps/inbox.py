@@ -9,7 +9,8 @@ here; the server refuses the request when its turn comes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from functools import lru_cache
+from typing import Callable, FrozenSet, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -154,7 +155,7 @@ def header_refusal(request: Request, layout: Layout, state: ShardState,
     if table not in state.tables:
         return Status.NOT_OWNER, table
     code = fields[Req.DTYPE]
-    if not 0 <= code < len(DTYPES) or DTYPES[code] not in (np.dtype(spec.dtype), wire_dtype(spec.dtype, DTYPES[code])):
+    if code not in accepted_codes(spec.dtype):
         return Status.BAD_DTYPE, code
     count = request.count
     if spec.sparse:
@@ -163,6 +164,13 @@ def header_refusal(request: Request, layout: Layout, state: ShardState,
     elif count != state.tables[table].values.size:
         return Status.BAD_SIZE, count
     return None
+
+
+@lru_cache(maxsize=None)
+def accepted_codes(stored: str) -> FrozenSet[int]:
+    """The wire dtype codes a table stored as ``stored`` takes: its own, or a narrower float."""
+    return frozenset(code for code, dtype in enumerate(DTYPES)
+                     if dtype in (np.dtype(stored), wire_dtype(stored, dtype)))
 
 
 def _expected_buffer(request: Request, index: int, nbytes: int, layout: Layout, state: ShardState,

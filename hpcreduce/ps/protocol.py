@@ -47,7 +47,7 @@ a replicating server (refused ``UNSUPPORTED``: push, then pull; an END still end
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -198,10 +198,10 @@ def clock_request(slot: int, clock: int, stats: Optional[np.ndarray], staleness:
     return header
 
 
-def reply(header: np.ndarray, shard: int, status: Status, *, version: int = 0, count: int = 0,
+def reply(fields: Sequence[int], shard: int, status: Status, *, version: int = 0, count: int = 0,
           detail: int = 0, slowest: int = 0) -> np.ndarray:
-    """The reply header to request ``header``."""
-    return np.array([header[Req.OP], header[Req.TABLE], shard, status, version, count, detail,
+    """The reply header to the request whose header's ``fields`` (as ints) are given."""
+    return np.array([fields[Req.OP], fields[Req.TABLE], shard, status, version, count, detail,
                      slowest, 0], dtype=np.int64)
 
 

@@ -229,6 +229,6 @@ class Replication:
             status = replica.accept(request.slot, request.clock, request.table, gradient)
         if status != Status.OK:
             replica.recycle(request.table, request.borrowed)
-        ack = protocol.reply(request.header, replica.state.shard, status)
+        ack = protocol.reply(request.fields, replica.state.shard, status)
         server.traffic.add(0, request.nbytes)
         server._send(ack, source, None, TAG_FORWARD_ACK)

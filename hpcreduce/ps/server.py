@@ -332,7 +332,7 @@ class Server:
         ``push`` goes to a backup first) and, for pulls, the payload (empty when refused)."""
         table = self.state.tables.get(request.table)
         count = request.duplicates if request.op == Op.PUSH_ROWS_MANY else 0 if payload is None else payload.size
-        header = protocol.reply(request.header, self.state.shard, status,
+        header = protocol.reply(request.fields, self.state.shard, status,
                                 version=table.version if table is not None else 0, count=count, detail=detail,
                                 slowest=self._slowest)
         self.forwarding.send_reply(request, header, push)
