@@ -9,7 +9,7 @@ from hpcreduce.ps.dynamic_rows import SKETCH_CAP, DynamicTable
 from hpcreduce.ps.id_index import IdIndex
 from hpcreduce.ps.kernels import kernel
 from hpcreduce.ps.multi_table import put_rows
-from hpcreduce.ps.optimizers import OPTIMIZERS, make_optimizer
+from hpcreduce.ps.optimizers import CHUNK, OPTIMIZERS, make_optimizer
 from hpcreduce.ps.placement import Placement
 from hpcreduce.ps.tables import Dynamic, ParamSpec, counter_normal, dynamic_table
 from hpcreduce.ps.updates import gather_rows, joined, sum_rows
@@ -34,6 +34,27 @@ def test_fused_row_optimizers_equal_gather_update_scatter(name, dtype):
             expected_state[key][local] = array
     assert np.array_equal(values, expected)
     assert all(np.array_equal(state[key], expected_state[key]) for key in state)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_dense_updates_by_chunks_equal_the_rule_on_whole_arrays(name, dtype):
+    optimizer = make_optimizer(name, 0.05)
+    shape = (3, CHUNK // 2 + 7)  # more than CHUNK elements, not a multiple of it
+    param = RNG.standard_normal(shape).astype(dtype)
+    state = {key: np.abs(RNG.standard_normal(shape)).astype(dtype) for key in optimizer.state_names}
+    whole, whole_state = param.copy(), {key: array.copy() for key, array in state.items()}
+    for step in (1, 2, 9):
+        grad = RNG.standard_normal(shape).astype(dtype)
+        optimizer.update(param, grad, state, step)
+        optimizer._rule(whole, grad, whole_state, step)
+        np.testing.assert_array_equal(param, whole)
+        for key in state:
+            np.testing.assert_array_equal(state[key], whole_state[key])
+    strided = np.asfortranarray(param)  # not C-contiguous: updated whole, in place all the same
+    optimizer.update(strided, grad.copy(order="F"), {k: np.asfortranarray(a) for k, a in state.items()}, 10)
+    optimizer._rule(whole, grad, whole_state, 10)
+    np.testing.assert_array_equal(strided, whole)
 
 
 def test_summed_duplicates_gathers_and_scatters_equal_numpy():
