@@ -6,7 +6,8 @@ drawn from a seed (a timer); through ``TrainPipeline`` too (a rank killed right 
 the next batch, this one's pull posted): a batch planned before a recovery is dropped and taken
 again. The survivors end on the unkilled run's tables and dense parameters. A dedicated-layout
 job is refused by ``elastic.State`` on every rank, and so are a pipeline, a pipelined batch bad on
-one rank, a rank spawned into the job and a leave (not supported)."""
+one rank and a rank spawned into the job (not supported). A rank that leaves at a commit hands its
+shards over (from their replicas) and the two that stay end on the run without a leave."""
 import sys
 
 import pytest
@@ -27,12 +28,31 @@ def test_a_start_hybrid_loop_survives_a_sigkill_and_ends_on_the_unkilled_run(sha
     assert result.output.count(f"hybrid elastic {sharding} {where}: rank") == survivors, result.output
 
 
-@pytest.mark.parametrize("ranks, said", [(4, "take no new rank"), (2, "no rank may leave")])
-def test_growth_and_leaves_of_a_start_hybrid_loop_are_refused_on_every_rank(tmp_path, ranks, said):
+def test_growth_of_a_start_hybrid_loop_is_refused_on_every_rank(tmp_path):
     discovery = tmp_path / "ranks.txt"
-    discovery.write_text(f"{ranks}\n")
+    discovery.write_text("4\n")
     result = hpcreduce_cli("launch", "-n", "3", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "hybrid_elastic.py"),
                            "resize", str(discovery), timeout=120, cwd=str(tmp_path))
     assert result.returncode == 0, result.output
-    assert result.output.count("hybrid elastic resize refused: rank") == max(ranks, 3), result.output
-    assert said in result.output, result.output
+    assert result.output.count("hybrid elastic resize refused: rank") == 4, result.output
+    assert "take no new rank" in result.output, result.output
+
+
+@pytest.mark.parametrize("sharding", ["table_wise", "row_wise"])
+def test_a_rank_leaves_a_start_hybrid_loop_and_the_others_end_on_the_run_without_it(tmp_path, sharding):
+    discovery = tmp_path / "ranks.txt"
+    discovery.write_text("2\n")
+    result = hpcreduce_cli("launch", "-n", "3", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "hybrid_elastic.py"),
+                           sharding, "leave", str(discovery), timeout=120, cwd=str(tmp_path))
+    assert result.returncode == 0, result.output
+    assert result.output.count(f"hybrid elastic {sharding} leave: rank") == 2, result.output
+
+
+def test_ring_neighbours_leaving_together_are_refused_on_every_rank(tmp_path):
+    discovery = tmp_path / "ranks.txt"
+    discovery.write_text("1\n")
+    result = hpcreduce_cli("launch", "-n", "3", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "hybrid_elastic.py"),
+                           "row_wise", "leave-both", str(discovery), timeout=120, cwd=str(tmp_path))
+    assert result.returncode == 0, result.output
+    assert result.output.count("hybrid elastic row_wise leave refused: rank") == 3, result.output
+    assert "replica lives on its ring successor, which leaves too" in result.output, result.output

@@ -56,9 +56,9 @@ class Handler:
         collective)."""
         return self.exported(value)
 
-    def before_leave(self, value: Any) -> None:
-        """Collective over every rank, the leaving ones included, before a leave: what the
-        staying ranks need of the leaving ones' (nothing, but for a sharded value)."""
+    def before_leave(self, value: Any, going: bool) -> None:
+        """Collective over every rank, the leaving ones (``going``) included, before a leave: what
+        the staying ranks need of the leaving ones' (nothing, but for a sharded value or a job)."""
 
     def after_leave(self, context: Context, value: Any) -> Any:
         """Collective over the staying ranks after a leave (``context``'s): ``value`` for them."""
@@ -165,7 +165,7 @@ class Sharded(Handler):
     def snapshot(self, value: Any) -> Any:
         return value.shard_snapshot()
 
-    def before_leave(self, value: Any) -> None:
+    def before_leave(self, value: Any, going: bool) -> None:
         value.load_state_dict(value.full_state_dict())
 
     def after_leave(self, context: Context, value: Any) -> Any:
@@ -188,8 +188,10 @@ class Own(Handler):
     """An object that handles itself (a colocated ``start_hybrid`` job: its tables commit each
     push by an agreement already): a commit keeps its ``elastic_snapshot()`` (its step), restore
     hands it back (``elastic_put_back``), sync has it recover on the survivors
-    (``elastic_receive``, collective), a leave is refused (``elastic_leave``), and every call of
-    the loop ends its own agreements (``elastic_attempt_ended``)."""
+    (``elastic_receive``, collective), a leave has it hand the leaving ranks' part over
+    (``elastic_before_leave``, on every rank) and go on with the staying ones
+    (``elastic_after_leave``), and every call of the loop ends its own agreements
+    (``elastic_attempt_ended``)."""
 
     kind = "job"
 
@@ -210,8 +212,12 @@ class Own(Handler):
         value.elastic_receive(context)
         return value
 
-    def before_leave(self, value: Any) -> None:
-        value.elastic_leave()
+    def before_leave(self, value: Any, going: bool) -> None:
+        value.elastic_before_leave(going)
+
+    def after_leave(self, context: Context, value: Any) -> Any:
+        value.elastic_after_leave(context)
+        return value
 
     def attempt_ended(self, value: Any, failed: bool) -> None:
         value.elastic_attempt_ended(failed)

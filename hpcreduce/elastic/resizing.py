@@ -84,7 +84,7 @@ def leave(state: "State", request: ResizeRequested) -> Optional[float]:
     saw it (nothing changed: recover, and the leave is asked for again)."""
     ctx, job = state.context, state.job
     going = job.members.me in request.leaving
-    state._leaving(None)
+    state._leaving(None, going)
     outcome = attempt(ctx.comm, lambda: [split_off(ctx.comm, going)], f"leave at step {request.at} (split)")
     if not outcome.committed:
         if outcome.result and outcome.result[0] is not None:

@@ -198,14 +198,14 @@ class State:
                     return f"{name!r}: {found}"
         return None
 
-    def _leaving(self, staying: Optional[Context]) -> None:
-        """Around a leave: before it (``staying`` None; collective over every rank) and after it
-        on the staying ranks (their context), each value's handler's part (a sharded value is
-        re-sharded among the ranks that stay)."""
+    def _leaving(self, staying: Optional[Context], going: bool = False) -> None:
+        """Around a leave: before it (``staying`` None; collective over every rank, ``going`` on
+        the leaving ones) and after it on the staying ranks (their context), each value's
+        handler's part (a sharded value is re-sharded among the ranks that stay)."""
         for name in sorted(self._values):
             handler = self._handlers[name]
             if staying is None:
-                handler.before_leave(self._values[name])
+                handler.before_leave(self._values[name], going)
             else:
                 self._values[name] = handler.after_leave(staying, self._values[name])
 

@@ -54,11 +54,16 @@ the failure on: at the end of each call of the loop (``elastic_attempt_ended``) 
 left by a failure joins the tables' failure agreement unless a call of theirs already did, and
 one that finished joins a closing one; a rank that sees the failure in a call of the tables first
 revokes the context's and the DDP wrapper's communicators (``revoke_others``), so that no peer
-stays blocked there for it. Refused: a dedicated-layout job (its recovery is
+stays blocked there for it.
+
+A leave (at a commit): every rank, the leaving ones included, has the tables hand the leaving
+ranks' shards over (``elastic_before_leave``: the staying ranks take them from their replicas,
+``hand_over``); the staying ones then go on over their own communicator
+(``elastic_after_leave``), nothing rolled back. Refused: a dedicated-layout job (its recovery is
 ``TorchModel`` under ``hpcreduce.train``), and a ``TrainPipeline`` given to ``State`` (nothing
-to commit: its job is tracked), on every rank; ranks leaving, before the leave, and
-growth or replacement (the tables take no new shard holder: a rank spawned into the job makes
-nothing in ``start_hybrid`` and its sync is refused on every rank), before any value moves.
+to commit: its job is tracked), on every rank; two ring neighbours leaving together, before the
+leave; growth or replacement (the tables take no new shard holder: a rank spawned into the job
+makes nothing in ``start_hybrid`` and its sync is refused on every rank), before any value moves.
 """
 from __future__ import annotations
 
@@ -70,8 +75,6 @@ from ..runtime.context import Context
 from ..runtime.failures import revoke
 
 GROWTH = "a start_hybrid job's tables take no new rank (growth and replacement are not supported; shrinking is)"
-LEAVE = "no rank may leave a start_hybrid job (its shards would have to move first: not supported; a rank that " \
-        "fails is recovered from)"
 
 
 class ElasticJob:
@@ -143,8 +146,18 @@ class ElasticJob:
             self.recoveries.append(lost)
         self.store.recover_before_next(prepare, then)
 
-    def elastic_leave(self) -> None:
-        raise UnsupportedInputError(LEAVE)
+    def elastic_before_leave(self, going: bool) -> None:
+        """A leave, at a commit (collective over every rank, the leaving ones included): the tables
+        hand the leaving ranks' shards to the staying ones (``hand_over``: from their replicas)."""
+        self.store.hand_over(going)
+
+    def elastic_after_leave(self, context: Context) -> None:
+        """On the staying ranks after a leave: the job's communicator is theirs, the collection
+        scales pushes and checks batches over them, and this call of the loop ended (a
+        ``TrainPipeline`` drops the batch it planned over the ranks of before)."""
+        self.comm = context.comm
+        self.collection.bind(self.store, self.store.worker_count, context)
+        self.attempts_ended += 1
 
     def revoke_others(self) -> None:
         """On a failure seen by the tables: revoke the context's communicator and the DDP

@@ -29,9 +29,10 @@ recovery ends 6e-2 (after-clock) and 9e-2 (pulling) away; one that pulled the ne
 after the clock, before the commit (as without fault tolerance), 6e-4 away.
 
 Run: python hybrid_elastic.py table_wise|row_wise between|in-backward|in-push|random|pipelined-after-clock|
-pipelined-pulling. With ``resize DISCOVERY_FILE`` (under ``hpcreduce launch --ft``; the file asks
-for 4 ranks, or 2): the rank spawned at the first commit is refused at its sync, on every rank
-(or the leave, before it begins).
+pipelined-pulling. Under ``hpcreduce launch --ft`` with a discovery file: ``table_wise|row_wise leave
+DISCOVERY_FILE`` (the file asks for 2 ranks: one leaves at the first commit, ``left``), ``leave-both
+DISCOVERY_FILE`` (it asks for 1: two ring neighbours may not leave together, ``refused_leave``); ``resize
+DISCOVERY_FILE`` (it asks for 4: the rank spawned at the first commit is refused at its sync, on every rank).
 """
 import os
 import random
@@ -244,10 +245,9 @@ def refused_bad_batch():
     job.store.release()
 
 
-def refused_resize(discovery: str):
+def refused_growth(discovery: str):
     """The discovery file asks for 4 ranks at the first commit: the rank spawned and every rank of
-    the job raise the same error at the newcomer's sync, before any value moves; for 2 ranks (a
-    leave): every rank raises before the leave begins."""
+    the job raise the same error at the newcomer's sync, before any value moves."""
     job = start()
     state = elastic.State(hybrid=job, model=job.module, step=0, discover=discovery)
 
@@ -259,15 +259,53 @@ def refused_resize(discovery: str):
             state.step += 1
             state.commit()
 
-    asked = int(open(discovery).read())
-    said = expect(InputMismatchError if asked > 3 else UnsupportedInputError,
-                  "take no new rank" if asked > 3 else "no rank may leave", lambda: loop(state))
+    said = expect(InputMismatchError, "take no new rank", lambda: loop(state))
     print(f"hybrid elastic resize refused: rank {ctx.rank} of {ctx.size}" + (f": {said}" if ctx.rank == 0 else ""),
           flush=True)
 
 
+def left(discovery: str):
+    """The discovery file asks for 2 ranks: at the first commit one rank leaves (it exits 0), its
+    shards handed over from their replicas; the two that stay end on the run without a leave (3
+    ranks throughout) within 1e-5, with the same dense parameters."""
+    reference, _, want_rows, want_dense = train(kill=False, pipelined=False)
+    reference.store.release()
+    job = start()
+    dense_opt = torch.optim.SGD(job.module.parameters(), lr=0.5)
+    state = elastic.State(hybrid=job, model=job.module, optimizer=dense_opt, step=0, discover=discovery)
+    plain_loop(job, dense_opt, kill=False)(state)
+    rows = every_row(job)
+    dense = {name: p.detach().clone() for name, p in job.module.named_parameters()}
+    assert ctx.size == 2 and job.store.worker_count == 2, (ctx.size, job.store.worker_count)
+    gaps = [float(np.abs(rows[name] - want_rows[name]).max()) for name in want_rows] + \
+        [float((dense[name] - want_dense[name]).abs().max()) for name in want_dense]
+    assert max(gaps) < 1e-5, gaps
+    theirs = ctx.comm.allgather(torch.cat([p.reshape(-1) for p in dense.values()]).numpy())
+    assert all(np.array_equal(theirs[0], other) for other in theirs), "the staying ranks' dense parameters differ"
+    print(f"hybrid elastic {SHARDING} leave: rank {ctx.rank} of {ctx.size} ends on the run without a leave "
+          f"(largest gap {max(gaps):.1e})", flush=True)
+    job.store.release()
+
+
+def refused_leave(discovery: str):
+    """The discovery file asks for 1 rank: ranks 1 and 2 would leave together, and rank 1's shards
+    have their only replica on rank 2: every rank raises the same error before anything moves."""
+    job = start()
+    dense_opt = torch.optim.SGD(job.module.parameters(), lr=0.5)
+    state = elastic.State(hybrid=job, model=job.module, optimizer=dense_opt, step=0, discover=discovery)
+    said = expect(UnsupportedInputError, "shard keys [1] cannot leave", lambda: plain_loop(job, dense_opt, False)(state))
+    print(f"hybrid elastic {SHARDING} leave refused: rank {ctx.rank} of {ctx.size}" + (f": {said}" if ctx.rank == 0
+                                                                                      else ""), flush=True)
+
+
 if SHARDING == "resize":
-    refused_resize(WHERE)
+    refused_growth(WHERE)
+    sys.exit(0)
+if WHERE == "leave":
+    left(sys.argv[3])
+    sys.exit(0)
+if WHERE == "leave-both":
+    refused_leave(sys.argv[3])
     sys.exit(0)
 refused_dedicated()
 PIPELINED = WHERE.startswith("pipelined-")

@@ -1,7 +1,8 @@
 """What both colocated stores (``ColocatedTables``, ``TableWiseTables``) do around their calls
 under fault tolerance: a process failure inside a call joins the step's one agreement before
 it is raised, and a push is applied only after every rank agreed it arrived everywhere. A store
-gives ``comm``, ``ft``, ``recover()`` and ``_abandon()`` (revoke, complete its requests in flight).
+gives ``comm``, ``ft``, ``key``, ``recover()``, ``_abandon()`` (revoke, complete its requests in flight),
+``_settle()``, and for a leave (``hand_over``) ``_replica_holder`` and ``_restored_on``.
 
 A rank joins at most one failure agreement between two recoveries (``failure_agreed``: a push
 whose commit agreement failed does not join a second one). Under ``hpcreduce.elastic``
@@ -16,7 +17,8 @@ from typing import Callable, List, Optional, TypeVar
 
 from mpi4py import MPI
 
-from ...runtime.failures import agree_all, is_process_failure
+from ...errors import UnsupportedInputError
+from ...runtime.failures import agree_all, is_process_failure, release
 
 T = TypeVar("T")
 
@@ -26,6 +28,7 @@ class AgreedCalls:
 
     comm: MPI.Intracomm
     ft: bool
+    key: int
     released: bool
     failure_agreed = False
     on_failure: Optional[Callable[[], None]] = None
@@ -35,6 +38,35 @@ class AgreedCalls:
     _before_next: Optional[Callable[[], None]] = None
 
     def recover(self) -> List[int]:
+        raise NotImplementedError
+
+    def hand_over(self, going: bool) -> List[int]:
+        """Ranks leaving the job (``hpcreduce.elastic``'s leave), collective over every rank, the
+        leaving ones (``going``) included, between steps: the pushes in flight finish, the staying
+        ranks split off and take the leaving keys' shards from their replicas as after a failure
+        (a replica holds every push its owner applied: both apply it after one agreement), and a
+        leaving rank's part ends. Refused on every rank before anything moves when a leaving
+        key's replica leaves too, or there are no replicas. The leaving keys."""
+        self._settle()
+        leaving = [key for key, goes in self.comm.allgather((self.key, bool(going))) if goes]
+        orphans = [key for key in leaving if self._replica_holder(key) in leaving + [None]]
+        if orphans:
+            raise UnsupportedInputError(f"shard keys {orphans} cannot leave: each shard's replica lives on its "
+                                        "ring successor, which leaves too (or replicas are off); leave in turns")
+        staying = self.comm.Split(MPI.UNDEFINED if going else 0, self.comm.Get_rank())
+        if going:
+            self.released = True
+            release(self.comm)
+            return leaving
+        self._restored_on(staying)
+        return leaving
+
+    def _replica_holder(self, key: int) -> Optional[int]:
+        """The key holding ``key``'s replica (None: no replicas)."""
+        raise NotImplementedError
+
+    def _restored_on(self, staying: MPI.Intracomm) -> List[int]:
+        """The leaving keys' shards restored on ``staying`` (the ranks that stay), installed; the keys."""
         raise NotImplementedError
 
     def _abandon(self) -> None:

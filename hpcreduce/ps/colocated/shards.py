@@ -41,7 +41,7 @@ from .agreed_calls import AgreedCalls
 from .exchange import HEAD
 from .handles import ID_BYTES, PullHandle, PushHandle
 from .layout import ColocatedLayout
-from .recovery import rebuilt
+from .recovery import Restored, rebuilt, restore
 from .flat import move, natural_to_wire, offsets, regroup, word
 from .routes import as_bytes, byte_spec, route
 from .store import INIT_SCALE, ShardStore
@@ -221,7 +221,16 @@ class ColocatedTables(AgreedCalls):
         redo the step: pull again, push this step's gradients over the new split of the batch
         (``rank`` and ``worker_count`` changed; a step already applied is refused)."""
         self._abandon()
-        restored = rebuilt(self.comm, self.layout, self.key, self.store, self.replica, self.clock_value)
+        return self._installed(rebuilt(self.comm, self.layout, self.key, self.store, self.replica, self.clock_value))
+
+    def _replica_holder(self, key: int) -> Optional[int]:
+        return self.layout.successor[key] if self.replica is not None else None
+
+    def _restored_on(self, staying: MPI.Intracomm) -> List[int]:
+        return self._installed(restore(staying, self.layout, self.key, self.store, self.replica, self.clock_value))
+
+    def _installed(self, restored: Restored) -> List[int]:
+        """Make a recovery's or a leave's restored shards this rank's; the keys lost."""
         release(self.comm)
         self.comm, self.layout, self.store, self.replica = restored.comm, restored.layout, restored.store, \
             restored.replica

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -133,7 +133,17 @@ class Recoverable(AgreedCalls):
         again (``rank`` and ``worker_count`` changed; a step already applied is refused)."""
         self._abandon()
         self.touch.make_all()  # tables travel whole
-        restored = rebuilt(self)
+        return self._installed(rebuilt(self))
+
+    def _replica_holder(self, key: int) -> Optional[int]:
+        return neighbour(self.ring, self.live, key) if self._replicated else None
+
+    def _restored_on(self, staying: MPI.Intracomm) -> List[int]:
+        self.touch.make_all()  # tables travel whole
+        return self._installed(restore(staying, self))
+
+    def _installed(self, restored: Restored) -> List[int]:
+        """Make a recovery's or a leave's restored tables this rank's; the keys lost."""
         release(self.comm)
         self.comm, self.live = restored.comm, restored.live
         self._locate()
