@@ -38,14 +38,15 @@ def test_growth_of_a_start_hybrid_loop_is_refused_on_every_rank(tmp_path):
     assert "take no new rank" in result.output, result.output
 
 
-@pytest.mark.parametrize("sharding", ["table_wise", "row_wise"])
-def test_a_rank_leaves_a_start_hybrid_loop_and_the_others_end_on_the_run_without_it(tmp_path, sharding):
+@pytest.mark.parametrize("sharding, how", [("table_wise", "leave"), ("row_wise", "leave"),
+                                           ("row_wise", "leave-pipelined")])
+def test_a_rank_leaves_a_start_hybrid_loop_and_the_others_end_on_the_run_without_it(tmp_path, sharding, how):
     discovery = tmp_path / "ranks.txt"
     discovery.write_text("2\n")
     result = hpcreduce_cli("launch", "-n", "3", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "hybrid_elastic.py"),
-                           sharding, "leave", str(discovery), timeout=120, cwd=str(tmp_path))
+                           sharding, how, str(discovery), timeout=120, cwd=str(tmp_path))
     assert result.returncode == 0, result.output
-    assert result.output.count(f"hybrid elastic {sharding} leave: rank") == 2, result.output
+    assert result.output.count(f"hybrid elastic {sharding} {how}: rank") == 2, result.output
 
 
 def test_ring_neighbours_leaving_together_are_refused_on_every_rank(tmp_path):

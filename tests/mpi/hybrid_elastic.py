@@ -30,7 +30,8 @@ after the clock, before the commit (as without fault tolerance), 6e-4 away.
 
 Run: python hybrid_elastic.py table_wise|row_wise between|in-backward|in-push|random|pipelined-after-clock|
 pipelined-pulling. Under ``hpcreduce launch --ft`` with a discovery file: ``table_wise|row_wise leave
-DISCOVERY_FILE`` (the file asks for 2 ranks: one leaves at the first commit, ``left``), ``leave-both
+DISCOVERY_FILE`` (the file asks for 2 ranks: one leaves at the first commit, ``left``; ``leave-pipelined``
+the same through ``TrainPipeline``), ``leave-both
 DISCOVERY_FILE`` (it asks for 1: two ring neighbours may not leave together, ``refused_leave``); ``resize
 DISCOVERY_FILE`` (it asks for 4: the rank spawned at the first commit is refused at its sync, on every rank).
 """
@@ -264,16 +265,18 @@ def refused_growth(discovery: str):
           flush=True)
 
 
-def left(discovery: str):
+def left(discovery: str, pipelined: bool):
     """The discovery file asks for 2 ranks: at the first commit one rank leaves (it exits 0), its
     shards handed over from their replicas; the two that stay end on the run without a leave (3
-    ranks throughout) within 1e-5, with the same dense parameters."""
+    ranks throughout) within 1e-5, with the same dense parameters (``pipelined``: through
+    ``TrainPipeline``, which drops the batch it planned over 3 ranks)."""
     reference, _, want_rows, want_dense = train(kill=False, pipelined=False)
     reference.store.release()
     job = start()
     dense_opt = torch.optim.SGD(job.module.parameters(), lr=0.5)
     state = elastic.State(hybrid=job, model=job.module, optimizer=dense_opt, step=0, discover=discovery)
-    plain_loop(job, dense_opt, kill=False)(state)
+    taken = []
+    (pipelined_loop(job, dense_opt, False, taken) if pipelined else plain_loop(job, dense_opt, False))(state)
     rows = every_row(job)
     dense = {name: p.detach().clone() for name, p in job.module.named_parameters()}
     assert ctx.size == 2 and job.store.worker_count == 2, (ctx.size, job.store.worker_count)
@@ -282,7 +285,8 @@ def left(discovery: str):
     assert max(gaps) < 1e-5, gaps
     theirs = ctx.comm.allgather(torch.cat([p.reshape(-1) for p in dense.values()]).numpy())
     assert all(np.array_equal(theirs[0], other) for other in theirs), "the staying ranks' dense parameters differ"
-    print(f"hybrid elastic {SHARDING} leave: rank {ctx.rank} of {ctx.size} ends on the run without a leave "
+    assert not pipelined or taken == [0, 1, 1, 2, 3, 4, 5], taken  # batch 1, planned over 3 ranks, taken again
+    print(f"hybrid elastic {SHARDING} {WHERE}: rank {ctx.rank} of {ctx.size} ends on the run without a leave "
           f"(largest gap {max(gaps):.1e})", flush=True)
     job.store.release()
 
@@ -301,8 +305,8 @@ def refused_leave(discovery: str):
 if SHARDING == "resize":
     refused_growth(WHERE)
     sys.exit(0)
-if WHERE == "leave":
-    left(sys.argv[3])
+if WHERE in ("leave", "leave-pipelined"):
+    left(sys.argv[3], pipelined=WHERE == "leave-pipelined")
     sys.exit(0)
 if WHERE == "leave-both":
     refused_leave(sys.argv[3])
