@@ -7,11 +7,7 @@ import numpy as np
 
 from ..arrays import is_device_array, to_host
 from ..errors import PSInputError
-from .kernels import kernel
-from .tables import ParamSpec
-
-FIRST_BAD_ID = kernel("index", "first_bad_id")
-ANY_ID = (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
+from .tables import ParamSpec, first_bad_id
 
 
 def check_array(what: str, array, shape, dtype, *, output: bool = False) -> None:
@@ -56,7 +52,7 @@ def checked_ids(what: str, ids, rows: Optional[int]) -> np.ndarray:
             raise PSInputError(f"{what}: id {int(bad[0])} is outside int64 (dynamic tables are keyed by int64)")
         return array.astype(np.int64, copy=False)
     if array.dtype == np.int64:  # the usual ids: one compiled pass
-        bad = FIRST_BAD_ID(np.ascontiguousarray(array), 0, rows - 1, False) if array.size else -1
+        bad = first_bad_id(array, rows)
         if bad >= 0:
             raise PSInputError(f"{what}: row id {int(array[bad])} out of range [0, {rows})")
         return array
@@ -83,4 +79,4 @@ def sorted_push_rows(table: str, spec: ParamSpec, ids, grads) -> Tuple[np.ndarra
 
 def increasing(ids: np.ndarray) -> bool:
     """Whether int64 ``ids`` are sorted and unique (one compiled pass)."""
-    return not len(ids) or FIRST_BAD_ID(np.ascontiguousarray(ids), *ANY_ID, True) < 0
+    return first_bad_id(ids, None, increasing=True) < 0

@@ -16,11 +16,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ..arrays.finite import all_finite
-from .kernels import kernel
-from .client_checks import ANY_ID
 from .key_cache import KnownKeys
 from .layout import Layout
-from .tables import row_width
+from .tables import first_bad_id, row_width
 from .protocol import (DENSE_PUSHES, DTYPES, wire_dtype, HEADER_LEN, MANY, PAYLOADS_IN, PUSHES, SPARSE_OPS,
                        TAG_FORWARD, TAG_FORWARD_PAYLOAD, TAG_PAYLOAD, TAG_REQUEST, WORKER_OPS, Op, Req, Status)
 from .shard_state import ShardState
@@ -31,7 +29,6 @@ TABLE_OPS = frozenset(SPARSE_OPS + DENSE_PUSHES + (Op.PULL,))
 ALL_OPS = frozenset(Op)
 WORKER_OP_SET = frozenset(WORKER_OPS)
 TakeBuffer = Callable[[int], np.ndarray]
-FIRST_BAD_ID = kernel("index", "first_bad_id")
 
 
 @dataclass
@@ -267,8 +264,8 @@ def content_refusal(request: Request, layout: Layout, state: ShardState) -> Opti
     if op in SPARSE_OPS:
         ids = request.payloads[0]
         spec = layout.specs[request.table]
-        low, high = (0, spec.shape[0] - 1) if spec.dynamic is None else ANY_ID  # a dynamic table takes any id
-        bad = FIRST_BAD_ID(ids, low, high, op == Op.PUSH_ROWS) if len(ids) else -1
+        rows = spec.shape[0] if spec.dynamic is None else None  # a dynamic table takes any id
+        bad = first_bad_id(ids, rows, increasing=op == Op.PUSH_ROWS)
         if bad >= 0:
             return Status.BAD_IDS, int(ids[bad])
         request.ids = ids

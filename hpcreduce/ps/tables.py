@@ -150,6 +150,17 @@ def id_dtype(rows: int) -> np.dtype:
 
 DIRECT_POSITIONS, BUCKET_POSITIONS = kernel("index", "direct_positions"), kernel("index", "bucket_positions")
 FIRST_BAD_ID = kernel("index", "first_bad_id")
+ANY_ID = (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
+
+
+def first_bad_id(ids: np.ndarray, rows: Optional[int], increasing: bool = False) -> int:
+    """Where the first of int64 ``ids`` outside ``[0, rows)`` is (``rows`` None: any int64 is in);
+    when there is none and ``increasing``, where the first not above the one before it is; -1
+    when neither (one compiled pass: ``kernels.index.first_bad_id``)."""
+    if not len(ids):
+        return -1
+    low, high = ANY_ID if rows is None else (0, rows - 1)
+    return int(FIRST_BAD_ID(np.ascontiguousarray(ids).reshape(-1), low, high, increasing))
 DENSE_INDEX_ROWS = 1 << 22  # up to here a direct index: 4 B a row of the table (16 MiB at most)
 BUCKET_BITS = 6
 
@@ -187,7 +198,7 @@ class RowIndex:
         """The positions (int64) of the ``query`` ids, -1 for ids not here: one compiled pass."""
         query = np.ascontiguousarray(query, dtype=np.int64)
         if self.whole:
-            inside = not query.size or FIRST_BAD_ID(query.reshape(-1), 0, self.rows - 1, False) < 0
+            inside = first_bad_id(query, self.rows) < 0
             return query if inside else np.where((query >= 0) & (query < self.rows), query, -1)
         if self.direct is not None:
             return DIRECT_POSITIONS(self.direct, query.reshape(-1)).reshape(query.shape)
