@@ -80,6 +80,11 @@ class AgreedCalls:
             then(self.recover())
         self._before_next = run
 
+    @property
+    def recovery_pending(self) -> bool:
+        """Whether a recovery asked for (``recover_before_next``) has not run yet."""
+        return self._before_next is not None
+
     def end_attempt(self, failed: bool) -> None:
         """The end of a loop's attempt (``elastic.run``), on every rank: a recovery asked for
         and not yet run is run, then a rank that left by a failure joins the failure agreement

@@ -20,8 +20,8 @@ import numpy as np
 
 from ...errors import PSConfigError
 from ...runtime.files import atomic_file, write_json
-from .moves import Rows, deliver, replicate
-from .store import HEAT, ShardStore
+from .moves import Rows, placed
+from .store import HEAT
 
 DESCRIPTION = "colocated.json"
 LAZY = "rows made on first touch from seed"  # the seed of the rows not written (None: every row is)
@@ -76,17 +76,14 @@ def load(tables, directory: str) -> None:
     if problems:
         raise PSConfigError(f"cannot load the colocated checkpoint in {directory}: {problems[0]}")
     saved, rows = found
-    store = ShardStore.empty(tables.key, tables.layout.specs, tables.optimizers, saved[LAZY])
-    deliver(tables.comm, tables.layout, store, rows)
-    store.last_step = {t: int(saved["step"]) - 1 for t in store.tables}
+    store = placed(tables.comm, tables.layout, tables.key, tables.optimizers, rows, int(saved["step"]), saved[LAZY])
     held = tables.comm.allreduce(np.array([len(store.tables[t].ids) for t in range(len(tables.layout.specs))]))
     short = [(spec, int(got)) for spec, got in zip(tables.layout.specs, held) if spec.dynamic is None
              and store.lazy is None and got != spec.shape[0]]
     if short:
         raise PSConfigError(f"cannot load the colocated checkpoint in {directory}: table {short[0][0].name!r} has "
                             f"{short[0][1]} rows in it, not the {short[0][0].shape[0]} it declares")
-    tables.install(store, replicate(tables.comm, tables.layout, tables.key, store) if tables.replica else None,
-                   int(saved["step"]))
+    tables.install(store, int(saved["step"]))
 
 
 def _read(tables, directory: str, rank: int, size: int) -> Tuple[Optional[tuple], Optional[str]]:

@@ -41,6 +41,7 @@ from .agreed_calls import AgreedCalls
 from .exchange import HEAD
 from .handles import ID_BYTES, PullHandle, PushHandle
 from .layout import ColocatedLayout
+from .moves import placed, replicate
 from .recovery import Restored, rebuilt, restore
 from .flat import move, natural_to_wire, offsets, regroup, word
 from .routes import as_bytes, byte_spec, route
@@ -60,12 +61,13 @@ class ColocatedTables(AgreedCalls):
     ``optimizer``/``lr``: the update rule the owners run; ``init``: a ``ps.init.PartInit``
     (default: ``default_init(specs, seed)``'s values, each row made on its first touch:
     ``store``); ``replicas``: keep each shard's replica on the next
-    rank of the ring (default: when fault tolerance is on and there are two ranks or more).
+    rank of the ring (default: when fault tolerance is on and there are two ranks or more);
+    ``empty``: no row at all, for ``grown_from`` to fill (a growth).
     """
 
     def __init__(self, specs: Sequence[ParamSpec], *, optimizer: str = "sgd", lr: float = 0.01,
                  comm: Comm = None, init: Optional[PartInit] = None, seed: int = 0,
-                 replicas: Optional[bool] = None):
+                 replicas: Optional[bool] = None, empty: bool = False):
         context = resolve(comm)
         self.comm = context.comm.Dup()
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
@@ -80,10 +82,10 @@ class ColocatedTables(AgreedCalls):
         self.layout = ColocatedLayout(specs, range(size), rank_nodes(self.comm))
         self.optimizers = {t: make_optimizer(optimizer, lr) for t in range(len(specs))}
         lazy = seed if init is None else None  # the default rows are made on first touch (``store``)
+        shard = (lambda key: ShardStore.empty(key, specs, self.optimizers, lazy)) if empty else \
+            (lambda key: ShardStore.create(self.layout.placement, key, init, self.optimizers, lazy))
         self.store, self.replica = checks.made_everywhere(self.comm, lambda: (
-            ShardStore.create(self.layout.placement, rank, init, self.optimizers, lazy),
-            ShardStore.create(self.layout.placement, self.layout.predecessor[rank], init, self.optimizers, lazy)
-            if replicas else None))
+            shard(rank), shard(self.layout.predecessor[rank]) if replicas else None))
         self.row_bytes = np.array([int(np.prod(s.shape[1:], dtype=np.int64)) * np.dtype(s.dtype).itemsize
                                    for s in specs], dtype=np.int64)
         self.unit = word(self.row_bytes)  # every buffer offset is a multiple of it
@@ -249,9 +251,25 @@ class ColocatedTables(AgreedCalls):
         self._settle()
         checkpoint.load(self, directory)
 
-    def install(self, store: ShardStore, replica: Optional[ShardStore], step: int) -> None:
-        """Make ``store`` this rank's shard and ``replica`` its replica, at ``step``."""
+    def install(self, store: ShardStore, step: int) -> None:
+        """Make ``store`` this rank's shard at ``step``, its replica made anew on the ring
+        successor when replicated (collective)."""
+        replica = replicate(self.comm, self.layout, self.key, store) if self.replica is not None else None
         self.store, self.replica, self.clock_value = store, replica, step
+
+    def grown_from(self, old: Optional["ColocatedTables"]) -> None:
+        """A growth (collective over every rank, the newcomers' too; these tables made ``empty``
+        over them all): every row of ``old`` (this rank's tables of before, released here; None
+        on a newcomer) goes to its owner under this layout with its optimizer state (and a dynamic
+        table's use counters), at ``old``'s step (rank 0's: the ranks of before come first), each
+        step applied at most once still; the replicas made anew."""
+        if old is not None:
+            old._settle()
+        rows = [] if old is None else [(t, *old.store.export(t)) for t in range(len(old.layout.specs))]
+        step, lazy = self.comm.bcast((old.clock_value, old.store.lazy) if self.rank == 0 else None, root=0)
+        self.install(placed(self.comm, self.layout, self.key, self.optimizers, rows, step, lazy), step)
+        if old is not None:
+            old.release()
 
     # -- internals ---------------------------------------------------------------------
     def _check_open(self, call: str) -> None:

@@ -61,10 +61,11 @@ WORD = 8  # an id or a bag length: int64
 
 class TableWiseTables(Recoverable):
     """Sparse fixed tables ``specs``, each whole on one rank of ``comm`` (``owners``); see the
-    module docstring. ``init``: a ``ps.init.PartInit`` (default ``default_init(specs, seed)``)."""
+    module docstring. ``init``: a ``ps.init.PartInit`` (default ``default_init(specs, seed)``);
+    ``empty``: no table at all, for ``grown_from`` to fill (a growth)."""
 
     def __init__(self, specs: Sequence[ParamSpec], *, optimizer: str = "sgd", lr: float = 0.01,
-                 comm: Comm = None, init: Optional[PartInit] = None, seed: int = 0):
+                 comm: Comm = None, init: Optional[PartInit] = None, seed: int = 0, empty: bool = False):
         context = resolve(comm)
         self.comm = context.comm.Dup()
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
@@ -82,7 +83,7 @@ class TableWiseTables(Recoverable):
         lazy = [per_row(init, t) for t in range(len(self.specs))]
         self.touch = FirstTouch(default_init(self.specs, seed) if init is None else init)
         self.optimizer = make_optimizer(optimizer, lr)
-        self.values = checks.made_everywhere(self.comm, lambda: {
+        self.values = checks.made_everywhere(self.comm, lambda: {} if empty else {
             t: self.touch.empty("primary", t) if lazy[t] else self.touch.whole(t) for t in self.mine})
         self.state = {t: zeroed_state(self.optimizer, values) for t, values in self.values.items()}
         self.row_bytes = np.array([row_bytes(spec) for spec in self.specs], np.int64)
@@ -93,7 +94,9 @@ class TableWiseTables(Recoverable):
         self._pushes: List[PooledPush] = []
         self._pools: List[PoolHandle] = []
         self.replicas: Dict[int, Tuple[np.ndarray, Dict[str, np.ndarray]]] = {}  # the predecessor's tables
-        if self._replicated and all(lazy):  # the predecessor's tables, drawn here as there
+        if empty:
+            self._install({})
+        elif self._replicated and all(lazy):  # the predecessor's tables, drawn here as there
             self._install({t: (rows, zeroed_state(self.optimizer, rows), -1) for t in self._theirs()
                            for rows in [self.touch.empty("replica", t)]})
         elif self._replicated:
@@ -236,8 +239,12 @@ class TableWiseTables(Recoverable):
         self._check_open("load_checkpoint()")
         self._collective(self._settle)
         tablewise_checkpoint.load(self, directory)
-        self.touch.forget()
-        self._forward = None
+
+    def grown_from(self, old: Optional["TableWiseTables"]) -> None:
+        """A growth (collective over every rank, the newcomers' too; these tables made ``empty``
+        over them all): each table of ``old`` (this rank's tables of before, released here; None
+        on a newcomer) goes whole to its owner here (``tablewise_checkpoint.grown``)."""
+        tablewise_checkpoint.grown(self, old)
 
     def clock(self) -> int:
         """End this step: the pushes in flight applied; the new step."""

@@ -1,4 +1,5 @@
-"""Table-wise tables on disk: one file per table, loadable at any number of ranks.
+"""Table-wise tables on disk (one file per table, loadable at any number of ranks), and moved
+whole to more ranks at a growth.
 
 ``save(tables, directory)``: each owner writes ``table-<t>.npz`` (its rows and optimizer state),
 then rank 0 writes ``tablewise.json`` (the tables, the optimizer, the step), each file
@@ -6,13 +7,14 @@ atomically. ``load(tables, directory)``: every rank checks the description again
 tables and optimizer and reads the files of the tables it owns now (whole tables: any number
 of ranks reads any checkpoint of the same tables), then the replicas are re-made. A problem (no
 checkpoint, other tables, a missing file) is a ``PSConfigError`` on every rank before anything
-is changed.
+is changed. ``grown``: the tables of before a growth each sent whole to its owner over more
+ranks; both end in ``install``.
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Dict
+from typing import Dict, List, Tuple
 
 import numpy as np
 
@@ -63,10 +65,34 @@ def load(tables, directory: str) -> None:
     problems = [p for p in tables.comm.allgather(problem) if p]
     if problems:
         raise PSConfigError(f"cannot load the table-wise checkpoint in {directory}: {problems[0]}")
-    step = int(saved["step"])
+    install(tables, found, int(saved["step"]))
+
+
+def grown(tables, old) -> None:
+    """A growth (collective over every rank, the newcomers' too): each table of ``old`` (this
+    rank's tables of before, released here; None on a newcomer) sent whole to its owner in
+    ``tables`` (made ``empty`` over every rank) and installed at ``old``'s step (rank 0's: the
+    ranks of before come first)."""
+    outgoing: List[List[tuple]] = [[] for _ in range(tables.worker_count)]
+    if old is not None:
+        old._collective(old._settle)
+        old.touch.make_all()  # tables travel whole
+        for t in old.mine:
+            outgoing[int(tables.owner[t])].append((t, old.values[t], old.state[t]))
+    found = {t: (values, state) for pieces in tables.comm.alltoall(outgoing) for t, values, state in pieces}
+    install(tables, found, tables.comm.bcast(old.clock_value if tables.rank == 0 else None, root=0))
+    if old is not None:
+        old.release()
+
+
+def install(tables, found: Dict[int, Tuple[np.ndarray, Dict[str, np.ndarray]]], step: int) -> None:
+    """``found`` (this rank's tables now: rows and optimizer state, whole) made its own at
+    ``step``, each step applied at most once still; the replicas made anew (collective)."""
     tables.values = {t: values for t, (values, _) in found.items()}
     tables.state = {t: state for t, (_, state) in found.items()}
     tables.last_step, tables.clock_value = {t: step - 1 for t in found}, step
+    tables.touch.forget()
+    tables._forward = None
     if tables._replicated:
         tables._install(replicate(tables.comm, tables.successor, tables.predecessor,
                                   {t: (values, state, step - 1) for t, (values, state) in found.items()}))
