@@ -5,9 +5,11 @@ drawn from a seed (a timer); through ``TrainPipeline`` too (a rank killed right 
 ``clock()``, before its commit, then one in the dense part's backward; or one as the pipeline takes
 the next batch, this one's pull posted): a batch planned before a recovery is dropped and taken
 again. The survivors end on the unkilled run's tables and dense parameters. A dedicated-layout
-job is refused by ``elastic.State`` on every rank, and so are a pipeline, a pipelined batch bad on
-one rank and a rank spawned into the job (not supported). A rank that leaves at a commit hands its
-shards over (from their replicas) and the two that stay end on the run without a leave."""
+job is refused by ``elastic.State`` on every rank, and so are a pipeline and a pipelined batch bad on
+one rank. A rank that leaves at a commit hands its shards over (from their replicas) and the two
+that stay end on the run without a leave; a rank spawned into a 2-rank job at a commit (growth)
+takes its share of the tables and the 3 end on the run without growth (table-wise; row-wise
+through ``TrainPipeline``, which drops the batch it planned over 2 ranks)."""
 import sys
 
 import pytest
@@ -28,14 +30,15 @@ def test_a_start_hybrid_loop_survives_a_sigkill_and_ends_on_the_unkilled_run(sha
     assert result.output.count(f"hybrid elastic {sharding} {where}: rank") == survivors, result.output
 
 
-def test_growth_of_a_start_hybrid_loop_is_refused_on_every_rank(tmp_path):
+@pytest.mark.parametrize("sharding, how", [("table_wise", "grow"), ("row_wise", "grow-pipelined")])
+def test_a_rank_joins_a_start_hybrid_loop_and_all_end_on_the_run_without_growth(tmp_path, sharding, how):
     discovery = tmp_path / "ranks.txt"
-    discovery.write_text("4\n")
-    result = hpcreduce_cli("launch", "-n", "3", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "hybrid_elastic.py"),
-                           "resize", str(discovery), timeout=120, cwd=str(tmp_path))
+    discovery.write_text("3\n")
+    result = hpcreduce_cli("launch", "-n", "2", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "hybrid_elastic.py"),
+                           sharding, how, str(discovery), timeout=120, cwd=str(tmp_path))
     assert result.returncode == 0, result.output
-    assert result.output.count("hybrid elastic resize refused: rank") == 4, result.output
-    assert "take no new rank" in result.output, result.output
+    assert result.output.count(f"hybrid elastic {sharding} {how}: rank") == 3, result.output
+    assert result.output.count("(spawned) ends on the run without growth") == 1, result.output
 
 
 @pytest.mark.parametrize("sharding, how", [("table_wise", "leave"), ("row_wise", "leave"),

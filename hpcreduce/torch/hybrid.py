@@ -29,17 +29,17 @@ the dedicated layout ``model_adapter.TorchModel`` runs the same module under
 """
 from __future__ import annotations
 
-from typing import List, Optional, Union
+from typing import Any, Callable, List, Optional, Union
 
 import torch
 
-from ..collectives.validate import InputProblem, ProblemKind, agree, stable_hash
+from ..collectives.validate import InputProblem, ProblemKind, agree, raise_local, stable_hash
 from ..ps import Consistency, Server
 from ..runtime.context import resolve
 from .ddp import DistributedDataParallel
 from .embedding_collection import EmbeddingBagCollection
 from .embedding_configs import RowOptimizer, init_fn_problem
-from .hybrid_elastic import ElasticJob
+from .hybrid_elastic import ElasticJob, tables_anew
 from .layouts import LAYOUTS, SHARDINGS, start_tables
 from .table_files import SavedTables, saved_problem
 
@@ -52,12 +52,17 @@ class HybridWorker(ElasticJob):
     ``ps.Worker``, ``ColocatedTables`` or ``TableWiseTables`` it pulls and pushes through);
     ``early_pull``: whether a pull may leave before this step's push is applied (dedicated SSP
     with staleness >= 1, or ASP); ``layout``, ``sharding``: ``start_hybrid``'s; ``recoveries``:
-    the shard keys lost at each recovery under ``hpcreduce.elastic`` (``hybrid_elastic``)."""
+    the shard keys lost at each recovery under ``hpcreduce.elastic`` (``hybrid_elastic``);
+    ``tables_anew`` (colocated): makes the tables anew with no row over a growth's ranks
+    (``hybrid_elastic.tables_anew``). On a rank spawned into an elastic job ``store`` is None
+    and ``collection`` unbound until the growth's sync."""
 
     def __init__(self, module: torch.nn.Module, collection: EmbeddingBagCollection, store, comm, early_pull: bool,
-                 layout: str = "dedicated", sharding: str = "row_wise", context=None):
+                 layout: str = "dedicated", sharding: str = "row_wise", context=None,
+                 tables_anew: Optional[Callable[..., Any]] = None):
         self.module, self.collection, self.store, self.comm = module, collection, store, comm
         self.early_pull, self.layout, self.sharding, self.context = early_pull, layout, sharding, context
+        self.tables_anew = tables_anew
         self.recoveries: List[List[int]] = []
         self._pushes: List[object] = []
         if layout == "colocated" and store is not None:
@@ -104,12 +109,11 @@ def start_hybrid(module: torch.nn.Module, *, sparse_optimizer: RowOptimizer, lay
     part (a module with no dense parameter is not wrapped). Bad input (no collection or two,
     tables declared differently on two ranks, an ``init_fn`` that changes the shape or dtype, an
     unknown layout or optimizer, saved tables of another layout) raises on every rank before anything is made; a dense part the
-    wrapper refuses raises on every trainer, which release the servers first."""
+    wrapper refuses raises on every trainer, which release the servers first. On a rank spawned into
+    a colocated job under ``hpcreduce.elastic`` (``context.joined``) nothing communicates: the tables
+    are made and filled, with the job's ranks, at the growth's sync (``hybrid_elastic``)."""
     context = resolve(comm)
     collections = [m for m in module.modules() if isinstance(m, EmbeddingBagCollection)]
-    if context.joined and layout == "colocated" and len(collections) == 1:
-        # a rank spawned into an elastic job makes nothing (its peers are in the State's sync, which refuses it)
-        return HybridWorker(module, collections[0], None, None, False, layout, sharding or "", context)
     configs = collections[0].embedding_bag_configs() if len(collections) == 1 else []
     signature = [config.signature() for config in configs]
     problems = [] if len(collections) == 1 else [f"the module holds {len(collections)} EmbeddingBagCollections "
@@ -134,23 +138,30 @@ def start_hybrid(module: torch.nn.Module, *, sparse_optimizer: RowOptimizer, lay
         problems.append(f"sparse_optimizer must be a RowOptimizer(name, lr), got {sparse_optimizer!r}")
     elif sparse_optimizer.problem():
         problems.append(sparse_optimizer.problem())
-    agree(context, "start_hybrid", [("tables", stable_hash(signature), lambda: signature),
-                                    ("layout", stable_hash((layout, sharding, servers, consistency, staleness, seed)),
-                                     (layout, sharding, servers, consistency, staleness, seed))],
-          InputProblem(ProblemKind.UNUSABLE_ARRAY, "; ".join(problems)) if problems else None)
+    problem = InputProblem(ProblemKind.UNUSABLE_ARRAY, "; ".join(problems)) if problems else None
+    joining = context.joined and layout == "colocated"  # spawned into an elastic job: its peers are in a sync
+    if joining:
+        raise_local("start_hybrid", problem, context.rank)
+    else:
+        agree(context, "start_hybrid", [("tables", stable_hash(signature), lambda: signature),
+                                        ("layout", stable_hash((layout, sharding, servers, consistency, staleness,
+                                                                seed)),
+                                         (layout, sharding, servers, consistency, staleness, seed))], problem)
     consistency_model = Consistency(consistency, staleness)
-    role, trainers_comm, trainers = start_tables(configs, layout, servers, consistency_model, sparse_optimizer,
-                                                 seed, context, SavedTables(tables_from) if tables_from else None,
-                                                 sharding)
+    role, trainers_comm, trainers = (None, None, 0) if joining else start_tables(
+        configs, layout, servers, consistency_model, sparse_optimizer, seed, context,
+        SavedTables(tables_from) if tables_from else None, sharding)
     if isinstance(role, Server):
         return role
     group = context if layout == "colocated" else trainers_comm  # colocated: the context a recovery shrinks
-    collection = collections[0].bind(role, trainers, resolve(group))
+    collection = collections[0] if joining else collections[0].bind(role, trainers, resolve(group))
     try:
         wrapped = DistributedDataParallel(module, comm=group, **ddp_options) \
             if any(param.requires_grad for param in module.parameters()) else module
     except Exception:
-        role.release()  # every trainer raised (the wrapper's checks agree): the servers' serve() returns
+        if role is not None:
+            role.release()  # every trainer raised (the wrapper's checks agree): the servers' serve() returns
         raise
     early = layout == "dedicated" and (consistency_model.kind == "asp" or consistency_model.staleness >= 1)
-    return HybridWorker(wrapped, collection, role, trainers_comm, early, layout, sharding, resolve(group))
+    anew = tables_anew(configs, sparse_optimizer, seed, sharding) if layout == "colocated" else None
+    return HybridWorker(wrapped, collection, role, trainers_comm, early, layout, sharding, resolve(group), anew)

@@ -1,4 +1,5 @@
-"""A colocated ``start_hybrid`` job under ``hpcreduce.elastic``: a SIGKILLed rank survived in place.
+"""A colocated ``start_hybrid`` job under ``hpcreduce.elastic``: a SIGKILLed rank survived in
+place, ranks leaving and joining at a commit.
 
     job = hpt.start_hybrid(model, sparse_optimizer=hpt.RowOptimizer("sgd", lr=0.1), layout="colocated")
     dense_opt = torch.optim.SGD(job.module.parameters(), lr=0.1)
@@ -59,22 +60,55 @@ stays blocked there for it.
 A leave (at a commit): every rank, the leaving ones included, has the tables hand the leaving
 ranks' shards over (``elastic_before_leave``: the staying ranks take them from their replicas,
 ``hand_over``); the staying ones then go on over their own communicator
-(``elastic_after_leave``), nothing rolled back. Refused: a dedicated-layout job (its recovery is
-``TorchModel`` under ``hpcreduce.train``), and a ``TrainPipeline`` given to ``State`` (nothing
-to commit: its job is tracked), on every rank; two ring neighbours leaving together, before the
-leave; growth or replacement (the tables take no new shard holder: a rank spawned into the job
-makes nothing in ``start_hybrid`` and its sync is refused on every rank), before any value moves.
+(``elastic_after_leave``), nothing rolled back.
+
+A growth (ranks spawned at a commit, e.g. a discovery file asking for more): a spawned rank runs
+the program from the top, and its ``start_hybrid`` makes no collective (its peers are in the
+sync): it wraps the dense part in ``DistributedDataParallel`` on its own (the sync then gives it
+rank 0's parameters and optimizer) and keeps what makes the tables (``tables_anew``). In the
+sync every rank, old and new, makes the tables anew with no row over the larger context (shard
+keys: the new ranks; the ranks of before keep their order, so row-wise, with no failure before,
+only the newcomers' rows move) and fills them from the tables of before (``grown_from``:
+row-wise each row to its owner by rendezvous hashing with its optimizer state and a dynamic
+table's use counters, ``moves.placed`` as a checkpoint load does; table-wise each table whole
+to its owner, ``tablewise_checkpoint.install`` as a load does), at rank 0's step, each step
+applied at most once still, the replicas made anew; the collection then scales pushes and checks
+batches over every rank, and this call of the loop ends (a ``TrainPipeline`` drops the batch it
+planned over the ranks of before). Under BSP, with each step's data a function of the global
+batch, the run ends where the run without growth ends (tests/mpi/hybrid_elastic.py: within
+2e-8). A rank failing during the growth itself is not recovered: the job ends at once with one
+clear error (``elastic.resizing.grow``), nothing hangs.
+
+Refused: a dedicated-layout job (its recovery is ``TorchModel`` under ``hpcreduce.train``), and
+a ``TrainPipeline`` given to ``State`` (nothing to commit: its job is tracked), on every rank; two
+ring neighbours leaving together, before the leave; a replacement (``Policy(replace=True)``: a rank
+spawned while the tables' recovery has not run yet), at the newcomer's sync with the same
+``UnsupportedInputError`` on every rank (``REPLACEMENT``), before any value moves.
 """
 from __future__ import annotations
 
+import functools
 import sys
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 from ..errors import UnsupportedInputError
+from ..ps.colocated import ColocatedTables
+from ..ps.colocated.tablewise import TableWiseTables
 from ..runtime.context import Context
 from ..runtime.failures import revoke
+from .embedding_configs import EmbeddingBagConfig, RowOptimizer
 
-GROWTH = "a start_hybrid job's tables take no new rank (growth and replacement are not supported; shrinking is)"
+REPLACEMENT = ("a start_hybrid job's tables take no rank spawned to replace a lost one (Policy(replace=True)): "
+               "the lost ranks' shards are still to be recovered when it joins; a growth at a commit is supported")
+
+
+def tables_anew(configs: Sequence[EmbeddingBagConfig], optimizer: RowOptimizer, seed: int,
+                sharding: str) -> Callable[..., Any]:
+    """A colocated job's tables made anew with no row, called with ``comm=`` a growth's context
+    (collective); ``grown_from`` then fills them from the tables of before."""
+    kind = TableWiseTables if sharding == "table_wise" else ColocatedTables
+    return functools.partial(kind, [config.spec(seed) for config in configs], optimizer=optimizer.name,
+                             lr=optimizer.lr, seed=seed, empty=True)
 
 
 class ElasticJob:
@@ -82,6 +116,7 @@ class ElasticJob:
 
     layout: str
     sharding: str
+    tables_anew: Optional[Callable[..., Any]]
     module: Any
     store: Any
     collection: Any
@@ -116,18 +151,23 @@ class ElasticJob:
         self.committed_step = int(saved["step"])
 
     def elastic_layout(self) -> list:
-        if self.store is None:  # a rank spawned into the job (``start_hybrid`` made nothing on it)
-            return [("tables", (0,), f"none on a rank spawned into the job: {GROWTH}")]
         return [("tables", (len(self.collection.embedding_bag_configs()),), self.sharding)]
 
     def elastic_receive(self, context: Context) -> None:
-        """Rank 0's step (collective: one allgather); after a failure (fewer ranks than the
-        tables', or their communicator revoked on any rank), the store's recovery set up for its
-        next call and this step's calls in flight dropped."""
-        if self.store is None or context.size > self.store.worker_count:
-            raise UnsupportedInputError(GROWTH)
-        told = context.comm.allgather((self.committed_step, _revoked(self.store.comm)))
-        step, revoked = told[0][0], any(flag for _, flag in told)
+        """Rank 0's step (collective: one allgather). With a rank spawned into the job (no store
+        yet), a growth (``_grow``), refused on every rank when a recovery is still to run (a
+        replacement); after a failure (fewer ranks than the tables', or their communicator
+        revoked on any rank), the store's recovery set up for its next call and this step's calls
+        in flight dropped."""
+        told = context.comm.allgather((self.committed_step, self.attempts_ended, self.store is None,
+                                       self.store is not None and (self.store.recovery_pending or
+                                                                   _revoked(self.store.comm))))
+        step, revoked = told[0][0], any(broken for *_, broken in told)
+        if any(joining for _, _, joining, _ in told):
+            if revoked:
+                raise UnsupportedInputError(REPLACEMENT)
+            self._grow(context, told[0][1])
+            return
         if context.size == self.store.worker_count and not revoked:
             return
         if step < self.store.clock_value and context.rank == 0:
@@ -145,6 +185,22 @@ class ElasticJob:
             self.collection.bind(self.store, self.store.worker_count, context)
             self.recoveries.append(lost)
         self.store.recover_before_next(prepare, then)
+
+    def _grow(self, context: Context, attempts: int) -> None:
+        """A growth (collective over ``context``, the newcomers included, at a commit): the tables
+        made anew over every rank and filled from those of before (``grown_from``: each row or
+        table to its owner with its optimizer state, at rank 0's step, each step applied at most
+        once still, the replicas made anew); the collection rebound over every rank, and this call
+        of the loop ended on each (``attempts``: rank 0's count; a ``TrainPipeline`` drops the
+        batch it planned over the ranks of before)."""
+        self._pushes = []
+        self.collection.forget_in_flight()
+        tables = self.tables_anew(comm=context)
+        tables.grown_from(self.store)
+        tables.on_failure = self.revoke_others
+        self.store, self.comm, self.committed_step = tables, context.comm, tables.clock_value
+        self.collection.bind(tables, tables.worker_count, context)
+        self.attempts_ended = attempts + 1
 
     def elastic_before_leave(self, going: bool) -> None:
         """A leave, at a commit (collective over every rank, the leaving ones included): the tables

@@ -94,7 +94,8 @@ class TrainPipeline:
 
     def _held(self) -> Optional[Planned]:
         """The next batch planned by the last step, unless planned in an earlier call of the loop
-        under ``elastic.run`` (then dropped, unwaited: before a recovery, from another iterator)."""
+        under ``elastic.run`` (then dropped, unwaited: before a recovery, a leave or a growth, from
+        another iterator)."""
         held, self._next = self._next, None
         return held if held is not None and held.attempt == self.job.attempts_ended else None
 

@@ -30,10 +30,11 @@ after the clock, before the commit (as without fault tolerance), 6e-4 away.
 
 Run: python hybrid_elastic.py table_wise|row_wise between|in-backward|in-push|random|pipelined-after-clock|
 pipelined-pulling. Under ``hpcreduce launch --ft`` with a discovery file: ``table_wise|row_wise leave
-DISCOVERY_FILE`` (the file asks for 2 ranks: one leaves at the first commit, ``left``; ``leave-pipelined``
+DISCOVERY_FILE`` (the file asks for 2 ranks: one leaves at the first commit, ``resized``; ``leave-pipelined``
 the same through ``TrainPipeline``), ``leave-both
-DISCOVERY_FILE`` (it asks for 1: two ring neighbours may not leave together, ``refused_leave``); ``resize
-DISCOVERY_FILE`` (it asks for 4: the rank spawned at the first commit is refused at its sync, on every rank).
+DISCOVERY_FILE`` (it asks for 1: two ring neighbours may not leave together, ``refused_leave``); with 2 ranks,
+``table_wise|row_wise grow DISCOVERY_FILE`` (it asks for 3: a rank is spawned at the first commit, ``resized``;
+``grow-pipelined`` the same through ``TrainPipeline``).
 """
 import os
 import random
@@ -48,14 +49,14 @@ from mpi4py import MPI
 import hpcreduce
 import hpcreduce.torch as hpt
 from hpcreduce import elastic
-from hpcreduce.errors import InputMismatchError, UnsupportedInputError
+from hpcreduce.errors import UnsupportedInputError
 from hpcreduce.ps import Server
 from shared_checks import abort_job_on_error, expect
 
 abort_job_on_error()
 SHARDING, WHERE = sys.argv[1], sys.argv[2]
 ctx = hpcreduce.init(ft=True)
-assert ctx.size == 3 or ctx.joined, "run with 3 ranks"
+assert ctx.size == (2 if WHERE.startswith("grow") else 3) or ctx.joined, "run with 3 ranks (2 to grow)"
 WORLD = MPI.COMM_WORLD.Get_rank()
 STEPS, BATCH, DIM = 6, 12, 4
 KILLS = {"between": {2: 2, 4: 1}, "in-backward": {3: 2}, "in-push": {3: 0}, "random": {2: 2},
@@ -105,7 +106,7 @@ def batch_of(step: int) -> Batch:
 def start():
     torch.manual_seed(5)
     return hpt.start_hybrid(DLRM(), sparse_optimizer=hpt.RowOptimizer("sgd", lr=0.5), layout="colocated",
-                            sharding="table_wise" if SHARDING == "resize" else SHARDING, seed=3)
+                            sharding=SHARDING, seed=3)
 
 
 def dies_at(step: int, kill: bool):
@@ -246,49 +247,48 @@ def refused_bad_batch():
     job.store.release()
 
 
-def refused_growth(discovery: str):
-    """The discovery file asks for 4 ranks at the first commit: the rank spawned and every rank of
-    the job raise the same error at the newcomer's sync, before any value moves."""
-    job = start()
-    state = elastic.State(hybrid=job, model=job.module, step=0, discover=discovery)
-
-    @elastic.run
-    def loop(state):
-        while state.step < 2:
-            job.module(batch_of(state.step))[0].backward()
-            job.clock()
-            state.step += 1
-            state.commit()
-
-    said = expect(InputMismatchError, "take no new rank", lambda: loop(state))
-    print(f"hybrid elastic resize refused: rank {ctx.rank} of {ctx.size}" + (f": {said}" if ctx.rank == 0 else ""),
-          flush=True)
-
-
-def left(discovery: str, pipelined: bool):
-    """The discovery file asks for 2 ranks: at the first commit one rank leaves (it exits 0), its
-    shards handed over from their replicas; the two that stay end on the run without a leave (3
-    ranks throughout) within 1e-5, with the same dense parameters (``pipelined``: through
-    ``TrainPipeline``, which drops the batch it planned over 3 ranks)."""
-    reference, _, want_rows, want_dense = train(kill=False, pipelined=False)
-    reference.store.release()
+def resized(discovery: str, pipelined: bool, grows: bool):
+    """At the first commit the discovery file changes the ranks: a leave (it asks for 2 of 3: one
+    rank exits 0, its shards handed over from their replicas) or, ``grows``, a growth (it asks for
+    3 of 2: a rank is spawned, the tables made anew over the 3 and filled from the 2). The ranks
+    there are then end on the run without the change (the newcomer gets it from rank 0) within
+    1e-5, with the same dense parameters, every rank holding rows (``pipelined``: through
+    ``TrainPipeline``, which drops the batch it planned over the ranks of before)."""
+    want = None
+    if not ctx.joined:
+        reference, _, want_rows, want_dense = train(kill=False, pipelined=False)
+        reference.store.release()
+        want = (want_rows, want_dense)
     job = start()
     dense_opt = torch.optim.SGD(job.module.parameters(), lr=0.5)
     state = elastic.State(hybrid=job, model=job.module, optimizer=dense_opt, step=0, discover=discovery)
     taken = []
     (pipelined_loop(job, dense_opt, False, taken) if pipelined else plain_loop(job, dense_opt, False))(state)
+    want_rows, want_dense = ctx.comm.bcast(want, root=0)
     rows = every_row(job)
     dense = {name: p.detach().clone() for name, p in job.module.named_parameters()}
-    assert ctx.size == 2 and job.store.worker_count == 2, (ctx.size, job.store.worker_count)
+    assert ctx.size == job.store.worker_count == (3 if grows else 2), (ctx.size, job.store.worker_count)
     gaps = [float(np.abs(rows[name] - want_rows[name]).max()) for name in want_rows] + \
         [float((dense[name] - want_dense[name]).abs().max()) for name in want_dense]
     assert max(gaps) < 1e-5, gaps
     theirs = ctx.comm.allgather(torch.cat([p.reshape(-1) for p in dense.values()]).numpy())
-    assert all(np.array_equal(theirs[0], other) for other in theirs), "the staying ranks' dense parameters differ"
-    assert not pipelined or taken == [0, 1, 1, 2, 3, 4, 5], taken  # batch 1, planned over 3 ranks, taken again
-    print(f"hybrid elastic {SHARDING} {WHERE}: rank {ctx.rank} of {ctx.size} ends on the run without a leave "
-          f"(largest gap {max(gaps):.1e})", flush=True)
+    assert all(np.array_equal(theirs[0], other) for other in theirs), "the ranks' dense parameters differ"
+    held = ctx.comm.allgather(rows_held(job))
+    assert min(held) > 0, held
+    # batch 1, planned over the ranks of before, taken again (a newcomer starts at batch 1)
+    assert not pipelined or taken == ([1, 2, 3, 4, 5] if ctx.joined else [0, 1, 1, 2, 3, 4, 5]), taken
+    print(f"hybrid elastic {SHARDING} {WHERE}: rank {ctx.rank} of {ctx.size}{' (spawned)' if ctx.joined else ''} "
+          f"ends on the run without {'growth' if grows else 'a leave'} (largest gap {max(gaps):.1e}; "
+          f"rows held {held})", flush=True)
     job.store.release()
+
+
+def rows_held(job) -> int:
+    """The rows this rank's tables hold (table-wise: its whole tables; row-wise: its shard's)."""
+    store = job.store
+    if SHARDING == "table_wise":
+        return sum(len(store.values[t]) for t in store.mine)
+    return sum(len(store.store.export(t)[0]) for t in range(len(TABLES)))
 
 
 def refused_leave(discovery: str):
@@ -302,11 +302,8 @@ def refused_leave(discovery: str):
                                                                                       else ""), flush=True)
 
 
-if SHARDING == "resize":
-    refused_growth(WHERE)
-    sys.exit(0)
-if WHERE in ("leave", "leave-pipelined"):
-    left(sys.argv[3], pipelined=WHERE == "leave-pipelined")
+if WHERE in ("leave", "leave-pipelined", "grow", "grow-pipelined"):
+    resized(sys.argv[3], pipelined=WHERE.endswith("-pipelined"), grows=WHERE.startswith("grow"))
     sys.exit(0)
 if WHERE == "leave-both":
     refused_leave(sys.argv[3])
