@@ -64,7 +64,6 @@ class Placement:
 
     def row_owners(self, table: int, ids: np.ndarray) -> np.ndarray:
         """The shard key owning each row id of sparse table ``table`` (ids in range)."""
-        salts = self._salts[table]
         keys = np.array(self.shards, dtype=np.int64)
         if len(keys) == 1:
             return np.full(len(ids), keys[0], dtype=np.int64)
