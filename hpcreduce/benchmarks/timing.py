@@ -48,6 +48,14 @@ def iterations_for(nbytes: int, *, budget_bytes: int = 1 << 30, least: int = 5, 
     return int(min(most, max(least, budget_bytes // max(1, nbytes) // 8)))
 
 
+def transport(btl: str) -> str:
+    """Open MPI's byte transports as ``OMPI_MCA_btl`` chose them: named, or the default ones
+    (shared memory within a node) less those it leaves out (``^ofi``)."""
+    if btl and not btl.startswith("^"):
+        return btl
+    return "default (shared memory)" + (f" without {btl[1:]}" if btl else "")
+
+
 def launch_facts(comm: MPI.Intracomm) -> Dict[str, object]:
     """What the numbers depend on: ranks, cores, transport, oversubscription.
 
@@ -63,7 +71,7 @@ def launch_facts(comm: MPI.Intracomm) -> Dict[str, object]:
         "ranks_per_node": ranks_here,
         "cores": cores,
         "oversubscribed": ranks_here > cores,
-        "transport": os.environ.get("OMPI_MCA_btl", "default (shared memory)"),
+        "transport": transport(os.environ.get("OMPI_MCA_btl", "")),
         "mpi_library": mpi_library(MPI),
     }
 

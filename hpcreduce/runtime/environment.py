@@ -40,11 +40,14 @@ a flag is checked against it where it is parsed."""
 
 # PyPI's Open MPI is built with UCX, and on a machine without UCX devices its one-sided (osc)
 # UCX component prints "Error: OSC UCX component priority set inside component query failed"
-# on every rank at the first window (the hierarchical allreduce's shared memory). Jobs launched
-# with that bundled mpirun leave the component out (unless OMPI_MCA_osc is set already), and so
-# does ``import hpcreduce`` under any launcher (``bundled_mpi_defaults``); a site's MPI is left
-# as it is.
-BUNDLED_MPI_ENV = {"OMPI_MCA_osc": "^ucx"}
+# on every rank at the first window (the hierarchical allreduce's shared memory). Its libfabric
+# byte transport (btl ofi) probes the fabric providers at every MPI_Init: 1.1 s of a 4-rank
+# job's start here (0.25 s without it), on a machine whose ranks talk over shared memory and tcp
+# (the package is for machines without an MPI of their own). Jobs launched with that bundled
+# mpirun leave both out (unless OMPI_MCA_osc or OMPI_MCA_btl is set already, or a --mca flag
+# says otherwise: ``--ft`` limits the bytes to tcp,self), and so does ``import hpcreduce`` under
+# any launcher (``bundled_mpi_defaults``); a site's MPI is left as it is.
+BUNDLED_MPI_ENV = {"OMPI_MCA_osc": "^ucx", "OMPI_MCA_btl": "^ofi"}
 
 
 def bundled_open_mpi(prefix: str = sys.prefix) -> bool:
