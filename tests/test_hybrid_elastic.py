@@ -9,7 +9,9 @@ job is refused by ``elastic.State`` on every rank, and so are a pipeline and a p
 one rank. A rank that leaves at a commit hands its shards over (from their replicas) and the two
 that stay end on the run without a leave; a rank spawned into a 2-rank job at a commit (growth)
 takes its share of the tables and the 3 end on the run without growth (table-wise; row-wise
-through ``TrainPipeline``, which drops the batch it planned over 2 ranks)."""
+through ``TrainPipeline``, which drops the batch it planned over 2 ranks); a rank killed with its push
+posted and replaced (``Policy(replace=True)``): the survivors recover the tables, the 3 grow them and
+end on the unkilled run."""
 import sys
 
 import pytest
@@ -50,6 +52,15 @@ def test_a_rank_leaves_a_start_hybrid_loop_and_the_others_end_on_the_run_without
                            sharding, how, str(discovery), timeout=120, cwd=str(tmp_path))
     assert result.returncode == 0, result.output
     assert result.output.count(f"hybrid elastic {sharding} {how}: rank") == 2, result.output
+
+
+@pytest.mark.parametrize("sharding", ["table_wise", "row_wise"])
+def test_a_rank_killed_and_replaced_and_all_end_on_the_unkilled_run(tmp_path, sharding):
+    result = hpcreduce_cli("launch", "-n", "3", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "hybrid_elastic.py"),
+                           sharding, "replace", timeout=120, cwd=str(tmp_path))
+    assert result.returncode == 0, result.output
+    assert result.output.count(f"hybrid elastic {sharding} replace: rank") == 3, result.output
+    assert result.output.count("(spawned) ends on the run without the kill") == 1, result.output
 
 
 def test_ring_neighbours_leaving_together_are_refused_on_every_rank(tmp_path):

@@ -79,11 +79,15 @@ batch, the run ends where the run without growth ends (tests/mpi/hybrid_elastic.
 2e-8). A rank failing during the growth itself is not recovered: the job ends at once with one
 clear error (``elastic.resizing.grow``), nothing hangs.
 
+A replacement (``Policy(replace=True)``: one rank spawned per rank lost, right after the
+survivors shrank) is the recovery, then a growth: in the newcomer's sync the ranks of before
+run the tables' recovery among themselves first (``recover_now``, on the tables' own
+communicator: the lost shards promoted from their replicas), then every rank grows the tables
+as above; the run ends where the unkilled run ends (tests/mpi/hybrid_elastic.py).
+
 Refused: a dedicated-layout job (its recovery is ``TorchModel`` under ``hpcreduce.train``), and
 a ``TrainPipeline`` given to ``State`` (nothing to commit: its job is tracked), on every rank; two
-ring neighbours leaving together, before the leave; a replacement (``Policy(replace=True)``: a rank
-spawned while the tables' recovery has not run yet), at the newcomer's sync with the same
-``UnsupportedInputError`` on every rank (``REPLACEMENT``), before any value moves.
+ring neighbours leaving together, before the leave.
 """
 from __future__ import annotations
 
@@ -91,15 +95,12 @@ import functools
 import sys
 from typing import Any, Callable, List, Optional, Sequence
 
-from ..errors import UnsupportedInputError
 from ..ps.colocated import ColocatedTables
 from ..ps.colocated.tablewise import TableWiseTables
 from ..runtime.context import Context
 from ..runtime.failures import revoke
 from .embedding_configs import EmbeddingBagConfig, RowOptimizer
 
-REPLACEMENT = ("a start_hybrid job's tables take no rank spawned to replace a lost one (Policy(replace=True)): "
-               "the lost ranks' shards are still to be recovered when it joins; a growth at a commit is supported")
 
 
 def tables_anew(configs: Sequence[EmbeddingBagConfig], optimizer: RowOptimizer, seed: int,
@@ -155,21 +156,28 @@ class ElasticJob:
 
     def elastic_receive(self, context: Context) -> None:
         """Rank 0's step (collective: one allgather). With a rank spawned into the job (no store
-        yet), a growth (``_grow``), refused on every rank when a recovery is still to run (a
-        replacement); after a failure (fewer ranks than the tables', or their communicator
-        revoked on any rank), the store's recovery set up for its next call and this step's calls
-        in flight dropped."""
+        yet), a growth (``_grow``), after the recovery among the ranks of before when one is due
+        (a replacement: ``Policy(replace=True)``); after a failure (fewer ranks than the
+        tables', or their communicator revoked on any rank), the store's recovery set up for its
+        next call and this step's calls in flight dropped."""
         told = context.comm.allgather((self.committed_step, self.attempts_ended, self.store is None,
                                        self.store is not None and (self.store.recovery_pending or
                                                                    _revoked(self.store.comm))))
         step, revoked = told[0][0], any(broken for *_, broken in told)
         if any(joining for _, _, joining, _ in told):
-            if revoked:
-                raise UnsupportedInputError(REPLACEMENT)
+            if revoked and self.store is not None:  # a replacement: the ranks of before recover among themselves
+                if not self.store.recovery_pending:
+                    self._recover_before_next(context, step)
+                self.store.recover_now()
             self._grow(context, told[0][1])
             return
         if context.size == self.store.worker_count and not revoked:
             return
+        self._recover_before_next(context, step)
+
+    def _recover_before_next(self, context: Context, step: int) -> None:
+        """After a failure: this step's calls in flight dropped, the store's recovery (on its own
+        communicator, the survivors') set up for its next call, at rank 0's committed ``step``."""
         if step < self.store.clock_value and context.rank == 0:
             print(f"hpcreduce: start_hybrid: the last commit (step {step}) is before the tables' last push (step "
                   f"{self.store.clock_value - 1}): the tables refuse the steps redone, whose dense part reads the "

@@ -34,7 +34,8 @@ DISCOVERY_FILE`` (the file asks for 2 ranks: one leaves at the first commit, ``r
 the same through ``TrainPipeline``), ``leave-both
 DISCOVERY_FILE`` (it asks for 1: two ring neighbours may not leave together, ``refused_leave``); with 2 ranks,
 ``table_wise|row_wise grow DISCOVERY_FILE`` (it asks for 3: a rank is spawned at the first commit, ``resized``;
-``grow-pipelined`` the same through ``TrainPipeline``).
+``grow-pipelined`` the same through ``TrainPipeline``); with 3 ranks, ``table_wise|row_wise replace`` (world
+rank 1 killed in its push at step 3, a rank spawned in its place: ``resized``).
 """
 import os
 import random
@@ -60,9 +61,9 @@ assert ctx.size == (2 if WHERE.startswith("grow") else 3) or ctx.joined, "run wi
 WORLD = MPI.COMM_WORLD.Get_rank()
 STEPS, BATCH, DIM = 6, 12, 4
 KILLS = {"between": {2: 2, 4: 1}, "in-backward": {3: 2}, "in-push": {3: 0}, "random": {2: 2},
-         "pipelined-after-clock": {2: 2, 4: 1}, "pipelined-pulling": {3: 0}}.get(WHERE, {})
+         "pipelined-after-clock": {2: 2, 4: 1}, "pipelined-pulling": {3: 0}, "replace": {3: 1}}.get(WHERE, {})
 # step: world rank (``random``: the rank dies at step 2 or later, ``random_kill``)
-HOW = {"pipelined-after-clock": {4: "in-backward"}}.get(WHERE, {})  # step: where, when not WHERE's own
+HOW = {"pipelined-after-clock": {4: "in-backward"}, "replace": {3: "in-push"}}.get(WHERE, {})  # step: where, when not WHERE's own
 TABLES = [("users", 40), ("items", 30), ("ads", 20)]
 torch.set_num_threads(1)
 
@@ -247,13 +248,16 @@ def refused_bad_batch():
     job.store.release()
 
 
-def resized(discovery: str, pipelined: bool, grows: bool):
+def resized(discovery: str, pipelined: bool, grows: bool, replaces: bool = False):
     """At the first commit the discovery file changes the ranks: a leave (it asks for 2 of 3: one
     rank exits 0, its shards handed over from their replicas) or, ``grows``, a growth (it asks for
-    3 of 2: a rank is spawned, the tables made anew over the 3 and filled from the 2). The ranks
-    there are then end on the run without the change (the newcomer gets it from rank 0) within
-    1e-5, with the same dense parameters, every rank holding rows (``pipelined``: through
-    ``TrainPipeline``, which drops the batch it planned over the ranks of before)."""
+    3 of 2: a rank is spawned, the tables made anew over the 3 and filled from the 2); or,
+    ``replaces`` (no file), world rank 1 is SIGKILLed with its step-3 push posted and a rank is
+    spawned in its place (``Policy(replace=True)``: the 2 survivors recover the tables, then the
+    3 grow them). The ranks there are then end on the run without the change (the newcomer gets
+    it from rank 0) within 1e-5, with the same dense parameters, every rank holding rows
+    (``pipelined``: through ``TrainPipeline``, which drops the batch it planned over the ranks of
+    before)."""
     want = None
     if not ctx.joined:
         reference, _, want_rows, want_dense = train(kill=False, pipelined=False)
@@ -261,13 +265,14 @@ def resized(discovery: str, pipelined: bool, grows: bool):
         want = (want_rows, want_dense)
     job = start()
     dense_opt = torch.optim.SGD(job.module.parameters(), lr=0.5)
-    state = elastic.State(hybrid=job, model=job.module, optimizer=dense_opt, step=0, discover=discovery)
+    change = {"policy": elastic.Policy(replace=True)} if replaces else {"discover": discovery}
+    state = elastic.State(hybrid=job, model=job.module, optimizer=dense_opt, step=0, **change)
     taken = []
-    (pipelined_loop(job, dense_opt, False, taken) if pipelined else plain_loop(job, dense_opt, False))(state)
+    (pipelined_loop(job, dense_opt, False, taken) if pipelined else plain_loop(job, dense_opt, replaces))(state)
     want_rows, want_dense = ctx.comm.bcast(want, root=0)
     rows = every_row(job)
     dense = {name: p.detach().clone() for name, p in job.module.named_parameters()}
-    assert ctx.size == job.store.worker_count == (3 if grows else 2), (ctx.size, job.store.worker_count)
+    assert ctx.size == job.store.worker_count == (3 if grows or replaces else 2), (ctx.size, job.store.worker_count)
     gaps = [float(np.abs(rows[name] - want_rows[name]).max()) for name in want_rows] + \
         [float((dense[name] - want_dense[name]).abs().max()) for name in want_dense]
     assert max(gaps) < 1e-5, gaps
@@ -278,7 +283,7 @@ def resized(discovery: str, pipelined: bool, grows: bool):
     # batch 1, planned over the ranks of before, taken again (a newcomer starts at batch 1)
     assert not pipelined or taken == ([1, 2, 3, 4, 5] if ctx.joined else [0, 1, 1, 2, 3, 4, 5]), taken
     print(f"hybrid elastic {SHARDING} {WHERE}: rank {ctx.rank} of {ctx.size}{' (spawned)' if ctx.joined else ''} "
-          f"ends on the run without {'growth' if grows else 'a leave'} (largest gap {max(gaps):.1e}; "
+          f"ends on the run without {'growth' if grows else 'the kill' if replaces else 'a leave'} (largest gap {max(gaps):.1e}; "
           f"rows held {held})", flush=True)
     job.store.release()
 
@@ -302,8 +307,9 @@ def refused_leave(discovery: str):
                                                                                       else ""), flush=True)
 
 
-if WHERE in ("leave", "leave-pipelined", "grow", "grow-pipelined"):
-    resized(sys.argv[3], pipelined=WHERE.endswith("-pipelined"), grows=WHERE.startswith("grow"))
+if WHERE in ("leave", "leave-pipelined", "grow", "grow-pipelined", "replace"):
+    resized(sys.argv[3] if len(sys.argv) > 3 else "", pipelined=WHERE.endswith("-pipelined"),
+            grows=WHERE.startswith("grow"), replaces=WHERE == "replace")
     sys.exit(0)
 if WHERE == "leave-both":
     refused_leave(sys.argv[3])

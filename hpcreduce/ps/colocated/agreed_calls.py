@@ -85,6 +85,12 @@ class AgreedCalls:
         """Whether a recovery asked for (``recover_before_next``) has not run yet."""
         return self._before_next is not None
 
+    def recover_now(self) -> None:
+        """Run the recovery asked for (``recover_before_next``) now rather than at the next call
+        (collective on the survivors): before a replacement joins, the tables are whole again
+        over the ranks of before."""
+        self._run_before_next()
+
     def end_attempt(self, failed: bool) -> None:
         """The end of a loop's attempt (``elastic.run``), on every rank: a recovery asked for
         and not yet run is run, then a rank that left by a failure joins the failure agreement
