@@ -13,6 +13,7 @@ through ``TrainPipeline``, which drops the batch it planned over 2 ranks); a ran
 posted and replaced (``Policy(replace=True)``): the survivors recover the tables, the 3 grow them and
 end on the unkilled run."""
 import sys
+from typing import Optional
 
 import pytest
 
@@ -32,13 +33,23 @@ def test_a_start_hybrid_loop_survives_a_sigkill_and_ends_on_the_unkilled_run(sha
     assert result.output.count(f"hybrid elastic {sharding} {where}: rank") == survivors, result.output
 
 
+def launched(tmp_path, ranks: int, sharding: str, how: str, wanted: Optional[int] = None):
+    """``hpcreduce launch --ft`` of the driver on ``ranks`` ranks; ``wanted``: the ranks the
+    discovery file asks for (a leave or a growth at the first commit), None for no file."""
+    discovery = []
+    if wanted is not None:
+        (tmp_path / "ranks.txt").write_text(f"{wanted}\n")
+        discovery = [str(tmp_path / "ranks.txt")]
+    result = hpcreduce_cli("launch", "-n", str(ranks), "--ft", "--", sys.executable,
+                           str(MPI_SCRIPTS / "hybrid_elastic.py"), sharding, how, *discovery,
+                           timeout=120, cwd=str(tmp_path))
+    assert result.returncode == 0, result.output
+    return result
+
+
 @pytest.mark.parametrize("sharding, how", [("table_wise", "grow"), ("row_wise", "grow-pipelined")])
 def test_a_rank_joins_a_start_hybrid_loop_and_all_end_on_the_run_without_growth(tmp_path, sharding, how):
-    discovery = tmp_path / "ranks.txt"
-    discovery.write_text("3\n")
-    result = hpcreduce_cli("launch", "-n", "2", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "hybrid_elastic.py"),
-                           sharding, how, str(discovery), timeout=120, cwd=str(tmp_path))
-    assert result.returncode == 0, result.output
+    result = launched(tmp_path, 2, sharding, how, wanted=3)
     assert result.output.count(f"hybrid elastic {sharding} {how}: rank") == 3, result.output
     assert result.output.count("(spawned) ends on the run without growth") == 1, result.output
 
@@ -46,28 +57,18 @@ def test_a_rank_joins_a_start_hybrid_loop_and_all_end_on_the_run_without_growth(
 @pytest.mark.parametrize("sharding, how", [("table_wise", "leave"), ("row_wise", "leave"),
                                            ("row_wise", "leave-pipelined")])
 def test_a_rank_leaves_a_start_hybrid_loop_and_the_others_end_on_the_run_without_it(tmp_path, sharding, how):
-    discovery = tmp_path / "ranks.txt"
-    discovery.write_text("2\n")
-    result = hpcreduce_cli("launch", "-n", "3", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "hybrid_elastic.py"),
-                           sharding, how, str(discovery), timeout=120, cwd=str(tmp_path))
-    assert result.returncode == 0, result.output
+    result = launched(tmp_path, 3, sharding, how, wanted=2)
     assert result.output.count(f"hybrid elastic {sharding} {how}: rank") == 2, result.output
 
 
 @pytest.mark.parametrize("sharding", ["table_wise", "row_wise"])
 def test_a_rank_killed_and_replaced_and_all_end_on_the_unkilled_run(tmp_path, sharding):
-    result = hpcreduce_cli("launch", "-n", "3", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "hybrid_elastic.py"),
-                           sharding, "replace", timeout=120, cwd=str(tmp_path))
-    assert result.returncode == 0, result.output
+    result = launched(tmp_path, 3, sharding, "replace")
     assert result.output.count(f"hybrid elastic {sharding} replace: rank") == 3, result.output
     assert result.output.count("(spawned) ends on the run without the kill") == 1, result.output
 
 
 def test_ring_neighbours_leaving_together_are_refused_on_every_rank(tmp_path):
-    discovery = tmp_path / "ranks.txt"
-    discovery.write_text("1\n")
-    result = hpcreduce_cli("launch", "-n", "3", "--ft", "--", sys.executable, str(MPI_SCRIPTS / "hybrid_elastic.py"),
-                           "row_wise", "leave-both", str(discovery), timeout=120, cwd=str(tmp_path))
-    assert result.returncode == 0, result.output
+    result = launched(tmp_path, 3, "row_wise", "leave-both", wanted=1)
     assert result.output.count("hybrid elastic row_wise leave refused: rank") == 3, result.output
     assert "replica lives on its ring successor, which leaves too" in result.output, result.output
