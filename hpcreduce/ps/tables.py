@@ -161,6 +161,8 @@ def first_bad_id(ids: np.ndarray, rows: Optional[int], increasing: bool = False)
         return -1
     low, high = ANY_ID if rows is None else (0, rows - 1)
     return int(FIRST_BAD_ID(np.ascontiguousarray(ids).reshape(-1), low, high, increasing))
+
+
 DENSE_INDEX_ROWS = 1 << 22  # up to here a direct index: 4 B a row of the table (16 MiB at most)
 BUCKET_BITS = 6
 

@@ -57,8 +57,8 @@ class AgreedCalls:
         if going:
             self.released = True
             release(self.comm)
-            return leaving
-        self._restored_on(staying)
+        else:
+            self._restored_on(staying)
         return leaving
 
     def _replica_holder(self, key: int) -> Optional[int]:
