@@ -13,6 +13,9 @@ from .tables import ParamSpec, first_bad_id
 def check_array(what: str, array, shape, dtype, *, output: bool = False) -> None:
     """``array`` is a numpy array of ``shape`` and ``dtype``; an ``output`` one is also
     C-contiguous and writable (replies are received into it)."""
+    if type(array) is np.ndarray and array.shape == tuple(shape) and array.dtype == dtype and \
+            (not output or (array.flags.c_contiguous and array.flags.writeable)):
+        return  # the common case, in few steps: a worker checks every call's arrays
     if not isinstance(array, np.ndarray):
         raise PSInputError(f"{what} must be a numpy array, got {type(array).__name__}")
     if tuple(array.shape) != tuple(shape):

@@ -41,6 +41,7 @@ class Consistency:
                                                 value=staleness, kind=kind))
         self.kind = kind
         self.staleness = staleness
+        self._bound = {"bsp": 0, "ssp": staleness, "asp": None}[kind]
 
     @property
     def aggregates(self) -> bool:
@@ -50,12 +51,13 @@ class Consistency:
     @property
     def bound(self) -> Optional[int]:
         """The most a read's staleness may be (None: unbounded)."""
-        return {"bsp": 0, "ssp": self.staleness, "asp": None}[self.kind]
+        return self._bound
 
     def may_read(self, reader_clock: int, slowest: int) -> bool:
         """Whether a read at ``reader_clock`` may be answered now. Under BSP the server has
         applied every step below ``slowest`` before it asks."""
-        return self.bound is None or slowest >= reader_clock - self.bound
+        bound = self._bound
+        return bound is None or slowest >= reader_clock - bound
 
     def __repr__(self) -> str:
         return f"ssp(staleness={self.staleness})" if self.kind == "ssp" else self.kind

@@ -1,9 +1,7 @@
 """Requests in flight: a worker's non-blocking call returns a ``Handle`` to ``wait()`` on."""
 from __future__ import annotations
 
-from contextlib import nullcontext
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 from mpi4py import MPI
@@ -11,7 +9,7 @@ from mpi4py import MPI
 from ..runtime.context import Traffic
 from ..runtime.failures import wait_all as wait_requests
 from ..errors import PSRefusedError
-from .protocol import HEADER_LEN, Rep, Status, refusal
+from .protocol import ACCEPTED, HEADER_LEN, Rep, Status, refusal
 
 
 class PushResult(NamedTuple):
@@ -21,16 +19,19 @@ class PushResult(NamedTuple):
     duplicates: int
 
 
-@dataclass
 class Part:
-    """One request to one server: its sends, the reply receives, the reply header."""
+    """One request to one server: its buffers (header, payloads, reply payloads), its sends
+    and reply receives (``requests``), the reply header, the reply payload bytes it expects
+    (``received``) and, with key caching, ``resend``: the request again in full."""
 
-    rank: int
-    requests: List[MPI.Request]
-    buffers: List[np.ndarray]
-    reply: np.ndarray = field(default_factory=lambda: np.zeros(HEADER_LEN, dtype=np.int64))
-    received: int = 0
-    resend: Optional[Callable[[], "Part"]] = None  # the request again in full (key caching)
+    __slots__ = ("rank", "requests", "buffers", "reply", "received", "resend")
+
+    def __init__(self, rank: int, buffers: List[Union[bytes, np.ndarray]]):
+        self.rank, self.buffers = rank, buffers
+        self.requests: List[MPI.Request] = []
+        self.reply = np.zeros(HEADER_LEN, dtype=np.int64)
+        self.received = 0
+        self.resend: Optional[Callable[[], Part]] = None
 
 
 class Handle:
@@ -45,7 +46,7 @@ class Handle:
     """
 
     def __init__(self, what: str, parts: List[Part], finish: Callable[[List[Part]], Any],
-                 traffic: Traffic, guard: Callable[[str], Any] = lambda what: nullcontext(),
+                 traffic: Traffic, guard: Optional[Callable[[str], Any]] = None,
                  table: int = -1):
         self.what = what
         self.table = table
@@ -72,21 +73,35 @@ class Handle:
         return self._outcome is not None
 
     def _complete(self) -> Tuple[Any, Optional[PSRefusedError]]:
-        with self._guard(f"waiting for the {self.what}"):
-            wait_requests(self.requests)
-            unknown = [i for i, part in enumerate(self.parts)
-                       if part.resend is not None and part.reply[Rep.STATUS] == Status.KEYS_UNKNOWN]
-            for i in unknown:  # the server did not hold the id list: send the ids
-                self.parts[i] = self.parts[i].resend()
-            if unknown:
-                wait_requests(self.requests)
-        reasons = [(part, refusal(int(part.reply[Rep.STATUS]), int(part.reply[Rep.DETAIL])))
-                   for part in self.parts]
-        self._traffic.add(0, sum(part.received for part, reason in reasons if not reason))
-        problems = [f"server rank {part.rank}: {reason}" for part, reason in reasons if reason]
+        parts = self.parts
+        if self._guard is None:
+            self._wait_parts()
+        else:
+            with self._guard(f"waiting for the {self.what}"):
+                self._wait_parts()
+        received, problems = 0, []
+        for part in parts:
+            status = int(part.reply[Rep.STATUS])
+            if status in ACCEPTED:
+                received += part.received
+            else:
+                problems.append(f"server rank {part.rank}: {refusal(status, int(part.reply[Rep.DETAIL]))}")
+        self._traffic.add(0, received)
         if problems:
             return None, PSRefusedError(f"{self.what} refused by " + "; ".join(problems))
-        return self._finish(self.parts), None
+        return self._finish(parts), None
+
+    def _wait_parts(self) -> None:
+        """Complete every part; a part whose id list the server did not hold goes again with its ids."""
+        parts = self.parts
+        for part in parts:
+            wait_requests(part.requests)
+        unknown = [i for i, part in enumerate(parts)
+                   if part.resend is not None and part.reply[Rep.STATUS] == Status.KEYS_UNKNOWN]
+        for i in unknown:
+            parts[i] = parts[i].resend()
+        if unknown:
+            wait_requests(self.requests)
 
 
 def push_result(parts: List[Part]) -> PushResult:

@@ -8,7 +8,6 @@ here; the server refuses the request when its turn comes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, FrozenSet, List, Optional, Tuple
 
@@ -19,19 +18,17 @@ from ..arrays.finite import all_finite
 from .key_cache import KnownKeys
 from .layout import Layout
 from .tables import first_bad_id, row_width
-from .protocol import (DENSE_PUSHES, DTYPES, wire_dtype, HEADER_LEN, MANY, PAYLOADS_IN, PUSHES, SPARSE_OPS,
-                       TAG_FORWARD, TAG_FORWARD_PAYLOAD, TAG_PAYLOAD, TAG_REQUEST, WORKER_OPS, Op, Req, Status)
+from .protocol import (ALL_OPS, DENSE_PUSHES, DTYPES, wire_dtype, HEADER_LEN, MANY, PAYLOADS_IN, PUSHES,
+                       SPARSE_OPS, TAG_FORWARD, TAG_FORWARD_PAYLOAD, TAG_PAYLOAD, TAG_REQUEST, WORKER_OPS, Op, Req,
+                       Status)
 from .shard_state import ShardState
 
 Refusal = Tuple[Status, int]
 """Why a server refuses a request: its status, and the offending value (an id, a size) or 0."""
-TABLE_OPS = frozenset(SPARSE_OPS + DENSE_PUSHES + (Op.PULL,))
-ALL_OPS = frozenset(Op)
-WORKER_OP_SET = frozenset(WORKER_OPS)
+TABLE_OPS = SPARSE_OPS | DENSE_PUSHES | {Op.PULL}
 TakeBuffer = Callable[[int], np.ndarray]
 
 
-@dataclass
 class Request:
     """One received request: its header (and the header's fields as ints), payloads and
     ``refusal`` (None: none so far). ``ids``: its sparse ids, once checked;
@@ -39,25 +36,25 @@ class Request:
     status once the server took it (its reply may wait); ``wire``: the dtype code values
     travel in (replies of PULL and PUSH_PULL are narrowed to it). ``tables``: a MANY op's
     per-table requests (PULL_ROWS/PUSH_ROWS, checked), in directory order; ``duplicates``:
-    how many of a PUSH_ROWS_MANY's tables had taken this push already."""
+    how many of a PUSH_ROWS_MANY's tables had taken this push already. A plain class with
+    slots: a server makes one per request."""
 
-    source: int
-    slot: int
-    header: np.ndarray
-    payloads: List[np.ndarray] = field(default_factory=list)
-    refusal: Optional[Refusal] = None
-    ids: Optional[np.ndarray] = None
-    borrowed: Optional[np.ndarray] = None
-    nbytes: int = 0
-    pushed: Optional[Status] = None
-    tables: List["Request"] = field(default_factory=list)
-    duplicates: int = 0
+    __slots__ = ("source", "slot", "header", "payloads", "refusal", "ids", "borrowed", "nbytes", "pushed",
+                 "tables", "duplicates", "fields", "op", "table", "clock", "count", "wire")
 
-    def __post_init__(self):
-        fields = self.header.tolist()
-        self.wire = fields[Req.DTYPE]
+    def __init__(self, source: int, slot: int, header: np.ndarray, payloads: Optional[List[np.ndarray]] = None):
+        self.source, self.slot, self.header = source, slot, header
+        self.payloads = [] if payloads is None else payloads
+        self.refusal: Optional[Refusal] = None
+        self.ids: Optional[np.ndarray] = None
+        self.borrowed: Optional[np.ndarray] = None
+        self.nbytes = 0
+        self.pushed: Optional[Status] = None
+        self.tables: List[Request] = []
+        self.duplicates = 0
+        fields = self.fields = header.tolist()
         self.op, self.table, self.clock = fields[Req.OP], fields[Req.TABLE], fields[Req.CLOCK]
-        self.count, self.fields = fields[Req.COUNT], fields
+        self.count, self.wire = fields[Req.COUNT], fields[Req.DTYPE]
 
 
 def receive(comm: MPI.Intracomm, source: int, layout: Layout, state: ShardState,
@@ -78,7 +75,9 @@ def receive(comm: MPI.Intracomm, source: int, layout: Layout, state: ShardState,
         comm.Recv(header, source, header_tag)
     slot = int(header[Req.SLOT]) if forwarded else layout.slot_of(source)
     request = Request(source, slot, header)
-    request.refusal = header_refusal(request, layout, state, ALL_OPS if forwarded else WORKER_OP_SET)
+    request.refusal = header_refusal(request, layout, state, ALL_OPS if forwarded else WORKER_OPS)
+    if not request.fields[Req.PAYLOADS] and request.op not in SPARSE_OPS:
+        return request  # nothing follows and nothing more to check (a PULL, a CLOCK)
     status = MPI.Status()
     skipped = _cached_ids(request)
     for index in range(max(0, request.fields[Req.PAYLOADS])):
@@ -131,7 +130,7 @@ def _recalled(request: Request, keys: Optional[KnownKeys]) -> Optional[Refusal]:
 
 
 def header_refusal(request: Request, layout: Layout, state: ShardState,
-                   allowed=WORKER_OP_SET) -> Optional[Refusal]:
+                   allowed=WORKER_OPS) -> Optional[Refusal]:
     """What is wrong with the header alone, if anything (``allowed``: the ops accepted)."""
     fields = request.fields
     op = request.op

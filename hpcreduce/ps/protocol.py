@@ -1,7 +1,7 @@
 """The wire protocol between PS workers and servers: ops, fixed int64 headers, tags.
 
-Every message is a numpy buffer; nothing is pickled. A request is one header of
-``HEADER_LEN`` int64 on ``TAG_REQUEST`` followed by ``payloads`` buffers on
+Every message is a raw buffer (numpy arrays; headers are packed int64 bytes); nothing is
+pickled. A request is one header of ``HEADER_LEN`` int64 on ``TAG_REQUEST`` followed by ``payloads`` buffers on
 ``TAG_PAYLOAD`` (same source, so MPI's non-overtaking rule keeps them in order).
 A sparse request may name an id list the server already holds instead of sending the ids
 (key caching, ``key_cache.py``: the header's ``KEYS`` field, one payload fewer).
@@ -46,6 +46,7 @@ a replicating server (refused ``UNSUPPORTED``: push, then pull; an END still end
 """
 from __future__ import annotations
 
+import struct
 from enum import IntEnum
 from typing import Dict, Optional, Sequence
 
@@ -62,7 +63,9 @@ TAG_FORWARD_ACK = 7306
 DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
-class Op(IntEnum):
+class Op:
+    """Request op codes (plain ints: a server compares them on every request)."""
+
     PULL = 1
     PUSH = 2
     PULL_ROWS = 3
@@ -80,19 +83,20 @@ class Op(IntEnum):
 PAYLOADS_IN = {Op.PULL: 0, Op.PUSH: 1, Op.PULL_ROWS: 1, Op.PUSH_ROWS: 2, Op.CLOCK: 0, Op.RELEASE: 0,
                Op.APPLY: 0, Op.DONE: 0, Op.PUSH_PULL: 1, Op.PUSH_PULL_END: 1,
                Op.PULL_ROWS_MANY: 2, Op.PUSH_ROWS_MANY: 3}
-FUSED = (Op.PUSH_PULL, Op.PUSH_PULL_END)
-MANY = (Op.PULL_ROWS_MANY, Op.PUSH_ROWS_MANY)
-WORKER_OPS = (Op.PULL, Op.PUSH, Op.PULL_ROWS, Op.PUSH_ROWS, Op.CLOCK, Op.RELEASE) + FUSED + MANY
-REPLIED = (Op.PULL, Op.PUSH, Op.PULL_ROWS, Op.PUSH_ROWS) + FUSED + MANY
-PULLS = (Op.PULL, Op.PULL_ROWS, Op.PULL_ROWS_MANY)
-PUSHES = (Op.PUSH, Op.PUSH_ROWS, Op.PUSH_ROWS_MANY) + FUSED
-DENSE_PUSHES = (Op.PUSH,) + FUSED
-VALUES_BACK = PULLS + FUSED  # ops whose reply carries one payload
-SPARSE_OPS = (Op.PULL_ROWS, Op.PUSH_ROWS)
+ALL_OPS = frozenset(PAYLOADS_IN)
+FUSED = frozenset({Op.PUSH_PULL, Op.PUSH_PULL_END})
+MANY = frozenset({Op.PULL_ROWS_MANY, Op.PUSH_ROWS_MANY})
+WORKER_OPS = frozenset({Op.PULL, Op.PUSH, Op.PULL_ROWS, Op.PUSH_ROWS, Op.CLOCK, Op.RELEASE}) | FUSED | MANY
+REPLIED = frozenset({Op.PULL, Op.PUSH, Op.PULL_ROWS, Op.PUSH_ROWS}) | FUSED | MANY
+PULLS = frozenset({Op.PULL, Op.PULL_ROWS, Op.PULL_ROWS_MANY})
+PUSHES = frozenset({Op.PUSH, Op.PUSH_ROWS, Op.PUSH_ROWS_MANY}) | FUSED
+DENSE_PUSHES = frozenset({Op.PUSH}) | FUSED
+VALUES_BACK = PULLS | FUSED  # ops whose reply carries one payload
+SPARSE_OPS = frozenset({Op.PULL_ROWS, Op.PUSH_ROWS})
 
 
-class Req(IntEnum):
-    """Fields of a request header."""
+class Req:
+    """Fields of a request header (indices into it)."""
 
     OP = 0
     TABLE = 1
@@ -114,8 +118,8 @@ class Req(IntEnum):
 CLOCK_STATS, CLOCK_STALENESS = slice(Req.COUNT, Req.WIDTH + 1), Req.KEYS
 
 
-class Rep(IntEnum):
-    """Fields of a reply header."""
+class Rep:
+    """Fields of a reply header (indices into it)."""
 
     OP = 0
     TABLE = 1
@@ -145,6 +149,7 @@ class Status(IntEnum):
     UNSUPPORTED = 13   # PUSH_PULL on a replicating server (--ft): nothing applied
 
 
+ACCEPTED = frozenset({Status.OK, Status.DUPLICATE})  # statuses of a request taken (not refused)
 REASONS: Dict[Status, str] = {
     Status.UNKNOWN_OP: "unknown op code",
     Status.UNKNOWN_TABLE: "no table with this id",
@@ -178,36 +183,39 @@ def wire_dtype(stored, wanted=None) -> np.dtype:
     return np.dtype(wanted)
 
 
-def request(op: Op, table: int, slot: int, clock: int, count: int = 0,
-            dtype: int = 0, width: int = 1, keys: int = 0, cached: bool = False) -> np.ndarray:
+HEADER = struct.Struct(f"={HEADER_LEN}q")  # a header as bytes: HEADER_LEN native int64
+
+
+def request(op: int, table: int, slot: int, clock: int, count: int = 0,
+            dtype: int = 0, width: int = 1, keys: int = 0, cached: bool = False) -> bytes:
     """A request header (the payload count follows from the op; ``cached``: the ids of list
-    number ``keys`` are not sent)."""
-    return np.array([op, table, slot, clock, count, dtype, width, PAYLOADS_IN[op] - cached, keys],
-                    dtype=np.int64)
+    number ``keys`` are not sent), as bytes: a worker makes one per request, and only sends it."""
+    return HEADER.pack(op, table, slot, clock, count, dtype, width, PAYLOADS_IN[op] - cached, keys)
 
 
 def clock_request(slot: int, clock: int, stats: Optional[np.ndarray], staleness: int,
-                  share_only: bool = False) -> np.ndarray:
+                  share_only: bool = False) -> bytes:
     """A CLOCK header, carrying ``stats`` and ``staleness`` when given (``CLOCK_STATS``);
     ``share_only``: the clock already moved there (a push-pull ended the step): TABLE 1, and
     CLOCK the step's (it moves no clock)."""
-    header = request(Op.CLOCK, int(share_only), slot, clock - share_only)
-    if stats is not None:
-        header[CLOCK_STATS] = np.asarray(stats, dtype=np.float64).view(np.int64)
-        header[CLOCK_STALENESS] = staleness
-    return header
+    if stats is None:
+        return request(Op.CLOCK, int(share_only), slot, clock - share_only)
+    bits = np.asarray(stats, dtype=np.float64).view(np.int64).tolist()
+    return HEADER.pack(Op.CLOCK, int(share_only), slot, clock - share_only, *bits, PAYLOADS_IN[Op.CLOCK],
+                       staleness)
 
 
-def reply(fields: Sequence[int], shard: int, status: Status, *, version: int = 0, count: int = 0,
-          detail: int = 0, slowest: int = 0) -> np.ndarray:
-    """The reply header to the request whose header's ``fields`` (as ints) are given."""
-    return np.array([fields[Req.OP], fields[Req.TABLE], shard, status, version, count, detail,
-                     slowest, 0], dtype=np.int64)
+def reply(fields: Sequence[int], shard: int, status: int, version: int = 0, count: int = 0,
+          detail: int = 0, slowest: int = 0) -> bytes:
+    """The reply header to the request whose header's ``fields`` (as ints) are given, as the
+    bytes of HEADER_LEN int64 (packed, not a numpy array: a server makes one per request)."""
+    return HEADER.pack(fields[Req.OP], fields[Req.TABLE], shard, int(status), int(version), count, detail,
+                             slowest, 0)
 
 
 def refusal(status: int, detail: int) -> Optional[str]:
     """Words for a refused reply's status (None when accepted)."""
-    if status in (Status.OK, Status.DUPLICATE):
+    if status in ACCEPTED:
         return None
     try:
         reason = REASONS[Status(status)]

@@ -39,7 +39,7 @@ class Held:
     behind that worker's earlier held replies."""
 
     request: Request
-    header: np.ndarray
+    header: bytes  # the reply header (protocol.reply)
     forwarded: bool
     acked: bool = False
     sends: List[MPI.Request] = field(default_factory=list)
@@ -58,7 +58,7 @@ class NoForwarding:
         """Whether a request that gets values back may be answered now (always)."""
         return True
 
-    def send_reply(self, request: Request, header: np.ndarray, push: bool) -> None:
+    def send_reply(self, request: Request, header: bytes, push: bool) -> None:
         """Send a reply header to the worker at once."""
         self.server._send(header, request.source, None)
 
@@ -111,7 +111,7 @@ class Replication:
             request.refusal = (Status.UNSUPPORTED, 0)
         return True
 
-    def send_reply(self, request: Request, header: np.ndarray, push: bool) -> None:
+    def send_reply(self, request: Request, header: bytes, push: bool) -> None:
         """A push's reply waits for the backup's acknowledgement (the push forwarded first);
         another waits behind its worker's held replies, or goes at once."""
         if push:
@@ -134,7 +134,7 @@ class Replication:
     def is_pinned(self, buffer: np.ndarray) -> bool:
         return id(buffer) in self.pinned
 
-    def forward(self, request: Request, reply_header: np.ndarray) -> None:
+    def forward(self, request: Request, reply_header: bytes) -> None:
         """Send an accepted push to the backup; its reply waits for the acknowledgement."""
         entry = Held(request, reply_header, forwarded=True)
         comm = self.server.comm
@@ -145,7 +145,7 @@ class Replication:
         self._append(entry)
         self.awaiting.append(entry)
 
-    def hold(self, request: Request, reply_header: np.ndarray) -> None:
+    def hold(self, request: Request, reply_header: bytes) -> None:
         """A reply (no forward) behind this worker's held ones."""
         self._append(Held(request, reply_header, forwarded=False))
 

@@ -119,7 +119,7 @@ def make_role(ctx: Context, layout: Layout, tables: Tables, shards: Callable[[in
             own, *replica = shards(layout.shard_of(ctx.rank))
             return serve_shard(ctx, layout, tables, own, replica[0] if replica else None, guard=guard,
                                on_progress=on_progress)
-        return Worker(ctx.comm, layout, ctx.traffic, guard=guard or _unguarded, clock=clock, wire_dtype=wire)
+        return Worker(ctx.comm, layout, ctx.traffic, guard=guard, clock=clock, wire_dtype=wire)
     return everywhere(ctx, make)
 
 

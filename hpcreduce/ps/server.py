@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from contextlib import nullcontext
-from typing import Callable, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 from mpi4py import MPI
@@ -70,7 +70,9 @@ class Server:
         self.live = np.zeros(layout.slot_count, dtype=bool)
         self.live[list(layout.worker_slots)] = True
         self.released = np.zeros(layout.slot_count, dtype=bool)
-        self.outbox: List[Tuple[MPI.Request, np.ndarray, Optional[int]]] = []
+        self._counted: List[int] = []  # the live, unreleased slots (``slowest`` reads only these)
+        self._recount()
+        self.outbox: List[Tuple[MPI.Request, Union[np.ndarray, bytes], Optional[int]]] = []
         self.clock_moved = False
         self.load = RequestLoad()
         self.known_keys = KnownKeys()
@@ -95,6 +97,7 @@ class Server:
         """Answer requests until every live worker has released this server (and, when
         replicating, until the forwards both ways are finished)."""
         self.released[:] = False
+        self._recount()
         self._slowest = self.slowest()
         status = MPI.Status()
         reported = None
@@ -120,13 +123,13 @@ class Server:
             if status.Get_tag() == TAG_REQUEST:
                 request = inbox.receive(self.comm, source, self.layout, self.state, self.engine.take_buffer,
                                         header=header, keys=self.known_keys)
-                self.load.request(request.clock - (request.op == Op.CLOCK), request.nbytes)
                 queue = self.queues.get(request.slot) if request.slot >= 0 else None
                 if queue is None:
                     self._answer(request)
                 else:
                     queue.append(request)
                     self._make_progress(queue)
+                self.load.request(request.clock - (request.op == Op.CLOCK), request.nbytes)
             else:
                 self.forwarding.handle(status.Get_tag(), source)
             if len(self.outbox) >= RETIRE_AT:
@@ -138,8 +141,11 @@ class Server:
     def slowest(self) -> int:
         """The smallest clock among live (unreleased) workers (the loop keeps it in
         ``_slowest``, recomputed only when a clock moves or a worker releases)."""
-        live = self.state.clocks[self.live & ~self.released]
-        return int(live.min()) if live.size else NOBODY_LIVE
+        clocks = self.state.clocks.tolist()
+        return min((clocks[slot] for slot in self._counted), default=NOBODY_LIVE)
+
+    def _recount(self) -> None:
+        self._counted = np.flatnonzero(self.live & ~self.released).tolist()
 
     def abandon(self) -> None:
         """Complete every request in flight (with errors) after the communicator was revoked."""
@@ -195,32 +201,33 @@ class Server:
 
     def _answer(self, request: Request) -> bool:
         """Answer ``request`` if consistency allows it now; False if it must wait."""
-        slot = request.slot
-        if slot >= 0 and request.clock > self.state.clocks[slot]:
-            self.state.clocks[slot] = request.clock
+        slot, op, clocks = request.slot, request.op, self.state.clocks
+        if slot >= 0 and request.clock > clocks[slot]:
+            clocks[slot] = request.clock
             self._clock_moved()
-        if request.op in VALUES_BACK and not self.forwarding.admits(request):
+        if op in VALUES_BACK and not self.forwarding.admits(request):
             return False
         if request.refusal is not None:
             self._refuse(request)
-            if request.op == Op.PUSH_PULL_END:
+            if op == Op.PUSH_PULL_END:
                 self._end_step(request)
-        elif request.op == Op.RELEASE:
-            self.released[slot] = True
-            self._clock_moved()
-        elif request.op == Op.CLOCK and slot >= 0:
-            step = request.clock if request.table else request.clock - 1  # TABLE 1: the share alone
-            self.state.record_share(step, slot, request.header[CLOCK_STATS].view(np.float64),
-                                    request.fields[CLOCK_STALENESS])
-        elif request.op in PULLS:
+        elif op in PULLS:
             slowest = self._slowest
             if not self.consistency.may_read(request.clock, slowest):
                 return False
             self._read(request, slowest)
-        elif request.op in FUSED:
+        elif op in FUSED:
             return self._push_pull(request)
-        elif request.op in PUSHES:
+        elif op in PUSHES:
             self._push(request)
+        elif op == Op.CLOCK and slot >= 0:
+            step = request.clock if request.table else request.clock - 1  # TABLE 1: the share alone
+            self.state.record_share(step, slot, request.header[CLOCK_STATS].view(np.float64),
+                                    request.fields[CLOCK_STALENESS])
+        elif op == Op.RELEASE:
+            self.released[slot] = True
+            self._recount()
+            self._clock_moved()
         return True
 
     def _clock_moved(self) -> None:
@@ -239,19 +246,20 @@ class Server:
               status: Status = Status.OK) -> None:
         """Answer a read at ``clock`` (the request's own by default) with the values."""
         clock = request.clock if clock is None else clock
-        self.state.read_staleness[max(0, clock - slowest)] += 1
+        state = self.state
         if request.op == Op.PULL_ROWS_MANY:
             self._reply(request, status, self._rows_of_tables(request), reads=None)
-            return
-        table = self.state.tables[request.table]
-        table.read_version[request.slot] = table.version
-        wire = protocol.DTYPES[request.wire]  # the table's, or narrower (float16)
-        if table.sparse:
-            self._reply(request, status, table.rows(request.ids).astype(wire, copy=False), reads=None)
-        elif wire != table.values.dtype:
-            self._reply(request, status, table.values.astype(wire), reads=None)
         else:
-            self._reply(request, status, table.values, reads=request.table)
+            table = state.tables[request.table]
+            table.read_version[request.slot] = table.version
+            wire = protocol.DTYPES[request.wire]  # the table's, or narrower (float16)
+            if table.sparse:
+                self._reply(request, status, table.rows(request.ids).astype(wire, copy=False), reads=None)
+            elif wire != table.values.dtype:
+                self._reply(request, status, table.values.astype(wire), reads=None)
+            else:
+                self._reply(request, status, table.values, reads=request.table)
+        state.read_staleness[max(0, clock - slowest)] += 1
 
     def _rows_of_tables(self, request: Request) -> np.ndarray:
         """A PULL_ROWS_MANY's reply: each table's rows in its wire dtype, as bytes, in directory order."""
@@ -330,22 +338,23 @@ class Server:
                reads: Optional[int] = None, detail: int = 0, push: bool = False) -> None:
         """Send the reply header (when and how is the forwarding strategy's: an accepted
         ``push`` goes to a backup first) and, for pulls, the payload (empty when refused)."""
-        table = self.state.tables.get(request.table)
-        count = request.duplicates if request.op == Op.PUSH_ROWS_MANY else 0 if payload is None else payload.size
-        header = protocol.reply(request.fields, self.state.shard, status,
-                                version=table.version if table is not None else 0, count=count, detail=detail,
-                                slowest=self._slowest)
+        state, op = self.state, request.op
+        table = state.tables.get(request.table)
+        count = request.duplicates if op == Op.PUSH_ROWS_MANY else 0 if payload is None else payload.size
+        header = protocol.reply(request.fields, state.shard, status, table.version if table is not None else 0,
+                                count, detail, self._slowest)
         self.forwarding.send_reply(request, header, push)
         sent = 0
-        if request.op in VALUES_BACK:
+        if op in VALUES_BACK:
             body = EMPTY if payload is None else payload
             self._send(body, request.source, reads)
             sent = body.nbytes
         self.traffic.add(sent, request.nbytes)
         self.load.reply(request.clock, sent)
-        self.state.count_traffic(request.clock, sent, request.nbytes)
+        state.count_traffic(request.clock, sent, request.nbytes)
 
-    def _send(self, buffer: np.ndarray, dest: int, reads: Optional[int], tag: int = TAG_REPLY) -> None:
+    def _send(self, buffer: Union[np.ndarray, bytes], dest: int, reads: Optional[int],
+              tag: int = TAG_REPLY) -> None:
         self.outbox.append((self.comm.Isend(buffer, dest, tag), buffer, reads))
 
     def _retire_sends(self) -> None:

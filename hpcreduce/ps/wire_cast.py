@@ -1,7 +1,9 @@
 """A worker's values on the wire: the dtype a table's values travel in (``wire_dtype``: float16
-halves float32's bytes) and the checked cast to it, and which server holds which of some ids."""
+halves float32's bytes) and the checked cast to it, what the worker sends for each table
+(``WireTable``, worked out once), and which server holds which of some ids."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -11,7 +13,7 @@ from ..errors import PSInputError
 from . import protocol
 from .kernels import kernel
 from .layout import Layout
-from .tables import ParamSpec
+from .tables import ParamSpec, row_width
 
 GROUP = kernel("route", "group")  # a stable counting sort of positions by shard
 
@@ -21,6 +23,31 @@ def wire_of(spec: ParamSpec, wire_dtype: Optional[np.dtype]) -> np.dtype:
     if wire_dtype is None:
         return np.dtype(spec.dtype)
     return protocol.wire_dtype(spec.dtype, wire_dtype)
+
+
+@dataclass(frozen=True)
+class WireTable:
+    """One table as a worker sends it: its id and spec, its stored dtype, the dtype its values
+    travel in and that dtype's code, a request's row width (1 for a dense table), and a dense
+    table's pieces as (server rank, start, stop) of its flat values."""
+
+    table: int
+    spec: ParamSpec
+    dtype: np.dtype
+    wire: np.dtype
+    code: int
+    width: int
+    pieces: Tuple[Tuple[int, int, int], ...]
+
+
+def wire_table(layout: Layout, table: int, wire_dtype: Optional[np.dtype]) -> WireTable:
+    """Table ``table`` of ``layout`` as a worker with ``wire_dtype`` sends it."""
+    spec = layout.specs[table]
+    wire = wire_of(spec, wire_dtype)
+    pieces = () if spec.sparse else tuple((layout.shard_ranks[piece.shard], piece.start, piece.stop)
+                                          for piece in layout.placement.pieces[table])
+    return WireTable(table, spec, np.dtype(spec.dtype), wire, protocol.dtype_code(wire),
+                     row_width(spec) if spec.sparse else 1, pieces)
 
 
 def on_wire(what: str, values: np.ndarray, spec: ParamSpec, wire_dtype: Optional[np.dtype]) -> np.ndarray:

@@ -34,22 +34,25 @@ from .handles import Handle, Part, PushResult, push_result
 from .client_checks import check_array, checked_ids, sorted_push_rows, table_rows
 from .layout import Layout
 from .key_cache import SentKeys
-from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op, Req
-from .tables import ParamSpec, row_width
-from .wire_cast import by_shard, on_wire, wire_of
+from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op
+from .tables import ParamSpec
+from .wire_cast import WireTable, by_shard, on_wire, wire_table
+
+PRUNE_OPEN_AT = 16
+
 
 class Worker:
     """One worker rank's client of the servers of ``layout``.
 
     ``slot`` is the worker's stable name in every request (``Layout``);
     ``index`` its position among the live workers (its share of a batch).
-    ``guard(what)`` wraps every blocking wait (the fault-tolerance watchdog); ``clock``: the
+    ``guard(what)`` wraps every blocking wait (the fault-tolerance watchdog; None: none); ``clock``: the
     step it starts at; ``wire_dtype`` float16: pushed and pulled values travel as float16
     (the servers keep and update their own dtype), None: as stored.
     """
 
     def __init__(self, comm: MPI.Intracomm, layout: Layout, traffic: Optional[Traffic] = None, *,
-                 guard: Callable[[str], Any] = lambda what: nullcontext(), clock: int = 0,
+                 guard: Optional[Callable[[str], Any]] = None, clock: int = 0,
                  wire_dtype: Optional[np.dtype] = None):
         self.comm, self.layout = comm, layout
         self.slot = layout.slot_of(comm.Get_rank())
@@ -60,31 +63,38 @@ class Worker:
         self.guard = guard
         self.clock_value = clock
         self.sent_keys = SentKeys()
+        self._tables: Dict[str, WireTable] = {}  # by name, worked out on first use
         self.wire_dtype = wire_dtype  # float16: values travel as float16 (None: as stored)
-        self._unanswered: List[Tuple[MPI.Request, np.ndarray]] = []
+        self._unanswered: List[Tuple[MPI.Request, bytes]] = []
         self._ended: Set[int] = set()  # server ranks where this step already ended (PUSH_PULL_END)
         self._open: List[Handle] = []
         self.released = False
 
+    @property
+    def wire_dtype(self) -> Optional[np.dtype]:
+        return self._wire_dtype
+
+    @wire_dtype.setter
+    def wire_dtype(self, wanted: Optional[np.dtype]) -> None:
+        """Set the dtype values travel in from the next call on (the tables are worked out again)."""
+        self._wire_dtype = wanted
+        self._tables.clear()
+
     # -- dense tables ------------------------------------------------------------------
     def pull_async(self, table: str, out: Optional[np.ndarray] = None) -> Handle:
         """Start reading dense ``table`` whole, into ``out`` if given."""
-        t, spec = self._table(table, sparse=False)
-        return self._dense(Op.PULL, t, spec, None, out, f"pull of table {table!r}")
+        return self._dense(Op.PULL, self._table(table, sparse=False), None, out, f"pull of table {table!r}")
 
     def pull(self, table: str, out: Optional[np.ndarray] = None) -> np.ndarray:
         return self.pull_async(table, out).wait()
 
     def push_async(self, table: str, grad: np.ndarray) -> Handle:
         """Start sending dense ``table``'s gradient (whole tensor) for this step."""
-        t, spec = self._table(table, sparse=False)
-        flat = self._dense_gradient(table, spec, grad)
-        parts = []
-        for piece in self.layout.placement.pieces[t]:
-            rank = self.layout.shard_ranks[piece.shard]
-            header = self._header(Op.PUSH, t, piece.size, spec)
-            parts.append(self._request(rank, header, [flat[piece.start:piece.stop]], []))
-        return self._handle(f"push to table {table!r} at step {self.clock_value}", parts, push_result, t)
+        wt = self._table(table, sparse=False)
+        flat = self._dense_gradient(table, wt, grad)
+        parts = [self._request(rank, self._header(Op.PUSH, wt, stop - start), [flat[start:stop]], [])
+                 for rank, start, stop in wt.pieces]
+        return self._handle(f"push to table {table!r} at step {self.clock_value}", parts, push_result, wt.table)
 
     def push(self, table: str, grad: np.ndarray) -> PushResult:
         return self.push_async(table, grad).wait()
@@ -98,10 +108,9 @@ class Worker:
         waiting (under BSP the reply needs every worker's clock). ``ends_step``: nothing
         more of this step goes to the table's servers; the step ends there with it, and
         ``clock()`` does not message them. Not with replication (--ft)."""
-        t, spec = self._table(table, sparse=False)
-        flat = self._dense_gradient(table, spec, grad)
-        ranks = {self.layout.shard_ranks[piece.shard] for piece in self.layout.placement.pieces[t]}
-        return self._push_pull(t, spec, flat, out, ranks if ends_step else set())
+        wt = self._table(table, sparse=False)
+        flat = self._dense_gradient(table, wt, grad)
+        return self._push_pull(wt, flat, out, {rank for rank, _, _ in wt.pieces} if ends_step else set())
 
     def push_pull(self, table: str, grad: np.ndarray, out: Optional[np.ndarray] = None, *,
                   ends_step: bool = False) -> np.ndarray:
@@ -117,53 +126,52 @@ class Worker:
         outs = outs or {}
         checked = []
         for name, grad in grads.items():
-            t, spec = self._table(name, sparse=False)
+            wt = self._table(name, sparse=False)
             out = outs.get(name)
             if out is not None:
-                check_array(f"push_pull of {name!r}: out", out, spec.shape, spec.dtype, output=True)
-            checked.append((t, spec, self._dense_gradient(name, spec, grad), out))
+                check_array(f"push_pull of {name!r}: out", out, wt.spec.shape, wt.dtype, output=True)
+            checked.append((wt, self._dense_gradient(name, wt, grad), out))
         last: Dict[int, int] = {}
-        for t, _, _, _ in checked:
-            last.update((self.layout.shard_ranks[piece.shard], t) for piece in self.layout.placement.pieces[t])
-        return [self._push_pull(t, spec, flat, out, {rank for rank, final in last.items() if final == t})
-                for t, spec, flat, out in checked]
+        for wt, _, _ in checked:
+            last.update((rank, wt.table) for rank, _, _ in wt.pieces)
+        return [self._push_pull(wt, flat, out, {rank for rank, final in last.items() if final == wt.table})
+                for wt, flat, out in checked]
 
     # -- sparse tables -----------------------------------------------------------------
     def pull_rows_async(self, table: str, ids) -> Handle:
         """Start reading rows ``ids`` of sparse ``table``; the result is aligned with ids."""
-        t, spec = self._table(table, sparse=True)
+        wt = self._table(table, sparse=True)
+        spec = wt.spec
         ids = checked_ids(f"pull_rows of {table!r}", ids, table_rows(spec))
-        out = np.empty((len(ids),) + tuple(spec.shape[1:]), dtype=spec.dtype)
-        groups = by_shard(self.layout, t, ids)
-        wire = wire_of(spec, self.wire_dtype)
-        direct = len(groups) == 1 and wire == out.dtype
+        out = np.empty((len(ids),) + tuple(spec.shape[1:]), dtype=wt.dtype)
+        groups = by_shard(self.layout, wt.table, ids)
+        direct = len(groups) == 1 and wt.wire == wt.dtype
         parts = []
         for rank, where in groups:
             # one shard holding every row: its reply lands in ``out`` directly
-            rows = out if direct else np.empty((len(where),) + out.shape[1:], dtype=wire)
-            parts.append(self._rows_request(Op.PULL_ROWS, t, spec, rank, ids.copy() if direct else ids[where], [],
-                                            [rows]))
+            rows = out if direct else np.empty((len(where),) + out.shape[1:], dtype=wt.wire)
+            parts.append(self._rows_request(Op.PULL_ROWS, wt, rank, ids.copy() if direct else ids[where], [], [rows]))
 
         def scatter(done: List[Part]) -> np.ndarray:
             if not direct:
                 for part, (_, where) in zip(done, groups):
                     multi_table.put_rows(out, where, part.buffers[-1])
             return out
-        return self._handle(f"pull_rows of table {table!r}", parts, scatter, t)
+        return self._handle(f"pull_rows of table {table!r}", parts, scatter, wt.table)
 
     def pull_rows(self, table: str, ids) -> np.ndarray:
         return self.pull_rows_async(table, ids).wait()
 
     def push_rows_async(self, table: str, ids, grads: np.ndarray) -> Handle:
         """Start sending the gradients of rows ``ids`` (unique) of sparse ``table``."""
-        t, spec = self._table(table, sparse=True)
-        ids, grads = self._sorted_rows(table, spec, ids, grads)
-        groups = by_shard(self.layout, t, ids)
+        wt = self._table(table, sparse=True)
+        ids, grads = self._sorted_rows(table, wt.spec, ids, grads)
+        groups = by_shard(self.layout, wt.table, ids)
         whole = len(groups) == 1  # one server takes every row: the worker's sorted copies go as they are
-        parts = [self._rows_request(Op.PUSH_ROWS, t, spec, rank, ids if whole else ids[where],
+        parts = [self._rows_request(Op.PUSH_ROWS, wt, rank, ids if whole else ids[where],
                                     [grads if whole else grads[where]], []) for rank, where in groups]
         return self._handle(f"push_rows to table {table!r} at step {self.clock_value}", parts,
-                            push_result, t)
+                            push_result, wt.table)
 
     def push_rows(self, table: str, ids, grads: np.ndarray) -> PushResult:
         return self.push_rows_async(table, ids, grads).wait()
@@ -172,11 +180,11 @@ class Worker:
         """Start reading the rows of several sparse tables at once (``ids_by_table``: table ->
         ids), one request per server for all of them; ``wait()`` returns table -> rows
         aligned with its ids. Every table is checked before anything is sent."""
-        names, tables, specs = self._sparse_tables(ids_by_table, "pull_rows")
-        ids = [checked_ids(f"pull_rows of {name!r}", ids_by_table[name], table_rows(spec))
-               for name, spec in zip(names, specs)]
-        outs = [np.empty((len(i),) + tuple(spec.shape[1:]), dtype=spec.dtype) for i, spec in zip(ids, specs)]
-        plan, widths, wires, codes = self._plan(tables, specs, ids)
+        names, wts = self._sparse_tables(ids_by_table, "pull_rows")
+        ids = [checked_ids(f"pull_rows of {name!r}", ids_by_table[name], table_rows(wt.spec))
+               for name, wt in zip(names, wts)]
+        outs = [np.empty((len(i),) + tuple(wt.spec.shape[1:]), dtype=wt.dtype) for i, wt in zip(ids, wts)]
+        plan, tables, widths, wires, codes = self._plan(wts, ids)
         parts = []
         for rank, entries in plan.items():
             header = self._many_header(Op.PULL_ROWS_MANY, entries)
@@ -194,10 +202,10 @@ class Worker:
         """Start sending the row gradients of several sparse tables at once (``rows_by_table``:
         table -> (unique ids, gradients)), one request per server for all of them; ``wait()``
         returns table -> ``PushResult``. Every table is checked before anything is sent."""
-        names, tables, specs = self._sparse_tables(rows_by_table, "push_rows")
-        ids, grads = map(list, zip(*(self._sorted_rows(name, spec, *rows_by_table[name])
-                                     for name, spec in zip(names, specs)))) if names else ([], [])
-        plan, widths, _, codes = self._plan(tables, specs, ids)
+        names, wts = self._sparse_tables(rows_by_table, "push_rows")
+        ids, grads = map(list, zip(*(self._sorted_rows(name, wt.spec, *rows_by_table[name])
+                                     for name, wt in zip(names, wts)))) if names else ([], [])
+        plan, tables, widths, _, codes = self._plan(wts, ids)
         parts = []
         for rank, entries in plan.items():
             header = self._many_header(Op.PUSH_ROWS_MANY, entries)
@@ -230,7 +238,7 @@ class Worker:
         self._check_not_released("release()")
         self.released = True
         self._tell_servers(protocol.request(Op.RELEASE, 0, self.slot, self.clock_value))
-        with self.guard(f"worker slot {self.slot} releasing the servers"):
+        with self.guard(f"worker slot {self.slot} releasing the servers") if self.guard else nullcontext():
             wait_all([request for request, _ in self._unanswered])
         self._unanswered.clear()
 
@@ -253,134 +261,134 @@ class Worker:
             raise PSInputError(f"{call} on worker slot {self.slot} (rank {self.comm.Get_rank()}) after its "
                                f"release(): a released worker sends nothing more")
 
-    def _table(self, name: str, *, sparse: bool) -> Tuple[int, ParamSpec]:
-        """The id and spec of table ``name`` (every call starts here, so it also refuses a
+    def _table(self, name: str, *, sparse: bool) -> WireTable:
+        """Table ``name`` as this worker sends it (every call starts here, so it also refuses a
         released worker)."""
-        self._check_not_released(f"{'pull_rows/push_rows' if sparse else 'pull/push'} of {name!r}")
-        t = self.layout.table_ids.get(name) if isinstance(name, str) else None
-        if t is None:
-            known = ", ".join(repr(s.name) for s in self.layout.specs)
-            raise PSInputError(f"unknown table {name!r}; the tables are {known}")
-        spec = self.layout.specs[t]
+        if self.released:
+            self._check_not_released(f"{'pull_rows/push_rows' if sparse else 'pull/push'} of {name!r}")
+        wt = self._tables.get(name) if isinstance(name, str) else None
+        if wt is None:
+            t = self.layout.table_ids.get(name) if isinstance(name, str) else None
+            if t is None:
+                known = ", ".join(repr(s.name) for s in self.layout.specs)
+                raise PSInputError(f"unknown table {name!r}; the tables are {known}")
+            wt = self._tables[name] = wire_table(self.layout, t, self.wire_dtype)
+        spec = wt.spec
         if spec.sparse != sparse:
             use = "pull_rows/push_rows" if spec.sparse else "pull/push"
             raise PSInputError(f"table {name!r} is {'sparse' if spec.sparse else 'dense'}: use {use}")
-        return t, spec
+        return wt
 
     def _sorted_rows(self, table: str, spec: ParamSpec, ids, grads) -> Tuple[np.ndarray, np.ndarray]:
         """A push's ids and gradients checked and sorted by id, the gradients in the wire dtype."""
         ids, grads = sorted_push_rows(table, spec, ids, grads)
         return ids, self._cast(f"push_rows to {table!r}: gradients", grads, spec)
 
-    def _sparse_tables(self, by_table: Mapping[str, object], call: str) -> Tuple[List[str], List[int],
-                                                                                  List[ParamSpec]]:
-        """The names, ids and specs of a multi-table call's sparse tables (checked)."""
+    def _sparse_tables(self, by_table: Mapping[str, object], call: str) -> Tuple[List[str], List[WireTable]]:
+        """The names and tables of a multi-table call's sparse tables (checked)."""
         if not isinstance(by_table, Mapping):
             raise PSInputError(f"{call}_many takes a mapping of table name -> rows, not {type(by_table).__name__}")
-        checked = [self._table(name, sparse=True) for name in by_table]
-        return list(by_table), [t for t, _ in checked], [spec for _, spec in checked]
+        return list(by_table), [self._table(name, sparse=True) for name in by_table]
 
-    def _many_header(self, op: Op, entries: List[multi_table.Entry]) -> np.ndarray:
+    def _many_header(self, op: int, entries: List[multi_table.Entry]) -> bytes:
         return protocol.request(op, -1, self.slot, self.clock_value, sum(len(e.where) for e in entries), 0, len(entries))
 
-    def _plan(self, tables: List[int], specs: List[ParamSpec], ids: List[np.ndarray]):
-        """Each table's rows grouped per server; per table its row width, wire dtype and its code."""
-        wires = [wire_of(spec, self.wire_dtype) for spec in specs]
-        plan = multi_table.by_server([by_shard(self.layout, t, i) for t, i in zip(tables, ids)])
-        return (plan, [row_width(spec) for spec in specs], wires, [protocol.dtype_code(w) for w in wires])
+    def _plan(self, wts: List[WireTable], ids: List[np.ndarray]):
+        """Each table's rows grouped per server; per table its id, row width, wire dtype and its code."""
+        plan = multi_table.by_server([by_shard(self.layout, wt.table, i) for wt, i in zip(wts, ids)])
+        return (plan, [wt.table for wt in wts], [wt.width for wt in wts], [wt.wire for wt in wts],
+                [wt.code for wt in wts])
 
     def _handle(self, what: str, parts: List[Part], finish, table: int) -> Handle:
         handle = Handle(what, parts, finish, self.traffic, self.guard, table)
-        self._open = [h for h in self._open if not h.done]
+        if len(self._open) >= PRUNE_OPEN_AT:  # finished handles are dropped in batches
+            self._open = [h for h in self._open if not h.done]
         self._open.append(handle)
         return handle
 
-    def _header(self, op: Op, table: int, count: int, spec: ParamSpec, keys: int = 0,
-                cached: bool = False) -> np.ndarray:
-        width = row_width(spec) if spec.sparse else 1
-        return protocol.request(op, table, self.slot, self.clock_value, count,
-                                protocol.dtype_code(wire_of(spec, self.wire_dtype)), width, keys, cached)
+    def _header(self, op: int, wt: WireTable, count: int, keys: int = 0, cached: bool = False) -> bytes:
+        return protocol.request(op, wt.table, self.slot, self.clock_value, count, wt.code, wt.width, keys, cached)
 
     def _cast(self, what: str, values: np.ndarray, spec: ParamSpec) -> np.ndarray:
         return on_wire(what, values, spec, self.wire_dtype)
 
-    def _push_pull(self, t: int, spec: ParamSpec, flat: np.ndarray, out: Optional[np.ndarray],
-                   ending: Set[int]) -> Handle:
-        """A checked push-pull of table ``t``, ending the step on the server ranks ``ending``."""
-        handle = self._dense(Op.PUSH_PULL, t, spec, flat, out, f"push_pull of table {spec.name!r} at step "
-                                                               f"{self.clock_value}", ending)
+    def _push_pull(self, wt: WireTable, flat: np.ndarray, out: Optional[np.ndarray], ending: Set[int]) -> Handle:
+        """A checked push-pull of table ``wt``, ending the step on the server ranks ``ending``."""
+        handle = self._dense(Op.PUSH_PULL, wt, flat, out, f"push_pull of table {wt.spec.name!r} at step "
+                                                          f"{self.clock_value}", ending)
         self._ended |= ending
         return handle
 
-    def _dense(self, op: Op, t: int, spec: ParamSpec, grad: Optional[np.ndarray], out: Optional[np.ndarray],
+    def _dense(self, op: int, wt: WireTable, grad: Optional[np.ndarray], out: Optional[np.ndarray],
                what: str, ending: Set[int] = frozenset()) -> Handle:
-        """A PULL or PUSH_PULL of every piece of dense table ``t``, replies into ``out``
+        """A PULL or PUSH_PULL of every piece of dense table ``wt``, replies into ``out``
         (a PUSH_PULL to a rank in ``ending``: PUSH_PULL_END)."""
         if out is None:
-            out = np.empty(spec.shape, dtype=spec.dtype)
+            out = np.empty(wt.spec.shape, dtype=wt.dtype)
         else:
-            check_array(f"{what}: out", out, spec.shape, spec.dtype, output=True)
+            check_array(f"{what}: out", out, wt.spec.shape, wt.dtype, output=True)
         flat = out.reshape(-1)
-        wire = wire_of(spec, self.wire_dtype)
-        pieces = self.layout.placement.pieces[t]
+        narrow = wt.wire != wt.dtype
         parts = []
-        for piece in pieces:
-            rank = self.layout.shard_ranks[piece.shard]
-            header = self._header(Op.PUSH_PULL_END if rank in ending else op, t, piece.size, spec)
-            into = flat[piece.start:piece.stop] if wire == out.dtype else np.empty(piece.size, wire)
-            sent = [] if grad is None else [grad[piece.start:piece.stop]]
-            parts.append(self._request(rank, header, sent, [into]))
+        for rank, start, stop in wt.pieces:
+            header = self._header(Op.PUSH_PULL_END if rank in ending else op, wt, stop - start)
+            into = np.empty(stop - start, wt.wire) if narrow else flat[start:stop]
+            parts.append(self._request(rank, header, [] if grad is None else [grad[start:stop]], [into]))
 
         def widen(done: List[Part]) -> np.ndarray:
-            if wire != out.dtype:
-                for part, piece in zip(done, pieces):
-                    flat[piece.start:piece.stop] = part.buffers[-1]
+            if narrow:
+                for part, (_, start, stop) in zip(done, wt.pieces):
+                    flat[start:stop] = part.buffers[-1]
             return out
-        return self._handle(what, parts, widen, t)
+        return self._handle(what, parts, widen, wt.table)
 
-    def _dense_gradient(self, table: str, spec: ParamSpec, grad) -> np.ndarray:
+    def _dense_gradient(self, table: str, wt: WireTable, grad) -> np.ndarray:
         """A dense gradient checked, on the host, flat, in the wire dtype."""
         grad = to_host(grad) if is_device_array(grad) else grad  # a GPU's gradient goes through the host
-        check_array(f"push to {table!r}: gradient", grad, spec.shape, spec.dtype)
-        return self._cast(f"push to {table!r}: gradient", np.ascontiguousarray(grad).reshape(-1), spec)
+        check_array(f"push to {table!r}: gradient", grad, wt.spec.shape, wt.dtype)
+        flat = np.ascontiguousarray(grad).reshape(-1)
+        return flat if wt.wire == wt.dtype else self._cast(f"push to {table!r}: gradient", flat, wt.spec)
 
-    def _rows_request(self, op: Op, table: int, spec: ParamSpec, rank: int, ids: np.ndarray,
+    def _rows_request(self, op: int, wt: WireTable, rank: int, ids: np.ndarray,
                       payloads: List[np.ndarray], into: List[np.ndarray]) -> Part:
         """A sparse request for ``ids`` (the worker's own copy); when the server already holds
         this id list (key caching), only its number travels, and if the server turns out not
         to know it (``KEYS_UNKNOWN``) the handle sends the request again with the ids."""
-        number, cached = self.sent_keys.number(rank, table, ids)
-        header = self._header(op, table, len(ids), spec, number, cached)
+        number, cached = self.sent_keys.number(rank, wt.table, ids)
+        clock = self.clock_value
+        header = self._header(op, wt, len(ids), number, cached)
         if not cached:
             return self._request(rank, header, [ids, *payloads], into)
         part = self._request(rank, header, payloads, into)
 
-        def resend() -> Part:
-            self.sent_keys.forget(rank, table)
-            full = header.copy()
-            full[Req.KEYS], _ = self.sent_keys.number(rank, table, ids)
-            full[Req.PAYLOADS] += 1
+        def resend() -> Part:  # the same request at the same clock, with its ids and a new list number
+            self.sent_keys.forget(rank, wt.table)
+            number, _ = self.sent_keys.number(rank, wt.table, ids)
+            full = protocol.request(op, wt.table, self.slot, clock, len(ids), wt.code, wt.width, number)
             return self._request(rank, full, [ids, *payloads], into)
         part.resend = resend
         return part
 
-    def _request(self, rank: int, header: np.ndarray, payloads: List[np.ndarray],
+    def _request(self, rank: int, header: bytes, payloads: List[np.ndarray],
                  into: List[np.ndarray]) -> Part:
         """Post the reply receives from ``rank`` (header, then ``into``), then send it the
         request: a receive that cannot be posted leaves nothing sent."""
-        self._retire_unanswered()
-        part = Part(rank, [], [header, *payloads, *into])
-        part.requests.append(self.comm.Irecv(part.reply, rank, TAG_REPLY))
+        if self._unanswered:
+            self._retire_unanswered()
+        comm, part = self.comm, Part(rank, [header, *payloads, *into])
+        requests = part.requests
+        requests.append(comm.Irecv(part.reply, rank, TAG_REPLY))
         for buffer in into:
-            part.requests.append(self.comm.Irecv(buffer, rank, TAG_REPLY))
+            requests.append(comm.Irecv(buffer, rank, TAG_REPLY))
             part.received += buffer.nbytes
-        part.requests.append(self.comm.Isend(header, rank, TAG_REQUEST))
-        for payload in payloads:
-            part.requests.append(self.comm.Isend(payload, rank, TAG_PAYLOAD))
-        self.traffic.add(sum(p.nbytes for p in payloads), 0)
+        requests.append(comm.Isend(header, rank, TAG_REQUEST))
+        if payloads:
+            for payload in payloads:
+                requests.append(comm.Isend(payload, rank, TAG_PAYLOAD))
+            self.traffic.add(sum(p.nbytes for p in payloads), 0)
         return part
 
-    def _tell_servers(self, header: np.ndarray, skip: Set[int] = frozenset()) -> None:
+    def _tell_servers(self, header: bytes, skip: Set[int] = frozenset()) -> None:
         self._retire_unanswered()
         for rank in self.layout.shard_ranks.values():
             if rank not in skip:
