@@ -93,11 +93,11 @@ class Handle:
 
     def _wait_parts(self) -> None:
         """Complete every part; a part whose id list the server did not hold goes again with its ids."""
-        parts = self.parts
-        for part in parts:
+        parts, unknown = self.parts, []
+        for i, part in enumerate(parts):
             wait_requests(part.requests)
-        unknown = [i for i, part in enumerate(parts)
-                   if part.resend is not None and part.reply[Rep.STATUS] == Status.KEYS_UNKNOWN]
+            if part.resend is not None and part.reply[Rep.STATUS] == Status.KEYS_UNKNOWN:
+                unknown.append(i)
         for i in unknown:
             parts[i] = parts[i].resend()
         if unknown:
