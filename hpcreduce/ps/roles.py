@@ -15,7 +15,6 @@ Cost: one small allgather each (the memory check, the agreement that every rank 
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -129,7 +128,7 @@ def serve_shard(ctx: Context, layout: Layout, tables: Tables, own: ShardState, r
     goes to the backup (the server of the next key in the ring) before it is acknowledged, and
     ``replica`` is kept up to date from the predecessor."""
     server = Server(ctx.comm, layout, own, tables.optimizers, tables.consistency, ctx.traffic,
-                    guard=guard or _unguarded, on_progress=on_progress)
+                    guard=guard, on_progress=on_progress)
     if replica is not None:
         backup, primary = layout.neighbours(own.shard)
         server.replicate(layout.shard_ranks[backup], layout.shard_ranks[primary], replica)
@@ -161,7 +160,3 @@ def everywhere(ctx: Context, make: Callable[[], T]) -> T:
         rank, text = culprits[0]
         raise PSTrainingError(f"parameter server setup failed on rank {rank}: {text}") from caught
     return made
-
-
-def _unguarded(_what: str) -> Any:
-    return nullcontext()

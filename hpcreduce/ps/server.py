@@ -58,13 +58,15 @@ class Server:
 
     def __init__(self, comm: MPI.Intracomm, layout: Layout, state: ShardState,
                  optimizers: Mapping[int, Optimizer], consistency: Consistency,
-                 traffic: Optional[Traffic] = None, *, guard: Guard = lambda what: nullcontext(),
+                 traffic: Optional[Traffic] = None, *, guard: Optional[Guard] = None,
                  on_progress: Optional[Callable[["Server", int], None]] = None):
         self.comm, self.layout, self.consistency = comm, layout, consistency
         self.engine = ShardEngine(state, optimizers, consistency, before_update=self._wait_reads,
                                   pinned=self._pinned)
         self.traffic = traffic if traffic is not None else Traffic()
-        self.guard, self.on_progress = guard, on_progress
+        self.watched = guard is not None  # a watchdog guards the waits (the idle wait, when unwatched, goes bare)
+        self.guard: Guard = guard if guard is not None else (lambda what: nullcontext())
+        self.on_progress = on_progress
         self.forwarding = NoForwarding(self)  # Replication once ``replicate`` gives it a backup
         self.queues: Dict[int, Deque[Request]] = {slot: deque() for slot in layout.worker_slots}
         self.live = np.zeros(layout.slot_count, dtype=bool)
@@ -110,15 +112,11 @@ class Server:
                     self.on_progress(self, slowest)
             if slowest == NOBODY_LIVE and self._finished():
                 break
-            header = None
-            with self.guard(self._waiting):  # polled with back-off: an idle server does not spin
-                if self.forwarding.probes:  # forwards and acknowledgements arrive too
-                    wait_until(lambda: self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status))
-                else:  # one receive, no probe: only requests arrive
-                    header = np.zeros(protocol.HEADER_LEN, dtype=np.int64)
-                    self._listening = self.comm.Irecv(header, MPI.ANY_SOURCE, TAG_REQUEST)
-                    wait_until(lambda: self._listening.Test(status))
-                    self._listening = None
+            if self.watched:
+                with self.guard(self._waiting):
+                    header = self._next_message(status)
+            else:
+                header = self._next_message(status)
             source = status.Get_source()
             if status.Get_tag() == TAG_REQUEST:
                 request = inbox.receive(self.comm, source, self.layout, self.state, self.engine.take_buffer,
@@ -137,6 +135,19 @@ class Server:
         with self.guard(f"server rank {self.comm.Get_rank()} finishing its replies"):
             wait_all([entry[0] for entry in self.outbox])
         self.outbox.clear()
+
+    def _next_message(self, status: MPI.Status) -> Optional[np.ndarray]:
+        """Wait for the next message, polled with back-off (an idle server does not spin); a
+        request's header when it was received already (no forwarding: only requests arrive,
+        one receive and no probe)."""
+        if self.forwarding.probes:  # forwards and acknowledgements arrive too
+            wait_until(lambda: self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status))
+            return None
+        header = np.zeros(protocol.HEADER_LEN, dtype=np.int64)
+        test = self._listening = self.comm.Irecv(header, MPI.ANY_SOURCE, TAG_REQUEST)
+        wait_until(lambda: test.Test(status))
+        self._listening = None
+        return header
 
     def slowest(self) -> int:
         """The smallest clock among live (unreleased) workers (the loop keeps it in

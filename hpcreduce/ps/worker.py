@@ -65,7 +65,7 @@ class Worker:
         self.sent_keys = SentKeys()
         self._tables: Dict[str, WireTable] = {}  # by name, worked out on first use
         self.wire_dtype = wire_dtype  # float16: values travel as float16 (None: as stored)
-        self._unanswered: List[Tuple[MPI.Request, bytes]] = []
+        self._unanswered: List[Tuple[MPI.Request, object]] = []  # sends no reply answers, with their buffers
         self._ended: Set[int] = set()  # server ranks where this step already ended (PUSH_PULL_END)
         self._open: List[Handle] = []
         self.released = False
@@ -371,20 +371,29 @@ class Worker:
 
     def _request(self, rank: int, header: bytes, payloads: List[np.ndarray],
                  into: List[np.ndarray]) -> Part:
-        """Post the reply receives from ``rank`` (header, then ``into``), then send it the
-        request: a receive that cannot be posted leaves nothing sent."""
+        """Send ``rank`` the request (header, then payloads), then post the reply receives
+        (header, then ``into``): the server starts on the request while they are posted, and
+        its replies, which leave in request order, match the receives in the order they were
+        posted. A receive that cannot be posted (a broken communicator) leaves the sends to
+        ``abandon``."""
         if self._unanswered:
             self._retire_unanswered()
-        comm, part = self.comm, Part(rank, [header, *payloads, *into])
+        comm = self.comm
+        sent = comm.Isend(header, rank, TAG_REQUEST)
+        part = Part(rank, [header, *payloads, *into])
         requests = part.requests
-        requests.append(comm.Irecv(part.reply, rank, TAG_REPLY))
-        for buffer in into:
-            requests.append(comm.Irecv(buffer, rank, TAG_REPLY))
-            part.received += buffer.nbytes
-        requests.append(comm.Isend(header, rank, TAG_REQUEST))
+        requests.append(sent)
+        for payload in payloads:
+            requests.append(comm.Isend(payload, rank, TAG_PAYLOAD))
+        try:
+            requests.append(comm.Irecv(part.reply, rank, TAG_REPLY))
+            for buffer in into:
+                requests.append(comm.Irecv(buffer, rank, TAG_REPLY))
+        except MPI.Exception:
+            self._unanswered += [(request, part.buffers) for request in requests]
+            raise
+        part.received = sum(buffer.nbytes for buffer in into)
         if payloads:
-            for payload in payloads:
-                requests.append(comm.Isend(payload, rank, TAG_PAYLOAD))
             self.traffic.add(sum(p.nbytes for p in payloads), 0)
         return part
 
