@@ -38,8 +38,6 @@ from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op
 from .tables import ParamSpec
 from .wire_cast import WireTable, by_shard, on_wire, wire_table
 
-PRUNE_OPEN_AT = 16
-
 
 class Worker:
     """One worker rank's client of the servers of ``layout``.
@@ -301,8 +299,7 @@ class Worker:
 
     def _handle(self, what: str, parts: List[Part], finish, table: int) -> Handle:
         handle = Handle(what, parts, finish, self.traffic, self.guard, table)
-        if len(self._open) >= PRUNE_OPEN_AT:  # finished handles are dropped in batches
-            self._open = [h for h in self._open if not h.done]
+        self._open = [h for h in self._open if not h.done]  # a finished one holds its buffers: not kept
         self._open.append(handle)
         return handle
 
