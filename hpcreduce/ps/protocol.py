@@ -210,7 +210,7 @@ def reply(fields: Sequence[int], shard: int, status: int, version: int = 0, coun
     """The reply header to the request whose header's ``fields`` (as ints) are given, as the
     bytes of HEADER_LEN int64 (packed, not a numpy array: a server makes one per request)."""
     return HEADER.pack(fields[Req.OP], fields[Req.TABLE], shard, int(status), int(version), count, detail,
-                             slowest, 0)
+                       slowest, 0)
 
 
 def refusal(status: int, detail: int) -> Optional[str]:

@@ -64,8 +64,7 @@ class Server:
         self.engine = ShardEngine(state, optimizers, consistency, before_update=self._wait_reads,
                                   pinned=self._pinned)
         self.traffic = traffic if traffic is not None else Traffic()
-        self.watched = guard is not None  # a watchdog guards the waits (the idle wait, when unwatched, goes bare)
-        self.guard: Guard = guard if guard is not None else (lambda what: nullcontext())
+        self.guard = guard
         self.on_progress = on_progress
         self.forwarding = NoForwarding(self)  # Replication once ``replicate`` gives it a backup
         self.queues: Dict[int, Deque[Request]] = {slot: deque() for slot in layout.worker_slots}
@@ -112,11 +111,11 @@ class Server:
                     self.on_progress(self, slowest)
             if slowest == NOBODY_LIVE and self._finished():
                 break
-            if self.watched:
+            if self.guard is None:  # the idle wait, on every request's path: no context manager
+                header = self._next_message(status)
+            else:
                 with self.guard(self._waiting):
                     header = self._next_message(status)
-            else:
-                header = self._next_message(status)
             source = status.Get_source()
             if status.Get_tag() == TAG_REQUEST:
                 request = inbox.receive(self.comm, source, self.layout, self.state, self.engine.take_buffer,
@@ -132,9 +131,13 @@ class Server:
                 self.forwarding.handle(status.Get_tag(), source)
             if len(self.outbox) >= RETIRE_AT:
                 self._retire_sends()
-        with self.guard(f"server rank {self.comm.Get_rank()} finishing its replies"):
+        with self._guarded(f"server rank {self.comm.Get_rank()} finishing its replies"):
             wait_all([entry[0] for entry in self.outbox])
         self.outbox.clear()
+
+    def _guarded(self, what: str):
+        """The watchdog's context around a blocking wait (none without a guard)."""
+        return nullcontext() if self.guard is None else self.guard(what)
 
     def _next_message(self, status: MPI.Status) -> Optional[np.ndarray]:
         """Wait for the next message, polled with back-off (an idle server does not spin); a
@@ -378,7 +381,7 @@ class Server:
         """Finish the replies still reading ``table_id``'s values before they change."""
         waiting = [entry for entry in self.outbox if entry[2] == table_id]
         if waiting:
-            with self.guard(f"server rank {self.comm.Get_rank()} finishing reads of table {table_id}"):
+            with self._guarded(f"server rank {self.comm.Get_rank()} finishing reads of table {table_id}"):
                 wait_all([entry[0] for entry in waiting])
             self.outbox = [entry for entry in self.outbox if entry[2] != table_id]
 

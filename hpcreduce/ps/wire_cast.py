@@ -50,11 +50,11 @@ def wire_table(layout: Layout, table: int, wire_dtype: Optional[np.dtype]) -> Wi
                      row_width(spec) if spec.sparse else 1, pieces)
 
 
-def on_wire(what: str, values: np.ndarray, spec: ParamSpec, wire_dtype: Optional[np.dtype]) -> np.ndarray:
-    """``values`` cast to the wire dtype; ``PSInputError`` when the cast makes finite values
-    Inf (past float16's largest), which the server would refuse as a non-finite gradient
-    without saying why. Cost: one finiteness pass over the cast values, only on a narrower wire."""
-    wire = wire_of(spec, wire_dtype)
+def on_wire(what: str, values: np.ndarray, wire: np.dtype) -> np.ndarray:
+    """``values`` cast to the wire dtype ``wire`` (``WireTable.wire``; as they are when it is
+    theirs); ``PSInputError`` when the cast makes finite values Inf (past float16's largest),
+    which the server would refuse as a non-finite gradient without saying why. Cost: one
+    finiteness pass over the cast values, only on a narrower wire."""
     sent = values.astype(wire, copy=False)
     if sent.dtype != values.dtype and not all_finite(sent) and all_finite(values):
         raise PSInputError(f"{what} has values up to {float(np.abs(values).max()):.6g}, past {wire}'s largest, "

@@ -35,7 +35,6 @@ from .client_checks import check_array, checked_ids, sorted_push_rows, table_row
 from .layout import Layout
 from .key_cache import SentKeys
 from .protocol import TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, Op
-from .tables import ParamSpec
 from .wire_cast import WireTable, by_shard, on_wire, wire_table
 
 
@@ -163,7 +162,7 @@ class Worker:
     def push_rows_async(self, table: str, ids, grads: np.ndarray) -> Handle:
         """Start sending the gradients of rows ``ids`` (unique) of sparse ``table``."""
         wt = self._table(table, sparse=True)
-        ids, grads = self._sorted_rows(table, wt.spec, ids, grads)
+        ids, grads = self._sorted_rows(table, wt, ids, grads)
         groups = by_shard(self.layout, wt.table, ids)
         whole = len(groups) == 1  # one server takes every row: the worker's sorted copies go as they are
         parts = [self._rows_request(Op.PUSH_ROWS, wt, rank, ids if whole else ids[where],
@@ -201,7 +200,7 @@ class Worker:
         table -> (unique ids, gradients)), one request per server for all of them; ``wait()``
         returns table -> ``PushResult``. Every table is checked before anything is sent."""
         names, wts = self._sparse_tables(rows_by_table, "push_rows")
-        ids, grads = map(list, zip(*(self._sorted_rows(name, wt.spec, *rows_by_table[name])
+        ids, grads = map(list, zip(*(self._sorted_rows(name, wt, *rows_by_table[name])
                                      for name, wt in zip(names, wts)))) if names else ([], [])
         plan, tables, widths, _, codes = self._plan(wts, ids)
         parts = []
@@ -277,10 +276,10 @@ class Worker:
             raise PSInputError(f"table {name!r} is {'sparse' if spec.sparse else 'dense'}: use {use}")
         return wt
 
-    def _sorted_rows(self, table: str, spec: ParamSpec, ids, grads) -> Tuple[np.ndarray, np.ndarray]:
+    def _sorted_rows(self, table: str, wt: WireTable, ids, grads) -> Tuple[np.ndarray, np.ndarray]:
         """A push's ids and gradients checked and sorted by id, the gradients in the wire dtype."""
-        ids, grads = sorted_push_rows(table, spec, ids, grads)
-        return ids, self._cast(f"push_rows to {table!r}: gradients", grads, spec)
+        ids, grads = sorted_push_rows(table, wt.spec, ids, grads)
+        return ids, on_wire(f"push_rows to {table!r}: gradients", grads, wt.wire)
 
     def _sparse_tables(self, by_table: Mapping[str, object], call: str) -> Tuple[List[str], List[WireTable]]:
         """The names and tables of a multi-table call's sparse tables (checked)."""
@@ -303,11 +302,11 @@ class Worker:
         self._open.append(handle)
         return handle
 
-    def _header(self, op: int, wt: WireTable, count: int, keys: int = 0, cached: bool = False) -> bytes:
-        return protocol.request(op, wt.table, self.slot, self.clock_value, count, wt.code, wt.width, keys, cached)
-
-    def _cast(self, what: str, values: np.ndarray, spec: ParamSpec) -> np.ndarray:
-        return on_wire(what, values, spec, self.wire_dtype)
+    def _header(self, op: int, wt: WireTable, count: int, keys: int = 0, cached: bool = False,
+                clock: Optional[int] = None) -> bytes:
+        """A request header for ``count`` elements or rows of ``wt``, at ``clock`` (None: this worker's)."""
+        return protocol.request(op, wt.table, self.slot, self.clock_value if clock is None else clock, count,
+                                wt.code, wt.width, keys, cached)
 
     def _push_pull(self, wt: WireTable, flat: np.ndarray, out: Optional[np.ndarray], ending: Set[int]) -> Handle:
         """A checked push-pull of table ``wt``, ending the step on the server ranks ``ending``."""
@@ -343,8 +342,7 @@ class Worker:
         """A dense gradient checked, on the host, flat, in the wire dtype."""
         grad = to_host(grad) if is_device_array(grad) else grad  # a GPU's gradient goes through the host
         check_array(f"push to {table!r}: gradient", grad, wt.spec.shape, wt.dtype)
-        flat = np.ascontiguousarray(grad).reshape(-1)
-        return flat if wt.wire == wt.dtype else self._cast(f"push to {table!r}: gradient", flat, wt.spec)
+        return on_wire(f"push to {table!r}: gradient", np.ascontiguousarray(grad).reshape(-1), wt.wire)
 
     def _rows_request(self, op: int, wt: WireTable, rank: int, ids: np.ndarray,
                       payloads: List[np.ndarray], into: List[np.ndarray]) -> Part:
@@ -361,7 +359,7 @@ class Worker:
         def resend() -> Part:  # the same request at the same clock, with its ids and a new list number
             self.sent_keys.forget(rank, wt.table)
             number, _ = self.sent_keys.number(rank, wt.table, ids)
-            full = protocol.request(op, wt.table, self.slot, clock, len(ids), wt.code, wt.width, number)
+            full = self._header(op, wt, len(ids), number, clock=clock)
             return self._request(rank, full, [ids, *payloads], into)
         part.resend = resend
         return part
