@@ -17,6 +17,7 @@ for n in $RANKS; do
     hpcreduce bench allreduce -n "$n" --ft --json "$OUT/allreduce-n$n-tcp.json" | tee "$OUT/allreduce-n$n-tcp.txt"
     hpcreduce bench ps -n "$n" --json "$OUT/ps-n$n.json" | tee "$OUT/ps-n$n.txt"
 done
+python "$(dirname "$0")/optimizers.py" | tee "$OUT/optimizers.txt"  # compiled dense updates against numpy
 hpcreduce bench scaling --out "$OUT/scaling" | tee "$OUT/scaling.txt"
 hpcreduce bench recovery --json "$OUT/recovery.json" | tee "$OUT/recovery.txt"
 hpcreduce report "$OUT/allreduce-n2.json" --out "$OUT/figures"

@@ -28,7 +28,7 @@ def test_fused_row_optimizers_equal_gather_update_scatter(name, dtype):
     for step in (1, 2, 9):
         optimizer.update_rows(values, state, local, grads, step)
         rows, gathered = expected[local], {key: array[local] for key, array in expected_state.items()}
-        optimizer.update(rows, grads, gathered, step)
+        optimizer._rule(rows, grads, gathered, step)
         expected[local] = rows
         for key, array in gathered.items():
             expected_state[key][local] = array
@@ -36,16 +36,17 @@ def test_fused_row_optimizers_equal_gather_update_scatter(name, dtype):
     assert all(np.array_equal(state[key], expected_state[key]) for key in state)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype,grad_dtype", [(np.float32, np.float32), (np.float64, np.float64),
+                                              (np.float32, np.float64)])  # the last: by chunks
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_dense_updates_by_chunks_equal_the_rule_on_whole_arrays(name, dtype):
+def test_dense_updates_by_kernel_or_chunks_equal_the_rule_on_whole_arrays(name, dtype, grad_dtype):
     optimizer = make_optimizer(name, 0.05)
     shape = (3, CHUNK // 2 + 7)  # more than CHUNK elements, not a multiple of it
     param = RNG.standard_normal(shape).astype(dtype)
     state = {key: np.abs(RNG.standard_normal(shape)).astype(dtype) for key in optimizer.state_names}
     whole, whole_state = param.copy(), {key: array.copy() for key, array in state.items()}
     for step in (1, 2, 9):
-        grad = RNG.standard_normal(shape).astype(dtype)
+        grad = RNG.standard_normal(shape).astype(grad_dtype)
         optimizer.update(param, grad, state, step)
         optimizer._rule(whole, grad, whole_state, step)
         np.testing.assert_array_equal(param, whole)

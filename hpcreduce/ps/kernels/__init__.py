@@ -4,7 +4,8 @@
 use), ``insert``, a fixed table's row positions and a request's id check, and ``first_touched``
 (table-wise rows made on first touch); ``sketch``: the admission sketch's count-min sighting; ``rows``: summing
 duplicate ids' gradients (``merge_runs``: several senders' sorted runs at once), the row
-optimizers (SGD, momentum, Adagrad, Adam) fused with the gather and scatter, and a pooled
+optimizers (SGD, momentum, Adagrad, Adam) fused with the gather and scatter (a whole dense
+array is updated as one row: ``Optimizer.update``), and a pooled
 lookup's backward (``pooled_grad``); ``route``: a worker's shard routing (rendezvous owners, the
 group-by, a radix-sort ``unique_inverse``); ``normal``: counter-based normal initial values. Each kernel computes what
 the numpy code it replaced computed, bit for bit (float32 arithmetic stays float32).
@@ -37,9 +38,9 @@ def kernel(module: str, name: str) -> Callable[..., Any]:
 
 
 def warm() -> None:
-    """Import numba and load (or compile) the kernels' usual signatures now: a PS role with
-    sparse tables calls it while it is set up, so no worker's guarded wait (the watchdog's
-    deadline) ever covers a server loading its kernels on its first request."""
+    """Import numba and load (or compile) the kernels' usual signatures now: a PS server, and
+    any PS role with sparse tables, calls it while it is set up, so no worker's guarded wait
+    (the watchdog's deadline) ever covers a server loading its kernels on its first request."""
     index, normal, rows, route, sketch = (importlib.import_module(f"{__name__}.{name}")
                                           for name in ("index", "normal", "rows", "route", "sketch"))
     ids, cells = np.zeros(1, np.int64), np.full(2, -1, np.int64)

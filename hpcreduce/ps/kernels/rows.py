@@ -1,6 +1,7 @@
 """Row kernels: summing duplicate ids' gradients, and the row optimizers fused with the gather
 and scatter. Arrays are 2-d (rows x row width); scalars come in the table's dtype, so float32
-tables compute in float32, as numpy does with Python scalars (bit for bit the same)."""
+tables compute in float32, as numpy does with Python scalars (bit for bit the same). Divisions
+follow numpy's error model (IEEE results, no zero-division check), which lets them vectorise."""
 from __future__ import annotations
 
 import numpy as np
@@ -57,7 +58,7 @@ def momentum(values, velocity, local, grads, lr, mu):
             values[row, j] -= lr * v
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def adagrad(values, accumulator, local, grads, lr, eps):
     """a += g^2;  p -= lr * g / (sqrt(a) + eps) on the rows at ``local``."""
     for i in range(len(local)):
@@ -69,7 +70,7 @@ def adagrad(values, accumulator, local, grads, lr, eps):
             values[row, j] -= lr * g / (np.sqrt(a) + eps)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def adam(values, m, v, local, grads, lr, beta1, beta2, one_minus1, one_minus2, correction1, correction2, eps):
     """Adam on the rows at ``local`` (``correction``: 1 - beta ** step)."""
     for i in range(len(local)):

@@ -1,0 +1,61 @@
+"""The optimizers' dense update (``Optimizer.update``: the compiled row kernel on the array seen as
+one row) against the numpy rule it replaced (``_rule``, 64K elements at a time), in one process,
+alternating, on the same arrays; and whether both give the same bits.
+
+    python bench/optimizers.py                  # float32, 16K / 1M / 16M elements
+    python bench/optimizers.py --dtype float64 --sizes 65536
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from hpcreduce.ps.optimizers import CHUNK, OPTIMIZERS, Optimizer
+
+
+def numpy_rule(optimizer: Optimizer, param, grad, state, step: int) -> None:
+    """The rule as numpy runs it, ``CHUNK`` elements at a time (the code before the kernels)."""
+    for begin in range(0, param.size, CHUNK):
+        end = begin + CHUNK
+        optimizer._rule(param[begin:end], grad[begin:end], {k: v[begin:end] for k, v in state.items()}, step)
+
+
+def seconds(call, steps: int) -> float:
+    began = time.perf_counter()
+    for step in range(1, steps + 1):
+        call(step)
+    return (time.perf_counter() - began) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--sizes", default="16384,1048576,16777216", help="elements, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations; the best of each is kept")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    print(f"{'optimizer':<9} {'elements':>9} {'numpy rule':>12} {'kernel':>12} {'speed-up':>8}  same bits")
+    for name, make in OPTIMIZERS.items():
+        for size in (int(s) for s in args.sizes.split(",")):
+            grad = (rng.standard_normal(size) * 0.01).astype(args.dtype)
+            start = rng.standard_normal(size).astype(args.dtype)
+            optimizer = make(0.01)
+            params = {side: start.copy() for side in ("rule", "kernel")}
+            states = {side: optimizer.init_state(start) for side in ("rule", "kernel")}
+            steps = max(3, int(3e7 // size))
+            best = {"rule": float("inf"), "kernel": float("inf")}
+            for _ in range(args.rounds):  # both sides take the same steps, so their bits must agree
+                best["rule"] = min(best["rule"], seconds(
+                    lambda s: numpy_rule(optimizer, params["rule"], grad, states["rule"], s), steps))
+                best["kernel"] = min(best["kernel"], seconds(
+                    lambda s: optimizer.update(params["kernel"], grad, states["kernel"], s), steps))
+            same = np.array_equal(params["rule"], params["kernel"]) and all(
+                np.array_equal(states["rule"][key], states["kernel"][key]) for key in states["rule"])
+            print(f"{name:<9} {size:>9} {best['rule'] * 1e6:>9.1f} us {best['kernel'] * 1e6:>9.1f} us "
+                  f"{best['rule'] / best['kernel']:>7.2f}x  {same}")
+
+
+if __name__ == "__main__":
+    main()
