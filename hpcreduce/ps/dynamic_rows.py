@@ -169,9 +169,12 @@ class DynamicTable:
             if self.budget and self.count + len(admitted) > self.budget:
                 self._evict(self.count + len(admitted) - self.budget, slots[slots >= 0], events)
                 slots = self.index.find(ids)
-            slots[admitted] = self._create(ids[admitted])
+            slots[admitted] = self.create(ids[admitted])
             events["admitted"] += len(admitted)
         kept = slots >= 0
+        if kept.all():  # every id has its row: nothing to drop, no copies
+            self._touch(slots)
+            return slots, grads
         self._touch(slots[kept])
         return slots[kept], grads[kept]
 
@@ -226,18 +229,29 @@ class DynamicTable:
         self.index.move(self._ids[holes], holes)
         self.count = remaining
 
-    def _create(self, ids: np.ndarray) -> np.ndarray:
-        """Rows for ``ids`` at their initial values with zeroed optimizer state; their slots."""
-        return self.take(ids, initial_rows(self.spec, ids), {})
+    def create(self, ids: np.ndarray) -> np.ndarray:
+        """Rows for ``ids`` (none held yet) at their initial values, drawn where they are kept,
+        with zeroed optimizer state; their slots."""
+        begin = self.count
+        self._reserve(begin + len(ids))
+        initial_rows(self.spec, ids, out=self._values[begin:begin + len(ids)])
+        return self._append(ids, {}, None, None)
 
     def take(self, ids: np.ndarray, values: np.ndarray, state: Dict[str, np.ndarray],
              last_used: Optional[np.ndarray] = None, uses: Optional[np.ndarray] = None) -> np.ndarray:
         """Add rows ``ids`` (none held yet) with ``values`` and optimizer ``state`` (zeros for
         names it lacks), e.g. moved here from another shard or a checkpoint; their slots."""
+        begin = self.count
+        self._reserve(begin + len(ids))
+        self._values[begin:begin + len(ids)] = values
+        return self._append(ids, state, last_used, uses)
+
+    def _append(self, ids: np.ndarray, state: Dict[str, np.ndarray], last_used: Optional[np.ndarray],
+                uses: Optional[np.ndarray]) -> np.ndarray:
+        """The rest of rows ``ids``, whose values are in place after the live rows (room
+        reserved): ids, optimizer state, heat, index entries; their slots."""
         begin, end = self.count, self.count + len(ids)
-        self._reserve(end)
         self._ids[begin:end] = ids
-        self._values[begin:end] = values
         for name, array in self._state.items():
             array[begin:end] = state[name] if name in state else 0
         self._last_used[begin:end] = self.version if last_used is None else last_used

@@ -27,7 +27,7 @@ from ..init import PartInit, owned_rows
 from ..optimizers import Optimizer
 from ..placement import Placement
 from ..shard_state import make_row_store
-from ..tables import Dynamic, ParamSpec, initial_rows
+from ..tables import Dynamic, ParamSpec
 from ..updates import gather_rows, update_rows
 
 Exported = Tuple[np.ndarray, np.ndarray, Dict[str, np.ndarray]]
@@ -98,7 +98,7 @@ class ShardStore:
         slots = table[ids]
         new = slots < 0
         if new.any():
-            slots[new] = table.take(ids[new], initial_rows(table.spec, ids[new]), {})
+            slots[new] = table.create(ids[new])
         return slots
 
     def apply(self, t: int, ids: np.ndarray, grads: np.ndarray, step: int,

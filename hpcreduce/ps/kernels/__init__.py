@@ -59,6 +59,7 @@ def warm() -> None:
     route.split_keys(ids, ids[:1] + 1)
     route.bag_of(ids[:1] + 1)
     normal.counter_normal(np.uint64(1), ids, 1.0, np.zeros(1, np.float32))
+    normal.counter_normal_rows(np.uint64(1), ids, 1.0, np.zeros((1, 1), np.float32))
     normal.counter_normal(np.uint64(1), ids.view(np.uint64), 1.0, np.zeros(1, np.float32))
     normal.counter_uniform(np.uint64(1), ids, 0.0, 1.0, np.zeros(1, np.float32))
     for dtype in (np.float32, np.float64):

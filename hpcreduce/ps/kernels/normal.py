@@ -11,15 +11,32 @@ TWO_POW_M53 = 2.0 ** -53
 S11 = np.uint64(11)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def normal_of(key, element, scale):
+    """N(0, scale**2) of element number ``element`` (uint64) under ``key``: Box-Muller on two
+    uniforms hashed from it (the formula of ``tables.counter_normal``), in float64."""
+    hashed = mix64(key ^ (element * GOLDEN))
+    first = 1.0 - np.float64(hashed >> S11) * TWO_POW_M53
+    second = np.float64(mix64(hashed + GOLDEN) >> S11) * TWO_POW_M53
+    return np.sqrt(-2.0 * np.log(first)) * np.cos(2.0 * np.pi * second) * scale
+
+
 @njit(nogil=True, cache=True)
 def counter_normal(key, flat, scale, out):
-    """``out[i]`` = N(0, scale**2) of element ``flat[i]`` under ``key`` (Box-Muller on two uniforms
-    hashed from the element's number; the formula of ``tables.counter_normal``)."""
+    """``out[i]`` = ``normal_of`` element ``flat[i]``."""
     for i in range(len(flat)):
-        hashed = mix64(key ^ (np.uint64(flat[i]) * GOLDEN))
-        first = 1.0 - np.float64(hashed >> S11) * TWO_POW_M53
-        second = np.float64(mix64(hashed + GOLDEN) >> S11) * TWO_POW_M53
-        out[i] = np.sqrt(-2.0 * np.log(first)) * np.cos(2.0 * np.pi * second) * scale
+        out[i] = normal_of(key, np.uint64(flat[i]), scale)
+
+
+@njit(nogil=True, cache=True)
+def counter_normal_rows(key, ids, scale, out):
+    """``out[r, c]`` = ``normal_of`` element ``ids[r] * width + c`` (``width``: out's columns; the
+    number wraps as a uint64), written where the rows live: no array of element numbers."""
+    width = np.uint64(out.shape[1])
+    for r in range(len(ids)):
+        base = np.uint64(ids[r]) * width
+        for c in range(out.shape[1]):
+            out[r, c] = normal_of(key, base + np.uint64(c), scale)
 
 
 @njit(nogil=True, cache=True)
