@@ -1,9 +1,9 @@
-"""The optimizers' dense update (``Optimizer.update``: the compiled row kernel on the array seen as
+"""The optimizers' dense update of a large array (``Optimizer.update``: the compiled row kernel on the array seen as
 one row) against the numpy rule it replaced (``_rule``, 64K elements at a time), in one process,
 alternating, on the same arrays; and whether both give the same bits.
 
-    python bench/optimizers.py                  # float32, 16K / 1M / 16M elements
-    python bench/optimizers.py --dtype float64 --sizes 65536
+    python bench/optimizers.py                  # float32, 256K / 1M / 16M elements
+    python bench/optimizers.py --dtype float64 --sizes 131072
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def seconds(call, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    parser.add_argument("--sizes", default="16384,1048576,16777216", help="elements, comma-separated")
+    parser.add_argument("--sizes", default="262144,1048576,16777216", help="elements, comma-separated")
     parser.add_argument("--rounds", type=int, default=3, help="alternations; the best of each is kept")
     args = parser.parse_args()
     rng = np.random.default_rng(0)

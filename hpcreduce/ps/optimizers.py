@@ -16,7 +16,7 @@ from ..arrays import array_module
 from .kernels import kernel
 
 FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # updated by a compiled kernel
-CHUNK = 1 << 16  # elements of a large host array of another dtype updated at a time (measured best of 8K-64K)
+CHUNK = 1 << 16  # elements: a larger host array is updated by the kernel, or this many at a time (best of 8K-64K)
 MIXED = np.dtype(np.void)  # arrays of several dtypes: the numpy rule, by chunks
 ONE_ROW = np.zeros(1, dtype=np.int64)  # a whole array updated as row 0 of itself seen as one row
 
@@ -41,13 +41,14 @@ class Optimizer:
         return {name: xp.zeros_like(param) for name in self.state_names}
 
     def update(self, param, grad, state: State, step: int) -> None:
-        """One update of ``param`` and ``state`` in place. Host float32/float64 arrays, C-contiguous
-        and of one dtype, go through the compiled row kernel as one row (``_fused``: one pass, no
-        temporaries; 2-3.7x faster than numpy's rule from 1M elements, ``bench/optimizers.py``).
-        Other host arrays go ``CHUNK`` elements at a time, so that the rule's temporaries stay in
-        cache. The same bits every way (the rule is elementwise; the kernels compute it in the
-        array's dtype)."""
-        layout = _host_layout(param, grad, state)
+        """One update of ``param`` and ``state`` in place. Host arrays above ``CHUNK`` elements,
+        C-contiguous: float32/float64 ones of one dtype go through the compiled row kernel as one
+        row (``_fused``: one pass, no temporaries; 2-3.7x faster than numpy's rule from 1M
+        elements, ``bench/optimizers.py``), others ``CHUNK`` elements at a time, so that the
+        rule's temporaries stay in cache. Smaller arrays take the rule whole (as fast there, and a
+        process with small tensors only never loads numba). The same bits every way (the rule is
+        elementwise; the kernels compute it in the array's dtype)."""
+        layout = _host_layout(param, grad, state) if param.size > CHUNK else None
         if layout is None:
             self._rule(param, grad, state, step)
         elif layout in FUSED_DTYPES:

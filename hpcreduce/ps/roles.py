@@ -112,8 +112,8 @@ def make_role(ctx: Context, layout: Layout, tables: Tables, shards: Callable[[in
     wire = wire_of(wire_dtype)
 
     def make() -> Union[Server, Worker]:
-        if layout.is_server(ctx.rank) or any(spec.sparse for spec in layout.specs):
-            warm_kernels()  # now, not under a worker's deadline at the first request (or update)
+        if any(spec.sparse for spec in layout.specs):
+            warm_kernels()  # now, not under a worker's deadline at the first request
         if layout.is_server(ctx.rank):
             own, *replica = shards(layout.shard_of(ctx.rank))
             return serve_shard(ctx, layout, tables, own, replica[0] if replica else None, guard=guard,
