@@ -78,7 +78,7 @@ def test_a_rank_killed_while_the_job_grows_ends_it_with_one_clear_error(tmp_path
     took, text = time.monotonic() - started, output.read_text()
     assert killed, f"the job ended before it grew:\n{text}"
     assert code == 4 and took < DEADLINE_S / 2, (code, took, text)  # at once, not at the deadline
-    assert f"hpcreduce: rank " in text and what in text and "Traceback" not in text, text
+    assert "hpcreduce: rank " in text and what in text and "Traceback" not in text, text
     assert "no free slot" not in text and "DeadlineExceededError" not in text, text
     time.sleep(0.5)
     assert processes_naming(str(tmp_path)) == [], f"the job outlived its launcher:\n{text}"

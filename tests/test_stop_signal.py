@@ -115,7 +115,7 @@ def test_a_stopped_and_resumed_ring_run_ends_like_one_never_stopped(tmp_path):
     # started again with another number of ranks: the ring resumes with the new size
     other = hpcreduce_cli(RING[0], "-n", "3", *RING[3:], "--checkpoint-dir", str(folder), "--json", str(out),
                           timeout=TIMEOUT)
-    assert other.returncode == 0 and f"(written by 2 ranks, now 3)" in other.output, other.output
+    assert other.returncode == 0 and "(written by 2 ranks, now 3)" in other.output, other.output
     resized = json.loads(out.read_text())["final"]["checksum"]
     assert resized == pytest.approx(reference["final"]["checksum"], rel=1e-6)  # other summation order
 

@@ -20,6 +20,7 @@ from ..tables import ParamSpec
 T = TypeVar("T")
 Pulled = Dict[int, Tuple[np.ndarray, np.ndarray]]  # table -> (unique ids, inverse)
 Pushed = Dict[int, Tuple[np.ndarray, np.ndarray]]  # table -> (sorted unique ids, gradients)
+Lookups = Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]  # ids, bag lengths (int64), factors (float32) or None
 
 
 def spec_problem(specs: Sequence[ParamSpec], optimizer: str, lr: float, init: object) -> Optional[str]:
@@ -138,3 +139,24 @@ def refuse(comm: MPI.Intracomm, what: str, mine: Optional[str], headers: np.ndar
         raise PSInputError(f"{what}: " + "; ".join(bad))
     calls = "; ".join(f"rank {r} {call}" for r, (_, call) in enumerate(reports))
     raise PSInputError(f"{what}: every rank must make the same call (same tables, same step): {calls}")
+
+
+def lookups_problem(specs: Sequence[ParamSpec], lookups: Sequence[Lookups]) -> Optional[str]:
+    """Why table-wise ``lookups`` cannot be pooled (None when they can): per table int64 ids
+    inside it, int64 bag lengths adding up to them, float32 factors one per id (for every table
+    or none)."""
+    if len(lookups) != len(specs):
+        return f"pool_async takes the lookups of all {len(specs)} tables, got {len(lookups)}"
+    if len({factors is None for _, _, factors in lookups}) > 1:
+        return "pool_async: give factors for every table or for none"
+    for spec, (ids, lengths, factors) in zip(specs, lookups):
+        arrays = [ids, lengths] + ([] if factors is None else [factors])
+        if not all(isinstance(a, np.ndarray) and a.ndim == 1 for a in arrays) or ids.dtype != np.int64 or \
+                lengths.dtype != np.int64 or (factors is not None and (factors.dtype != np.float32 or
+                                                                       len(factors) != len(ids))):
+            return f"table {spec.name!r}: lookups must be 1-d int64 ids, int64 bag lengths, float32 factors"
+        if int(lengths.sum()) != len(ids) or (len(lengths) and int(lengths.min()) < 0):
+            return f"table {spec.name!r}: bag lengths add up to {int(lengths.sum())}, not the {len(ids)} ids"
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= spec.shape[0]):
+            return f"table {spec.name!r} has {spec.shape[0]} rows, the lookups hold ids outside it"
+    return None

@@ -45,6 +45,7 @@ from ..optimizers import make_optimizer
 from ..layout import node_ring
 from ..tables import ParamSpec
 from . import checks, exchange, tablewise_checkpoint
+from .checks import Lookups
 from .exchange import HEAD
 from .flat import offsets
 from .routes import byte_spec
@@ -53,7 +54,6 @@ from .tablewise_ft import Recoverable, forward, neighbour, owner_keys, replicate
 from .tablewise_handles import PooledPush, PoolHandle, RowsHandle, owners, row_bytes
 from .tablewise_rows import FirstTouch, per_row, zeroed_state
 
-Lookups = Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]  # ids, bag lengths (int64), factors (float32) or None
 POOLED_ROWS = kernel("pool", "pooled_rows")
 BAG_OF = kernel("route", "bag_of")
 WORD = 8  # an id or a bag length: int64
@@ -147,7 +147,7 @@ class TableWiseTables(Recoverable):
         self._settle()
         count, grad = len(self.specs), torch.is_grad_enabled()
         if problem is None:
-            problem = self._lookups_problem(lookups)
+            problem = checks.lookups_problem(self.specs, lookups)
         lookups = lookups if problem is None else [(np.empty(0, np.int64),) * 2 + (None,)] * count
         weighted = any(factors is not None for _, _, factors in lookups)
         headers = self._headers(("pool", grad), problem, [len(ids) for ids, _, _ in lookups],
@@ -277,25 +277,6 @@ class TableWiseTables(Recoverable):
         handle = PoolHandle(request, received, pieces, self.specs, self._collective)
         self._pools = [h for h in self._pools if not h.done] + [handle]
         return handle
-
-    def _lookups_problem(self, lookups: Sequence[Lookups]) -> Optional[str]:
-        """Why ``lookups`` cannot be pooled (None when they can): per table int64 ids inside it,
-        int64 bag lengths adding up to them, float32 factors one per id (for every table or none)."""
-        if len(lookups) != len(self.specs):
-            return f"pool_async takes the lookups of all {len(self.specs)} tables, got {len(lookups)}"
-        if len({factors is None for _, _, factors in lookups}) > 1:
-            return "pool_async: give factors for every table or for none"
-        for spec, (ids, lengths, factors) in zip(self.specs, lookups):
-            arrays = [ids, lengths] + ([] if factors is None else [factors])
-            if not all(isinstance(a, np.ndarray) and a.ndim == 1 for a in arrays) or ids.dtype != np.int64 or \
-                    lengths.dtype != np.int64 or (factors is not None and (factors.dtype != np.float32 or
-                                                                           len(factors) != len(ids))):
-                return f"table {spec.name!r}: lookups must be 1-d int64 ids, int64 bag lengths, float32 factors"
-            if int(lengths.sum()) != len(ids) or (len(lengths) and int(lengths.min()) < 0):
-                return f"table {spec.name!r}: bag lengths add up to {int(lengths.sum())}, not the {len(ids)} ids"
-            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= spec.shape[0]):
-                return f"table {spec.name!r} has {spec.shape[0]} rows, the lookups hold ids outside it"
-        return None
 
     def _check_open(self, call: str) -> None:
         if self.released:

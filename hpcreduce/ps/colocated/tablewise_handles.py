@@ -6,7 +6,7 @@ every push before it).
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -14,6 +14,9 @@ from mpi4py import MPI
 from ...errors import PSInputError
 from ...runtime.failures import wait_all
 from ..tables import ParamSpec
+
+if TYPE_CHECKING:  # the annotation only: tablewise imports this module
+    from .tablewise import TableWiseTables
 
 
 def owners(specs: Sequence[ParamSpec], ranks: int) -> np.ndarray:
