@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -26,7 +27,8 @@ def numpy_rule(optimizer: Optimizer, param, grad, state, step: int) -> None:
         optimizer._rule(param[begin:end], grad[begin:end], {k: v[begin:end] for k, v in state.items()}, step)
 
 
-def seconds(call, steps: int) -> float:
+def seconds(call: Callable[[int], None], steps: int) -> float:
+    """Seconds a step of ``call(step)`` over steps 1..``steps``."""
     began = time.perf_counter()
     for step in range(1, steps + 1):
         call(step)
@@ -42,20 +44,21 @@ def numpy_rows(optimizer: Optimizer, values, state, local, grads, step: int) -> 
         state[key][local] = array
 
 
-def rows_case(name: str, make, args, rng) -> None:
-    """One optimizer's row updates: numpy against the fused kernel."""
-    optimizer = make(0.01)
-    start = rng.standard_normal((args.table_rows, 16)).astype(args.dtype)
-    grads = (rng.standard_normal((args.rows, 16)) * 0.01).astype(args.dtype)
-    batches = [np.sort(rng.choice(args.table_rows, args.rows, replace=False)) for _ in range(8)]
-    values = {side: start.copy() for side in ("rule", "kernel")}
-    states = {side: optimizer.init_state(start) for side in ("rule", "kernel")}
-    calls = {"rule": lambda s: numpy_rows(optimizer, values["rule"], states["rule"], batches[s % 8], grads, s),
-             "kernel": lambda s: optimizer.update_rows(values["kernel"], states["kernel"], batches[s % 8], grads, s)}
-    best = {side: min(seconds(call, 100) for _ in range(args.rounds)) for side, call in calls.items()}
+def compare(name: str, count: int, make: Callable[[], Optimizer], start: np.ndarray, calls, rounds: int,
+            steps: int) -> None:
+    """Time ``calls[side](optimizer, values, state, step)`` for the numpy side ("rule") and the
+    kernel, alternating for ``rounds`` (both take the same steps, so their bits must agree);
+    print the best of each and whether the values and states ended equal."""
+    optimizer = make()
+    values = {side: start.copy() for side in calls}
+    states = {side: optimizer.init_state(start) for side in calls}
+    best = {side: float("inf") for side in calls}
+    for _ in range(rounds):
+        for side, call in calls.items():
+            best[side] = min(best[side], seconds(lambda s: call(optimizer, values[side], states[side], s), steps))
     same = np.array_equal(values["rule"], values["kernel"]) and all(
         np.array_equal(states["rule"][key], states["kernel"][key]) for key in states["rule"])
-    print(f"{name:<9} {args.rows:>9} {best['rule'] * 1e6:>9.1f} us {best['kernel'] * 1e6:>9.1f} us "
+    print(f"{name:<9} {count:>9} {best['rule'] * 1e6:>9.1f} us {best['kernel'] * 1e6:>9.1f} us "
           f"{best['rule'] / best['kernel']:>7.2f}x  {same}")
 
 
@@ -72,26 +75,20 @@ def main() -> None:
     for name, make in OPTIMIZERS.items():
         for size in (int(s) for s in args.sizes.split(",")):
             grad = (rng.standard_normal(size) * 0.01).astype(args.dtype)
-            start = rng.standard_normal(size).astype(args.dtype)
-            optimizer = make(0.01)
-            params = {side: start.copy() for side in ("rule", "kernel")}
-            states = {side: optimizer.init_state(start) for side in ("rule", "kernel")}
-            steps = max(3, int(3e7 // size))
-            best = {"rule": float("inf"), "kernel": float("inf")}
-            for _ in range(args.rounds):  # both sides take the same steps, so their bits must agree
-                best["rule"] = min(best["rule"], seconds(
-                    lambda s: numpy_rule(optimizer, params["rule"], grad, states["rule"], s), steps))
-                best["kernel"] = min(best["kernel"], seconds(
-                    lambda s: optimizer.update(params["kernel"], grad, states["kernel"], s), steps))
-            same = np.array_equal(params["rule"], params["kernel"]) and all(
-                np.array_equal(states["rule"][key], states["kernel"][key]) for key in states["rule"])
-            print(f"{name:<9} {size:>9} {best['rule'] * 1e6:>9.1f} us {best['kernel'] * 1e6:>9.1f} us "
-                  f"{best['rule'] / best['kernel']:>7.2f}x  {same}")
+            calls = {"rule": lambda o, p, st, s, g=grad: numpy_rule(o, p, g, st, s),
+                     "kernel": lambda o, p, st, s, g=grad: o.update(p, g, st, s)}
+            compare(name, size, lambda m=make: m(0.01), rng.standard_normal(size).astype(args.dtype), calls,
+                    args.rounds, max(3, int(3e7 // size)))
     print(f"\nrow updates, {args.rows} random rows x 16 of {args.table_rows}: gather, rule, scatter in numpy against "
           f"the fused kernel")
     print(f"{'optimizer':<9} {'rows':>9} {'numpy':>12} {'kernel':>12} {'speed-up':>8}  same bits")
+    grads = (rng.standard_normal((args.rows, 16)) * 0.01).astype(args.dtype)
+    batches = [np.sort(rng.choice(args.table_rows, args.rows, replace=False)) for _ in range(8)]
+    table = rng.standard_normal((args.table_rows, 16)).astype(args.dtype)
+    calls = {"rule": lambda o, v, st, s: numpy_rows(o, v, st, batches[s % 8], grads, s),
+             "kernel": lambda o, v, st, s: o.update_rows(v, st, batches[s % 8], grads, s)}
     for name, make in OPTIMIZERS.items():
-        rows_case(name, make, args, rng)
+        compare(name, args.rows, lambda m=make: m(0.01), table, calls, args.rounds, 100)
 
 
 if __name__ == "__main__":
