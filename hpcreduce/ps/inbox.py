@@ -134,7 +134,7 @@ def header_refusal(request: Request, layout: Layout, state: ShardState,
     """What is wrong with the header alone, if anything (``allowed``: the ops accepted)."""
     fields = request.fields
     op = request.op
-    if op not in allowed:  # IntEnum members compare and hash as their ints
+    if op not in allowed:
         return Status.UNKNOWN_OP, op
     if not 0 <= request.slot < state.slot_count or fields[Req.SLOT] != request.slot:
         return Status.WRONG_SLOT, fields[Req.SLOT]

@@ -200,9 +200,8 @@ def clock_request(slot: int, clock: int, stats: Optional[np.ndarray], staleness:
     CLOCK the step's (it moves no clock)."""
     if stats is None:
         return request(Op.CLOCK, int(share_only), slot, clock - share_only)
-    bits = np.asarray(stats, dtype=np.float64).view(np.int64).tolist()
-    return HEADER.pack(Op.CLOCK, int(share_only), slot, clock - share_only, *bits, PAYLOADS_IN[Op.CLOCK],
-                       staleness)
+    count, dtype, width = np.asarray(stats, dtype=np.float64).view(np.int64).tolist()  # the CLOCK_STATS fields
+    return request(Op.CLOCK, int(share_only), slot, clock - share_only, count, dtype, width, keys=staleness)
 
 
 def reply(fields: Sequence[int], shard: int, status: int, version: int = 0, count: int = 0,
