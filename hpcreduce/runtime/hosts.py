@@ -11,9 +11,9 @@ from typing import List, Optional, Sequence
 
 from ..errors import LaunchError
 
-_ELSEWHERE = ("SLURM_JOB_NUM_NODES", "PBS_NODEFILE", "LSB_HOSTS", "PE_HOSTFILE", "HPCREDUCE_SPAWN_INFO")
-"""What may put ranks on other hosts without a hostfile: an allocation (Slurm's of one node
-excepted), spawn info naming hosts (``runtime.spawn``)."""
+_ELSEWHERE = ("PBS_NODEFILE", "LSB_HOSTS", "PE_HOSTFILE", "HPCREDUCE_SPAWN_INFO")
+"""What may put ranks on other hosts without a hostfile, besides a Slurm allocation of several
+nodes: another scheduler's allocation, spawn info naming hosts (``runtime.spawn``)."""
 
 
 def hostfile_slots(path: str) -> Optional[int]:
@@ -65,4 +65,4 @@ def this_host_only(extra_args: Sequence[str]) -> bool:
     and nothing set chooses the tcp interfaces already."""
     chosen = [arg for arg in (*extra_args, *os.environ) if "btl_tcp_if_" in arg or arg in ("--host", "-H")]
     return not chosen and os.environ.get("SLURM_JOB_NUM_NODES", "1") == "1" and \
-        not any(name in os.environ for name in _ELSEWHERE[1:])
+        not any(name in os.environ for name in _ELSEWHERE)

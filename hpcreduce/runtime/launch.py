@@ -45,7 +45,6 @@ FT_ARGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_enable", "true", "--mca", "btl"
 LOOPBACK_ARGS = ("--mca", "btl_tcp_if_include", "127.0.0.0/8")
 
 
-
 def _bundled(mpirun: str) -> bool:
     """Whether ``mpirun`` is the one installed into this Python's environment (PyPI's Open MPI)."""
     return os.path.realpath(mpirun).startswith(os.path.realpath(sys.prefix) + os.sep)
@@ -130,7 +129,6 @@ def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,
     argv += list(extra_args)
     argv += list(command)
     return LaunchPlan(argv, env, path_first, ft)
-
 
 
 def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0, expects_done: bool = False) -> int:
