@@ -7,6 +7,8 @@ setup(
     description="Ring AllReduce and parameter-server training over MPI, with ULFM fault tolerance",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    license="BSD-3-Clause",  # as mpi4py's and torch's (LICENSE)
+    classifiers=["License :: OSI Approved :: BSD License"],
     packages=find_packages(include=["hpcreduce", "hpcreduce.*"]),
     python_requires=">=3.9",
     install_requires=["mpi4py>=4.1", "numpy>=1.22", "numba>=0.60"],  # numba: the rows path's compiled kernels

@@ -9,9 +9,10 @@
 Every error hpcreduce raises on purpose (``hpcreduce.errors``) is exported here too:
 ``except hpcreduce.TrainingError``. Importing the package does not start MPI: the names
 below load on first use, so the ``hpcreduce`` command can relaunch itself under mpirun
-before MPI is initialised. It sets what this environment's own Open MPI (PyPI's) needs before
-MPI starts, whatever the launcher (``runtime.environment.bundled_mpi_defaults``): import
-hpcreduce before ``mpi4py.MPI``.
+before MPI is initialised. In a rank of a launcher other than ``hpcreduce launch`` (whose
+mpirun line carries them), it sets what this environment's own Open MPI (PyPI's) needs before
+MPI starts (``OMPI_MCA_osc``, ``OMPI_MCA_btl``: ``runtime.environment.bundled_mpi_defaults``):
+import hpcreduce before ``mpi4py.MPI``. Any other process's environment is left as it is.
 """
 import sys
 from importlib import import_module

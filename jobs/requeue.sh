@@ -11,6 +11,8 @@
 # boundary and checkpointed) requeues the job (scontrol requeue; the script asks for --requeue);
 # any other exit after the signal is said and not requeued (it could not resume from where it was).
 # Returns COMMAND's exit code.
+# SCONTROL_TIMEOUT (default 10 s): the longest any call of a script to the Slurm controller may
+# wait (a controller that is down or slow must not hold the job: the scripts go on without it).
 CKPT_DIR=${CKPT_DIR:-}
 if [ -z "$CKPT_DIR" ]; then
   CKPT_DIR=hpcreduce-ckpt-${SLURM_JOB_ID:-local}
@@ -29,7 +31,9 @@ resumable() {
   if [ -n "${SLURM_JOB_ID:-}" ] && [ "$code" = 75 ]; then
     echo "$0: stopped (exit $code), checkpoints in $CKPT_DIR; requeueing job $SLURM_JOB_ID" \
          "(requeued ${SLURM_RESTART_COUNT:-0} time(s) before)" >&2
-    scontrol requeue "$SLURM_JOB_ID"
+    timeout "${SCONTROL_TIMEOUT:-10}" scontrol requeue "$SLURM_JOB_ID" ||
+      echo "$0: scontrol requeue $SLURM_JOB_ID failed or took over ${SCONTROL_TIMEOUT:-10} s; requeue it" \
+           "yourself (scontrol requeue $SLURM_JOB_ID): its checkpoints are in $CKPT_DIR" >&2
   elif [ "$signalled" = 1 ] && [ "$code" != 0 ]; then
     echo "$0: the job ended on the signal (exit $code) and is not requeued: it could not resume" \
          "from where it was (docs/slurm.md, time limits and preemption)" >&2

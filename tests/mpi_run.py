@@ -6,7 +6,11 @@ fails with its output: a hang is a bug.
 from __future__ import annotations
 
 import os
+import queue
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
@@ -51,6 +55,37 @@ def mpirun(ranks: int, script: str, *args: str, ft: bool = False, timeout: float
     # leaving that rank in MPI_Finalize and its peers waiting until the timeout.
     plan = build_mpirun(ranks, [sys.executable, "-m", "mpi4py", str(path), *args], ft=ft)
     return run_job(plan.argv, timeout=timeout, env={**plan.env, **CHECKOUT_FIRST, **(env or {})})
+
+
+def mpirun_in_stages(ranks: int, script: str, *args: str, first_s: float = 180, later: float = 20,
+                     marker: str = "stage ") -> jobs.JobResult:
+    """``mpirun`` for a script that prints a ``marker`` line after each stage: a hang is a stage that
+    does not end in time, and the time a stage gets follows this machine's speed now: the first
+    stage (a warm-up) gets ``first_s`` seconds, each later one ``later`` times as long as it took."""
+    path = MPI_SCRIPTS / script
+    plan = build_mpirun(ranks, [sys.executable, "-m", "mpi4py", str(path), *args])
+    child = subprocess.Popen(plan.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             stdin=subprocess.DEVNULL, start_new_session=True,
+                             env={**os.environ, **plan.env, **CHECKOUT_FIRST})
+    lines: "queue.Queue[Optional[str]]" = queue.Queue()
+    threading.Thread(target=lambda: [*map(lines.put, child.stdout), lines.put(None)], daemon=True).start()
+    output, started, allowed, first = [], time.monotonic(), first_s, None
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, started + allowed - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"a stage took over {allowed:.0f} s (a hang is a bug): {plan.shell()}\n"
+                                     + "".join(output)) from None
+            if line is None:
+                return jobs.JobResult(child.wait(), "".join(output), plan.shell())
+            output.append(line)
+            if line.startswith(marker):
+                now = time.monotonic()
+                first = now - started if first is None else first
+                started, allowed = now, later * first
+    finally:
+        jobs.stop_job(child, 0)
 
 
 def hpcreduce_cli(*args: str, timeout: float = 120, env: Optional[Dict[str, str]] = None,

@@ -15,6 +15,16 @@ from mpi_run import hpcreduce_cli
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 GPU_JOBS = {"train_ring_gpu.sbatch": "ring", "train_ps_gpu.sbatch": "ps"}
 SRUN_STUB = '#!/bin/sh\nprintf "%s\\n" "$@" > "$SRUN_ARGS_FILE"\n'  # records the launch line, starts nothing
+HUNG_CONTROLLER = "#!/bin/sh\nexec sleep 600\n"  # scontrol where slurmctld is down: every call blocks
+
+
+def without_a_controller(folder: Path) -> dict:
+    """PATH and settings that put a blocking ``scontrol`` first (whatever this machine's Slurm does):
+    the scripts' controller calls must give up after SCONTROL_TIMEOUT seconds and go on."""
+    stub = folder / "scontrol"
+    stub.write_text(HUNG_CONTROLLER)
+    stub.chmod(0o755)
+    return {"PATH": f"{folder}:/usr/bin:/bin", "SCONTROL_TIMEOUT": "1"}
 
 
 @pytest.mark.parametrize("script", sorted(GPU_JOBS))
@@ -25,7 +35,7 @@ def test_gpu_job_parses_requests_gpus_and_runs_its_cpu_scripts_checks(script, tm
     directives = [line for line in path.read_text().splitlines() if line.startswith("#SBATCH")]
     assert any("--gpus-per-task=" in line or "--gres=gpu:" in line for line in directives), directives
     done = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=30,
-                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "x")})
+                          env={**without_a_controller(tmp_path), "OUT": str(tmp_path / "x")})
     assert done.returncode == 2 and "not inside a Slurm allocation" in done.stderr, done
 
 
@@ -35,7 +45,7 @@ def test_gpu_job_launches_train_on_the_gpu_with_flags_that_pass_the_checks(scrip
     stub.write_text(SRUN_STUB)
     stub.chmod(0o755)
     recorded = tmp_path / "srun-args"
-    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ID": "1", "SLURM_NTASKS": "3", "LAUNCHER": "srun",
+    env = {**without_a_controller(tmp_path), "SLURM_JOB_ID": "1", "SLURM_NTASKS": "3", "LAUNCHER": "srun",
            "SRUN_ARGS_FILE": str(recorded), "OUT": str(tmp_path / "run.json"), "STEPS": "2"}
     done = subprocess.run(["bash", str(JOBS / script)], capture_output=True, text=True, timeout=30, env=env)
     assert done.returncode == 0, done

@@ -9,7 +9,7 @@ import pytest
 
 from hpcreduce.errors import LaunchError
 from hpcreduce.runtime.environment import detect_launcher, failure_detection_problem
-from hpcreduce.runtime.launch import FT_ARGS, build_mpirun
+from hpcreduce.runtime.launch import FT_ARGS, LOOPBACK_ARGS, build_mpirun
 from mpi_run import hpcreduce_cli
 
 
@@ -32,10 +32,26 @@ def test_oversubscribe_and_yield_only_past_the_cores():
     assert beyond.shell().startswith("OMPI_MCA_mpi_yield_when_idle=1 mpirun -n 5 --oversubscribe")
 
 
-def test_ft_adds_ulfm_and_the_tcp_transport():
+def test_ft_adds_ulfm_and_the_tcp_transport_over_loopback_on_one_host(tmp_path, monkeypatch):
+    for name in ("SLURM_JOB_NUM_NODES", "PBS_NODEFILE", "HPCREDUCE_SPAWN_INFO", "OMPI_MCA_btl_tcp_if_include"):
+        monkeypatch.delenv(name, raising=False)
     argv = plan(3, ft=True, cores=8, is_root=False).argv
-    assert argv == ["mpirun", "-n", "3", *FT_ARGS, "python", "train.py"]
+    assert argv == ["mpirun", "-n", "3", *FT_ARGS, *LOOPBACK_ARGS, "python", "train.py"]
     assert " ".join(FT_ARGS).startswith("--with-ft ulfm --mca mpi_ft_enable true --mca btl tcp,self")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node1 slots=2\nnode2 slots=2\n")
+    assert "btl_tcp_if_include" not in plan(3, ft=True, hostfile=str(hosts), is_root=False).argv
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")  # mpirun spreads the ranks over the allocation
+    assert "btl_tcp_if_include" not in plan(3, ft=True, cores=8, is_root=False).argv
+
+
+def test_an_ft_job_on_one_host_talks_over_loopback_only():
+    peers = ("import psutil; from mpi4py import MPI; MPI.COMM_WORLD.allreduce(1); "
+             "print('peers', sorted({c.raddr.ip for c in psutil.Process().connections('inet') if c.raddr}))")
+    result = hpcreduce_cli("launch", "-n", "2", "--ft", "--", "python", "-c", peers, timeout=60)
+    lists = [eval(line.split(" ", 1)[1]) for line in result.output.splitlines() if line.startswith("peers ")]
+    assert result.returncode == 0 and len(lists) == 2 and all(lists), result
+    assert all(ip.startswith("127.") for found in lists for ip in found), result
 
 
 def test_hostfile_slots_decide_oversubscription(tmp_path):

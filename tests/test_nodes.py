@@ -10,7 +10,7 @@ from hpcreduce.benchmarks import cost_model
 from hpcreduce.benchmarks.cost_model import Link, StepCosts
 from hpcreduce.ps.layout import Layout, node_ring
 from hpcreduce.ps.tables import ParamSpec
-from hpcreduce.runtime.launch import unknown_hosts
+from hpcreduce.runtime.hosts import unknown_hosts
 from hpcreduce.runtime.nodes import describe, ranks_by_node
 
 

@@ -70,19 +70,19 @@ def test_timeline_is_a_chrome_trace_with_every_phase_of_every_step_on_every_rank
 
 
 def test_wait_is_cut_from_the_collective_until_the_last_rank_entered():
-    rank0 = np.array([[0.0, 1.0, 0, 0, 1, 0], [1.0, 3.0, 1, 1, 1, 0], [0.5, 0.9, 1, 1, 1, 1]])
-    rank1 = np.array([[0.0, 2.0, 0, 0, 1, 0], [2.0, 3.0, 1, 1, 1, 0]])
+    rank0 = np.array([[0.0, 1.0, 0, 0, 1, 0, 0], [1.0, 3.0, 1, 1, 1, 0, 0], [0.5, 0.9, 1, 1, 1, 1, 0]])
+    rank1 = np.array([[0.0, 2.0, 0, 0, 1, 0, 0], [2.0, 3.0, 1, 1, 1, 0, 0]])
     first, second = timeline.split_waits([rank0, rank1], collective={1})
     wait = first[first[:, timeline.PHASE] == timeline.PHASES.index("wait")]
-    assert wait.tolist() == [[1.0, 2.0, 2, 1, 1, 0]]  # rank 0 waited for rank 1 from 1 s to 2 s
-    assert first[1].tolist() == [2.0, 3.0, 1, 1, 1, 0] and first[2].tolist() == rank0[2].tolist()  # failed: kept
+    assert wait.tolist() == [[1.0, 2.0, 2, 1, 1, 0, 0]]  # rank 0 waited for rank 1 from 1 s to 2 s
+    assert first[1].tolist() == [2.0, 3.0, 1, 1, 1, 0, 0] and first[2].tolist() == rank0[2].tolist()  # failed: kept
     assert second.tolist() == rank1.tolist()
 
 
 def test_ranks_timing_different_calls_share_one_naming():
-    server = np.zeros((0, 6))
-    worker = np.array([[0.0, 1.0, 1, 0, 1, 0], [1.0, 2.0, 0, 1, 1, 0]])
-    ring = np.array([[0.0, 1.0, 1, 0, 1, 0]])
+    server = np.zeros((0, timeline.COLUMNS))
+    worker = np.array([[0.0, 1.0, 1, 0, 1, 0, 0], [1.0, 2.0, 0, 1, 1, 0, 0]])
+    ring = np.array([[0.0, 1.0, 1, 0, 1, 0, 0]])
     per_rank, calls, collective = timeline.one_naming(
         [(server, [], []), (worker, ["read", "compute"], []), (ring, ["reduce"], ["reduce"])])
     assert calls == ["read", "compute", "reduce"] and collective == {2}

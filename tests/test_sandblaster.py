@@ -2,11 +2,12 @@
 optimum for K = 1, 2, 3, a user's Model (one 5-rank MPI job), and bad input refused by name."""
 import pytest
 
-from mpi_run import hpcreduce_cli, mpirun
+from mpi_run import hpcreduce_cli, mpirun_in_stages
 
 
+@pytest.mark.timeout(3600)  # a hang is a stage that outlasts its share (mpirun_in_stages), not a total
 def test_sandblaster_gradient_lbfgs_and_user_model():
-    result = mpirun(5, "sandblaster_checks.py", timeout=150)
+    result = mpirun_in_stages(5, "sandblaster_checks.py")
     assert result.returncode == 0, result.output
     assert "sandblaster checks passed" in result.output, result.output
 

@@ -41,7 +41,7 @@ from ..errors import LaunchError
 from ..ft.inject import kill_times
 from ..runtime.files import write_json
 from ..runtime.jobs import run_job
-from ..runtime.launch import hostfile_hosts
+from ..runtime.hosts import hostfile_hosts
 from .scaling import Launcher
 
 NAME = "recovery"

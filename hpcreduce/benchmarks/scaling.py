@@ -48,7 +48,8 @@ from ..runtime.environment import usable_cores
 from ..runtime.files import atomic_file, write_json
 from ..runtime.jobs import run_job
 from ..runtime import nodes
-from ..runtime.launch import LaunchPlan, build_mpirun, hostfile_slots
+from ..runtime.hosts import hostfile_slots
+from ..runtime.launch import LaunchPlan, build_mpirun
 from . import cost_model
 
 NAME = "scaling"

@@ -16,7 +16,8 @@ from ..ft.inject import ATTEMPT, KILL_LOG
 from ..ft.watchdog import DEADLINE
 from ..runtime import settings
 from ..runtime.places import Place, place_problems
-from ..runtime.launch import DONE_FILE, hostfile_slots, unknown_hosts
+from ..runtime.hosts import hostfile_slots, unknown_hosts
+from ..runtime.launch import DONE_FILE
 from ..runtime.environment import MAX_RANKS
 from ..runtime.spawn import SPAWN_INFO, spawn_slots
 from ..runtime.stop import STOP_SIGNALS

@@ -49,47 +49,57 @@ def run(func: Optional[Callable[..., T]] = None, *,
     commit; every rank goes back to rank 0's last commit (as after a failure), ``save(state)``
     runs on every rank (a collective save: ``save_checkpoint``, ``hpcreduce.torch.save_checkpoint``;
     it returns where it saved, or None) and every rank raises ``StoppedEarly`` (a ``SystemExit``
-    with code 75 when saved). Started again, the script loads its checkpoint and goes on."""
+    with code 75 when saved). Started again, the script loads its checkpoint and goes on. The
+    signals' handlers are those of before the call again once it returned or raised."""
     if func is None:
         return functools.partial(run, on_stop=on_stop)
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
-        ctx, policy = state.context, state.job.policy
-        if on_stop is not None:
-            state.job.on_stop = on_stop
-            requests.install(STOP_SIGNALS.value())
-        if not ctx.ft and not policy.needs_ulfm:
-            return func(state, *args, **kwargs)
-        if not ctx.ft:
-            agreed_launch_settings(ft=True)  # raises on every rank, naming what this launch lacks
-        if ctx.joined and not state.job.changes.events:
-            join(state)
-
-        def once() -> T:
-            result = func(state, *args, **kwargs)
-            state._attempt_ended(False)
-            return result
-
-        while True:
-            try:
-                outcome = attempt(ctx.comm, once, "elastic run", watch_work=False,
-                                  on_failure=lambda: state._attempt_ended(True))
-            except Interrupted as failure:
-                recover(state, failure.detected_at)
-                _stop_if_asked(state)
-                continue
-            except ResizeRequested as request:
-                _resize(state, request)
-                continue
-            if outcome.committed:
-                if policy.marks_done and state.events and ctx.rank == 0:
-                    mark_done()  # Open MPI exits 137 once a spawned rank has died, even when recovered
-                return outcome.result
-            recover(state, outcome.failed_at or time.time())
-            _stop_if_asked(state)
+        if on_stop is None:
+            return _run(func, state, *args, **kwargs)
+        state.job.on_stop = on_stop
+        requests.install(STOP_SIGNALS.value())
+        try:
+            return _run(func, state, *args, **kwargs)
+        finally:  # the process's own handlers again (SIGTERM ends it, as before the call)
+            requests.uninstall()
 
     return wrapper
+
+
+def _run(func: Callable[..., T], state: State, *args: Any, **kwargs: Any) -> T:
+    """``run``'s loop: ``func`` until it returns on every live rank."""
+    ctx, policy = state.context, state.job.policy
+    if not ctx.ft and not policy.needs_ulfm:
+        return func(state, *args, **kwargs)
+    if not ctx.ft:
+        agreed_launch_settings(ft=True)  # raises on every rank, naming what this launch lacks
+    if ctx.joined and not state.job.changes.events:
+        join(state)
+
+    def once() -> T:
+        result = func(state, *args, **kwargs)
+        state._attempt_ended(False)
+        return result
+
+    while True:
+        try:
+            outcome = attempt(ctx.comm, once, "elastic run", watch_work=False,
+                              on_failure=lambda: state._attempt_ended(True))
+        except Interrupted as failure:
+            recover(state, failure.detected_at)
+            _stop_if_asked(state)
+            continue
+        except ResizeRequested as request:
+            _resize(state, request)
+            continue
+        if outcome.committed:
+            if policy.marks_done and state.events and ctx.rank == 0:
+                mark_done()  # Open MPI exits 137 once a spawned rank has died, even when recovered
+            return outcome.result
+        recover(state, outcome.failed_at or time.time())
+        _stop_if_asked(state)
 
 
 def _resize(state: State, request: ResizeRequested) -> None:

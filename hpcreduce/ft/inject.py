@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence
 
 from ..errors import HpcreduceError
-from ..runtime.launch import hostfile_hosts
+from ..runtime.hosts import hostfile_hosts
 from ..runtime.nodes import this_node
 from ..runtime.settings import Setting, non_negative_integer, text_value
 

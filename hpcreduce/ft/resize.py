@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Collection, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import LaunchError
-from ..runtime.launch import hostfile_hosts
+from ..runtime.hosts import hostfile_hosts
 from ..runtime.nodes import this_node
 from ..runtime.environment import MAX_RANKS
 

@@ -31,7 +31,7 @@ from ..runtime.failures import abandon, wait_all
 from .optimizers import Optimizer
 from . import inbox, protocol
 from .consistency import Consistency
-from .idle import wait_until
+from ..runtime.idle import wait_until
 from .engine import ShardEngine
 from .inbox import Request, table_gradients
 from .key_cache import KnownKeys

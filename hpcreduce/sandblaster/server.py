@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.context import Traffic
-from ..runtime.failures import wait_all
+from ..runtime.idle import receive, wait_each
 from .placement import NONE, Placement
 from .protocol import ROW, TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, TAG_SYNC, Code, Kind, VectorNames, header
 
@@ -104,7 +104,7 @@ class ServerState:
             elif placement.replica[s] == me:
                 self.pending.append(comm.Irecv(acc, source=placement.primary[s], tag=TAG_SYNC))
                 traffic.add(0, acc.nbytes)
-        wait_all(self.pending)
+        wait_each(self.pending)
         self.pending = []
 
 
@@ -115,19 +115,19 @@ def serve(comm: MPI.Intracomm, state: ServerState, placement: Placement, traffic
     head = np.zeros(4, np.int64)
     status = MPI.Status()
     while True:
-        comm.Recv(head, source=MPI.ANY_SOURCE, tag=TAG_REQUEST, status=status)
+        receive(comm, head, MPI.ANY_SOURCE, TAG_REQUEST, status)
         source, kind = status.Get_source(), int(head[0])
         if kind == Kind.STOP:
             return
         if kind == Kind.OPS:
             rows = np.empty((int(head[1]), ROW))
-            comm.Recv(rows, source=source, tag=TAG_PAYLOAD)
+            receive(comm, rows, source, TAG_PAYLOAD)
             results = state.apply(comm, placement, rows, traffic, on_begin)
             comm.Send(results, dest=source, tag=TAG_REPLY)
             traffic.add(results.nbytes, rows.nbytes)
         elif kind == Kind.RECORD:
             record = np.empty(int(head[1]))
-            comm.Recv(record, source=source, tag=TAG_PAYLOAD)
+            receive(comm, record, source, TAG_PAYLOAD)
             state.records.append(record)
             comm.Send(header(Kind.ACK), dest=source, tag=TAG_REPLY)
             traffic.add(0, record.nbytes)
@@ -138,8 +138,8 @@ def serve(comm: MPI.Intracomm, state: ServerState, placement: Placement, traffic
         elif kind == Kind.PUSH:
             vectors = state.slices[int(head[3])]
             units, gradient = np.empty(int(head[2]), np.int64), np.empty(vectors.vectors.shape[1])
-            comm.Recv(units, source=source, tag=TAG_PAYLOAD)
-            comm.Recv(gradient, source=source, tag=TAG_PAYLOAD)
+            receive(comm, units, source, TAG_PAYLOAD)
+            receive(comm, gradient, source, TAG_PAYLOAD)
             traffic.add(0, units.nbytes + gradient.nbytes)
             applied = vectors.push(int(head[1]), units, gradient)
             comm.Send(header(Kind.ACK, int(applied)), dest=source, tag=TAG_REPLY)

@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.context import Traffic
-from ..runtime.failures import wait_all
+from ..runtime.idle import receive, wait_each
 from .protocol import (ANSWER_LEN, ASK, DONE, TAG_ANSWER, TAG_PAYLOAD, TAG_REPLY, TAG_REQUEST, TAG_WORK,
                        WORK_LEN, Action, Kind, Work, header)
 
@@ -51,7 +51,7 @@ class Worker:
         message[Work.KIND], message[Work.PASS], reported = ASK, -1, -1
         while True:
             self.comm.Send(message, dest=self.coordinator, tag=TAG_WORK)
-            self.comm.Recv(reply, source=self.coordinator, tag=TAG_ANSWER)
+            receive(self.comm, reply, self.coordinator, TAG_ANSWER)
             keep, action, pass_id, unit, push_first, iteration = (int(value) for value in reply)
             if keep:
                 self.acc += self.scratch
@@ -101,5 +101,5 @@ class Worker:
 
     def _wait(self) -> None:
         """Complete the requests in flight (``pending`` keeps them for ``failures.abandon`` after a failure)."""
-        wait_all(self.pending)
+        wait_each(self.pending)
         self.pending = []

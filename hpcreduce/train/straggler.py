@@ -12,6 +12,7 @@ is the lesser of its wall time and the process's CPU time over it: a block the s
 paused (other ranks on its core) is not stretched by the pause x factor (a 0.1 ms unit
 paused for 150 ms once slept 150 s at factor 1000), and a block on several threads
 counts its wall time.
+Every delay is counted (``injected_s``: the timeline shows it inside the phase it slowed).
 Cost: none on the wire; factor - 1 times the block's time on the slowed rank.
 """
 from __future__ import annotations
@@ -21,6 +22,8 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from ..ft.faults import FaultConfig
+
+_injected = [0.0]
 
 
 def factor_for(fault: FaultConfig, stable_id: int) -> float:
@@ -37,4 +40,11 @@ def slow_down(factor: float) -> Iterator[None]:
         return
     wall, cpu = time.perf_counter(), time.process_time()
     yield
-    time.sleep((factor - 1.0) * min(time.perf_counter() - wall, time.process_time() - cpu))
+    delay = (factor - 1.0) * min(time.perf_counter() - wall, time.process_time() - cpu)
+    _injected[0] += delay
+    time.sleep(delay)
+
+
+def injected_s() -> float:
+    """The seconds of delay ``slow_down`` injected into this process so far."""
+    return _injected[0]

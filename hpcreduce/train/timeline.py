@@ -9,7 +9,8 @@
 The file is Chrome's trace-event JSON (``{"traceEvents": [...]}``, as Horovod's
 timeline), for ``chrome://tracing`` or https://ui.perfetto.dev: one "X" (complete)
 event per phase per step per rank, ``pid`` = rank, ``ts``/``dur`` in microseconds,
-``name`` = compute, communication or wait, ``cat`` = the timed call, ``args.step``.
+``name`` = compute, communication or wait, ``cat`` = the timed call, ``args.step``, and
+``args.slowed_us`` where a straggler's injected delay (``--slow``: ``train.straggler``) lay inside.
 
 Every event recorded between two committed steps belongs to the later one (a retried
 step keeps its failed attempts, marked ``args.failed``). Wait is not measured with
@@ -19,7 +20,7 @@ rank entered it) and ``communication`` (the rest). Clocks are aligned by one bar
 at the end (all ranks leave it within a few microseconds; across nodes the clocks'
 drift over the run, some ppm, adds to that). Cost when on: two ``perf_counter`` calls
 and a list append per timed call; at the end one barrier and one gather of
-6 float64 per event.
+7 float64 per event.
 """
 from __future__ import annotations
 
@@ -32,10 +33,12 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.files import atomic_file
+from .straggler import injected_s
 
 PHASES = ("compute", "communication", "wait")
 PENDING = -1.0
-START, END, PHASE, CALL, STEP, FAILED = range(6)
+START, END, PHASE, CALL, STEP, FAILED, SLOWED = range(7)
+COLUMNS = 7
 
 
 class Timed:
@@ -51,7 +54,7 @@ class Timed:
 
 
 class Timeline:
-    """One rank's timed calls: (start, end, phase, call, step, failed) rows."""
+    """One rank's timed calls: (start, end, phase, call, step, failed, slowed) rows."""
 
     def __init__(self) -> None:
         self.rows: List[List[float]] = []
@@ -81,14 +84,14 @@ class Timeline:
 
         @functools.wraps(call)
         def timed_call(*args, **kwargs):
-            start = time.perf_counter()
+            start, slowed = time.perf_counter(), injected_s()
             failed = 1.0
             try:
                 result = call(*args, **kwargs)
                 failed = 0.0
                 return result
             finally:
-                rows.append([start, time.perf_counter(), phase, call_index, PENDING, failed])
+                rows.append([start, time.perf_counter(), phase, call_index, PENDING, failed, injected_s() - slowed])
         return timed_call
 
     def step_done(self, step: int) -> None:
@@ -101,7 +104,7 @@ class Timeline:
         """Gather every rank's events to rank 0 (collective), which writes ``path``."""
         comm.Barrier()
         origin = time.perf_counter()
-        local = np.array(self.rows, dtype=np.float64).reshape(-1, 6)
+        local = np.array(self.rows, dtype=np.float64).reshape(-1, COLUMNS)
         local[:, START:END + 1] -= origin
         collective = [self.calls[i] for i in sorted(self.collective)]
         gathered = comm.gather((local, self.calls, collective), root=0)
@@ -152,9 +155,9 @@ def split_waits(per_rank: Sequence[np.ndarray], collective: set) -> List[np.ndar
             start, end = rows[index][START], rows[index][END]
             cut = min(max(entries[step], start), end)
             if cut > start:
-                extra.append([start, cut, PHASES.index("wait"), rows[index][CALL], step, 0.0])
+                extra.append([start, cut, PHASES.index("wait"), rows[index][CALL], step, 0.0, 0.0])
                 rows[index][START] = cut
-        result.append(np.concatenate([rows, np.array(extra).reshape(-1, 6)]))
+        result.append(np.concatenate([rows, np.array(extra).reshape(-1, COLUMNS)]))
     return result
 
 
@@ -174,6 +177,8 @@ def chrome_events(per_rank: Sequence[np.ndarray], calls: Sequence[str], collecti
             args: Dict[str, Any] = {"step": int(row[STEP])}
             if row[FAILED]:
                 args["failed"] = True
+            if row[SLOWED]:
+                args["slowed_us"] = round(row[SLOWED] * 1e6, 3)
             events.append({"name": PHASES[int(row[PHASE])], "cat": calls[int(row[CALL])], "ph": "X",
                            "ts": round((row[START] - zero) * 1e6, 3),
                            "dur": round((row[END] - row[START]) * 1e6, 3),

@@ -1,7 +1,9 @@
 """Sandblaster end to end on 5 ranks (K = 1, 2, 3 servers, a coordinator, the rest workers).
 
-1. Exactly once: with tiny units, backups on and rank 4 slowed 1000x (each of its units outlasts
-   a pass, so backups are certain under the expected-finish rule), the gradient the servers
+1. Exactly once: with tiny units, backups on and rank 4 slowed so that each of its units
+   outlasts three passes (its factor from a pass and a unit's compute measured here and now,
+   so backups are certain under the expected-finish rule whatever the machine's speed), the
+   gradient the servers
    hold at the committed point equals the single-process full-batch gradient (numpy, same
    batch and l2) to 1e-5; backups happened, and every unit was counted once per pass
    (``units`` = evaluations x units per pass) with every extra result discarded
@@ -9,8 +11,10 @@
 2. L-BFGS on logreg reaches scipy's L-BFGS-B optimum of the same objective (f within 1e-4
    relative) for K = 1, 2, 3.
 3. A user's Model (README's LinearRegression, float32) trains unchanged to the ridge optimum.
+Rank 0 prints a line after each stage (``stage ...``): the test's progress.
 """
 import math
+import time
 
 import numpy as np
 
@@ -18,6 +22,7 @@ import hpcreduce
 from hpcreduce.train import ArrayDataset, Sandblaster, TrainConfig, train
 from linear_model import LinearRegression
 from hpcreduce.train.models import LogisticRegression, SyntheticCTR
+from hpcreduce.train.params import batch_view
 from hpcreduce.train.partition import global_batch
 from hpcreduce.train.reference import flatten, full_batch_objective, scipy_lbfgs
 from hpcreduce.ft.faults import FaultConfig
@@ -37,15 +42,35 @@ def batch_indices(config, dataset):
     return global_batch(0, config.batch, dataset.size("train"), config.seed)
 
 
-# 0. a first run warms up what every later one uses (compiled kernels, first-touch memory): the
-# slowed worker sleeps 999x its unit's measured time, which the first unit's warm-up made ~100 s
+def stage(what):
+    if rank == 0:
+        print(f"stage {what} done", flush=True)
+
+
+def unit_compute_s(unit):
+    """What ``slow_down`` times of one unit's compute here (the least of 20, CPU or wall)."""
+    batch = data.batch("train", np.arange(unit))
+    view = batch_view(model, model.init_params(0), batch, model.rows(batch))
+    times = []
+    for _ in range(20):
+        wall, cpu = time.perf_counter(), time.process_time()
+        model.loss_and_grads(view, batch)
+        times.append(min(time.perf_counter() - wall, time.process_time() - cpu))
+    return max(min(times), 1e-6)
+
+
+# 0. a first run warms up what every later one uses (compiled kernels, first-touch memory)
 train(model, data, TrainConfig(optimizer="gd", steps=1, batch=256, progress="none", topology=Sandblaster(servers=1)),
       comm=ctx, verbose=False)
+stage("warm-up")
 
 # 1. one iteration's gradient, exactly once, with backups and duplicates
 for servers in (1, 2):
+    plain = TrainConfig(optimizer="gd", steps=1, batch=2048, progress="none", topology=Sandblaster(servers=servers, unit=16))
+    pass_s = max(train(model, data, plain, comm=ctx, verbose=False).sandblaster["pass_s"])
+    factor = ctx.comm.bcast(max(1000.0, 3 * pass_s / unit_compute_s(16)) if rank == 0 else None, root=0)
     config = TrainConfig(optimizer="gd", steps=1, batch=2048, progress="none",
-                         topology=Sandblaster(servers=servers, unit=16), fault=FaultConfig(slow=[(4, 1000.0)]))
+                         topology=Sandblaster(servers=servers, unit=16), fault=FaultConfig(slow=[(4, factor)]))
     result = train(model, data, config, comm=ctx, verbose=False)
     sb = result.sandblaster
     x = flatten(result.params, model.param_specs())
@@ -62,7 +87,8 @@ for servers in (1, 2):
           f"K={servers}: the slowed worker did not do less: {sb['units_by_worker']}")
     if rank == 0:
         print(f"gradient K={servers}: max error {error:.2e}, {sb['units']} units, {sb['backups_issued']} backups, "
-              f"by worker {sb['units_by_worker']}", flush=True)
+              f"by worker {sb['units_by_worker']} (slowed {factor:.0f}x, a pass {pass_s:.2f} s)", flush=True)
+    stage(f"gradient K={servers}")
 
 # 2. L-BFGS reaches scipy's optimum, K = 1, 2, 3
 reference = None
@@ -81,6 +107,7 @@ for servers in (1, 2, 3):
         print(f"lbfgs K={servers}: f {objective:.10f} scipy {reference:.10f} relative {gap:.1e}, "
               f"{result.sandblaster['iterations']} iterations, {result.sandblaster['evaluations']} passes, "
               f"stopped by {result.sandblaster['stopped_by']}", flush=True)
+    stage(f"lbfgs K={servers}")
 
 
 # 3. a user's Model, unchanged

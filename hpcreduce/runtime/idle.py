@@ -1,7 +1,8 @@
-"""Waiting for a message without spinning: a server polls with exponential back-off.
+"""Waiting for a message without spinning: poll with exponential back-off.
 
 A blocking MPI receive spins (Open MPI polls its transports at full speed), so an idle
-server would burn a core that its node's trainers need. ``wait_until(test)`` polls
+rank (a parameter server, a Sandblaster role waiting for its peer's reply) would burn a core
+that its node's busy ranks need. ``wait_until(test)`` polls
 ``test()`` at full speed for ``SPIN_S`` (a reply's next request usually comes within it),
 then sleeps between polls, from ``FIRST_SLEEP_S`` doubling up to ``LONGEST_SLEEP_S``: an
 idle server costs a poll a millisecond (under 1% of a core), and a request that finds it
@@ -12,7 +13,9 @@ watchdog around the wait sees the same deadline.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, List, Optional
+
+from mpi4py import MPI
 
 SPIN_S = 50e-6
 FIRST_SLEEP_S = 20e-6
@@ -31,3 +34,18 @@ def wait_until(test: Callable[[], bool]) -> None:
     while not test():
         time.sleep(delay)
         delay = min(2 * delay, LONGEST_SLEEP_S)
+
+
+def receive(comm: MPI.Comm, buffer, source: int, tag: int, status: Optional[MPI.Status] = None) -> None:
+    """``comm.Recv`` that waits without spinning: ``wait_until`` a matching message is there
+    (``Iprobe``), then receive that one (``status``: whose it is, with ``MPI.ANY_SOURCE``)."""
+    status = MPI.Status() if status is None else status
+    wait_until(lambda: comm.Iprobe(source, tag, status))
+    comm.Recv(buffer, source=status.Get_source(), tag=tag, status=status)
+
+
+def wait_each(requests: List[MPI.Request]) -> None:
+    """``failures.wait_all`` without spinning: each request in turn, ``wait_until`` it completes
+    (a failure raised as its ``MPI_Wait`` would; it and those after it stay live for ``abandon``)."""
+    for request in requests:
+        wait_until(request.Test)
