@@ -12,12 +12,16 @@ import zipfile
 import numpy as np
 import pytest
 
-from hpcreduce.errors import OutputFileError
+from hpcreduce.errors import InputFileError, OutputFileError, worded
 from hpcreduce.ft import checkpoint_files as checkpoint
 from hpcreduce.ft.resize import read_discovery
 from hpcreduce.runtime import files
 from hpcreduce.runtime.given_files import inside
-from hpcreduce.train.ps import ledger, shard_checkpoints
+from hpcreduce.torch.embedding_configs import EmbeddingBagConfig
+from hpcreduce.torch.table_files import saved_problem
+from hpcreduce.train.data_dir import DirDataset, shard_file, write_data_dir
+from hpcreduce.train.models import SyntheticCTR
+from hpcreduce.train.ps import export, ledger, shard_checkpoints
 
 OTHER_USER = 65534  # nobody
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's link needs root")
@@ -168,3 +172,65 @@ def test_a_discovery_file_that_is_a_fifo_a_device_or_huge_is_a_problem_not_a_wai
 def test_a_name_read_from_a_file_stays_inside_its_folder(tmp_path, name):
     with pytest.raises(ValueError, match="is not a file name inside"):
         inside(str(tmp_path), name)
+
+
+def test_a_data_manifest_whose_shape_product_wraps_or_names_a_path_outside_is_refused(tmp_path):
+    path = str(tmp_path / "data")
+    write_data_dir(SyntheticCTR(2, train_examples=64, test_examples=16, fields=4, hash_bits=6), path, train_shards=2,
+                   test_shards=1)
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    huge = {**manifest, "arrays": {**manifest["arrays"], "ids": {"dtype": "int64", "shape": [1 << 32, 1 << 32]}}}
+    for split, shards in manifest["splits"].items():  # files whose headers claim it, with no data at all
+        for shard in range(len(shards)):
+            header = io.BytesIO()
+            np.lib.format.write_array_header_1_0(
+                header, {"descr": "<i8", "fortran_order": False, "shape": (shards[shard], 1 << 32, 1 << 32)})
+            (tmp_path / "data" / shard_file(split, shard, "ids")).write_bytes(b"\x93NUMPY" + header.getvalue()[6:])
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps(huge))
+    problems = [worded(p) for p in DirDataset(path, ("ids",)).problems(0, 1)]
+    assert problems and all("is truncated (0 of" in text for text in problems), problems
+    outside = {**manifest, "arrays": {"../../../etc/x": {"dtype": "int64", "shape": [1]}}}
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps(outside))
+    problems = [worded(p) for p in DirDataset(path).problems(0, 1)]
+    assert any("'../../../etc/x' is not a plain name" in text for text in problems), problems
+
+
+def test_an_exported_model_manifest_naming_a_file_outside_its_folder_is_refused(tmp_path):
+    outside = tmp_path / "secret.npz"
+    np.savez(outside, **{"t0.values": np.ones(4)})
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "manifest.json").write_text(json.dumps({
+        "format": export.FORMAT, "identity": {"parameters": {"w": {"shape": [4], "dtype": "float64", "sparse": False}}},
+        "step": 1, "pieces": {"0": [[0, 0, 4]]}, "shards": {"0": str(outside)}}))
+    with pytest.raises(InputFileError, match="is not a file name inside"):
+        export.whole_model(str(model))
+
+
+def _saved_tables(directory, trainers=2, rows=5, dim=3):
+    os.makedirs(directory, exist_ok=True)
+    for r in range(trainers):
+        np.lib.format.open_memmap(os.path.join(directory, f"t.{r}-of-{trainers}.npy"), mode="w+",
+                                  dtype=np.float32, shape=(len(range(r, rows, trainers)), dim)).flush()
+    with open(os.path.join(directory, "tables.json"), "w") as meta:
+        json.dump({"trainers": trainers, "tables": {"t": [rows, dim]}}, meta)
+    return [EmbeddingBagConfig(num_embeddings=rows, embedding_dim=dim, name="t", feature_names=["f"])]
+
+
+@pytest.mark.parametrize("damage", ["missing", "cut", "other shape", "fifo"])
+def test_saved_tables_with_a_file_missing_or_cut_are_refused_at_start_whatever_the_sharding(tmp_path, damage):
+    directory = str(tmp_path / "tables")
+    configs = _saved_tables(directory)
+    assert saved_problem(directory, configs) is None
+    victim = os.path.join(directory, "t.1-of-2.npy")
+    if damage == "missing":
+        os.unlink(victim)
+    elif damage == "cut":
+        os.truncate(victim, os.path.getsize(victim) - 4)
+    elif damage == "other shape":
+        np.save(victim, np.zeros((2, 4), np.float32))
+    else:
+        os.unlink(victim)
+        os.mkfifo(victim)
+    problem = saved_problem(directory, configs)
+    assert problem and "t.1-of-2.npy" in problem, problem

@@ -3,9 +3,10 @@
 Read within bounds: ``open_regular`` opens a regular file only (a FIFO, a device such as
 ``/dev/zero`` or a folder is refused at once, never waited on or read without end) and one
 over ``limit`` bytes is refused before anything is read; ``read_regular`` reads no more than
-the file's size it checked. ``npy_header`` reads a ``.npy`` header and checks what it claims
-against the bytes there are, before anything is allocated; ``open_npz`` does so for every
-array of an ``.npz``. Named inside: ``inside`` joins a
+the file's size it checked, ``read_json`` a JSON file of at most ``MAX_JSON`` bytes.
+``npy_header`` reads a ``.npy`` header, whose claim (``nbytes``, multiplied exactly) is compared
+with the bytes there are before anything is allocated; ``open_npz`` does so for every array
+of an ``.npz``. Named inside: ``inside`` joins a
 name read from a file to its folder, refusing one that would lead out of it (absolute,
 ``..``, a separator). Deleted by our names only: ``remove_regular`` unlinks only regular files
 (never a link, a folder or a device), and ``real_folder`` says whether a folder we made is
@@ -14,15 +15,17 @@ Problems are ``ValueError``s naming the file; a missing file stays a ``FileNotFo
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import stat
 import zipfile
 from contextlib import contextmanager
-from typing import BinaryIO, Iterable, Iterator, List, Optional, Tuple
+from typing import BinaryIO, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+MAX_JSON = 64 << 20  # the most bytes of a JSON file we are pointed at (a manifest, a description)
 KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
          (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
 
@@ -38,7 +41,7 @@ def open_regular(path: str, limit: Optional[int] = None) -> BinaryIO:
         if limit is not None and info.st_size > limit:
             raise ValueError(f"{path} is {info.st_size} bytes, more than the {limit} such a file may have")
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        return open(path, "rb", opener=lambda _path, _flags: fd)  # named by its path
     except BaseException:
         os.close(fd)
         raise
@@ -53,17 +56,32 @@ def read_regular(path: str, limit: Optional[int] = None) -> bytes:
 def npy_header(handle: BinaryIO, size: int) -> Tuple[Tuple[int, ...], np.dtype, int]:
     """(shape, dtype, data bytes there are) of the ``.npy`` data at ``handle`` (``size`` bytes
     from its start), left at the first data byte; ``ValueError`` for a Fortran-ordered or object
-    array, or one whose shape needs more bytes than there are (sizes multiplied exactly: no wrap)."""
+    array. Compare ``nbytes(shape, dtype)`` with the bytes there before reading them."""
     version = np.lib.format.read_magic(handle)
     reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     shape, fortran, dtype = reader(handle)
     if fortran or dtype.hasobject:
         raise ValueError("a Fortran-ordered or object array")
-    there = size - handle.tell()
-    needed = math.prod(shape) * dtype.itemsize
-    if needed > there:
-        raise ValueError(f"its header claims {dtype} {list(shape)} ({needed} bytes), {there} data bytes are there")
-    return tuple(shape), dtype, there
+    return tuple(shape), dtype, size - handle.tell()
+
+
+def nbytes(shape: Sequence[int], dtype: np.dtype) -> int:
+    """The bytes of an array of ``shape`` and ``dtype``, multiplied exactly (``np.prod`` wraps)."""
+    return math.prod(shape) * np.dtype(dtype).itemsize
+
+
+def npy_file_header(path: str) -> Tuple[Tuple[int, ...], np.dtype, int]:
+    """``npy_header`` of the regular file at ``path``."""
+    with open_regular(path) as handle:
+        return npy_header(handle, os.fstat(handle.fileno()).st_size)
+
+
+def read_json(path: str, limit: int = MAX_JSON) -> dict:
+    """The JSON object in regular file ``path`` of at most ``limit`` bytes (``ValueError`` if not)."""
+    value = json.loads(read_regular(path, limit).decode("utf-8"))
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object")
+    return value
 
 
 @contextmanager
@@ -87,10 +105,10 @@ def open_npz(path: str) -> Iterator[np.lib.npyio.NpzFile]:
                     raise ValueError(f"its entries claim {claimed} bytes or more, the file holds {size}")
                 if info.filename.endswith(".npy"):
                     with stored.zip.open(info) as entry:
-                        try:
-                            npy_header(entry, info.file_size)
-                        except ValueError as err:
-                            raise ValueError(f"its entry {info.filename}: {err}") from None
+                        shape, dtype, there = npy_header(entry, info.file_size)
+                    if nbytes(shape, dtype) > there:
+                        raise ValueError(f"its entry {info.filename} claims {dtype} {list(shape)} "
+                                         f"({nbytes(shape, dtype)} bytes), {there} data bytes are there")
             yield stored
 
 
