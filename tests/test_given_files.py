@@ -18,6 +18,7 @@ from hpcreduce.ft.resize import read_discovery
 from hpcreduce.runtime import files
 from hpcreduce.runtime.given_files import inside
 from hpcreduce.torch.embedding_configs import EmbeddingBagConfig
+from hpcreduce.torch import table_files
 from hpcreduce.torch.table_files import saved_problem
 from hpcreduce.train.data_dir import DirDataset, shard_file, write_data_dir
 from hpcreduce.train.models import SyntheticCTR
@@ -86,6 +87,8 @@ def test_another_users_planted_link_is_refused_by_name_never_written_through(tmp
     with pytest.raises(OutputFileError, match="another user"):
         files.LineStream(str(path), fresh=True)
     assert "another user" in files.path_problem(str(path))
+    with pytest.raises(OSError, match="another user"):
+        table_files._written(str(path), (2, 2))  # save_tables maps its files to write them in place
     assert victim.read_text() == "export PATH\n"
     os.lchown(link, os.geteuid(), os.getegid())  # our own link is followed, as before
     files.write_json(str(path), [1])

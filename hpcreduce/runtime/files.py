@@ -78,7 +78,7 @@ def _foreign_link_problem(path: str) -> Optional[str]:
     return f"{found[0]} is a symlink owned by uid {found[1]}, another user: never followed" if found else None
 
 
-def _refuse_foreign_link(path: str) -> None:
+def refuse_foreign_link(path: str) -> None:
     """``OSError`` (``ELOOP``) naming the link ``foreign_link`` finds, if any."""
     problem = _foreign_link_problem(path)
     if problem:
@@ -161,7 +161,7 @@ def _text(mode: str) -> dict:
 def atomic_file(path: str, mode: str = "w") -> Iterator[IO]:
     """Write ``path`` as the module docstring says; ``mode``: ``"w"`` (UTF-8 text) or ``"wb"``."""
     with as_output_error(path):
-        _refuse_foreign_link(path)
+        refuse_foreign_link(path)
         target = os.path.realpath(path)
         if written_through(path):
             with _open_through(path, mode, **_text(mode)) as out:
@@ -209,7 +209,7 @@ class LineStream:
     def __init__(self, path: str, *, fresh: bool):
         self.path = path
         with as_output_error(path):
-            _refuse_foreign_link(path)
+            refuse_foreign_link(path)
             through = written_through(path)
             if not through:
                 _make_folders(path)

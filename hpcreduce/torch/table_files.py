@@ -19,13 +19,13 @@ missing or cut file is refused at start on every rank, never met by one table ow
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..errors import OutputFileError, PSInputError
 from ..runtime.environment import MAX_RANKS
-from ..runtime.files import write_json
+from ..runtime.files import refuse_foreign_link, write_json
 from ..runtime.given_files import inside, nbytes, npy_file_header, read_json, remove_regular
 from .embedding_configs import EmbeddingBagConfig
 
@@ -46,10 +46,8 @@ def save_tables(job, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
         if rank == 0:
             remove_regular([os.path.join(directory, META)])  # until it is written again, the save is unfinished
-        files = {c.name: np.lib.format.open_memmap(_path(directory, c.name, rank, trainers), mode="w+",
-                                                   dtype=np.float32, shape=(len(range(rank, c.num_embeddings,
-                                                                                      trainers)), c.embedding_dim))
-                 for c in configs}
+        files = {c.name: _written(_path(directory, c.name, rank, trainers),
+                                  (len(range(rank, c.num_embeddings, trainers)), c.embedding_dim)) for c in configs}
     except OSError as error:
         problem = f"rank {rank}: {error}"
     problems = [p for p in job.comm.allgather(problem) if p]
@@ -125,6 +123,13 @@ def saved_problem(directory: Optional[str], configs: Sequence[EmbeddingBagConfig
         return SavedTables(directory).problem(configs)
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"tables_from={directory!r} is unreadable: {type(err).__name__}: {err}"
+
+
+def _written(path: str, shape: Tuple[int, int]) -> np.ndarray:
+    """A new float32 ``.npy`` file at ``path`` mapped to be written in place (never through
+    another user's symlink: ``runtime.files``)."""
+    refuse_foreign_link(path)
+    return np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
 
 
 def _path(directory: str, table: str, rank: int, trainers: int) -> str:
