@@ -47,6 +47,7 @@ def test_train_refuses_every_bad_flag_at_once_before_launching(tmp_path):
 ALONE = {  # a flag that does nothing without a partner -> the partner the refusal names
     ("--eviction", "lfu"): "--row-budget", ("--checkpoint-keep", "3"): "--checkpoint-dir",
     ("--checkpoint-every", "5"): "--checkpoint-dir", ("--discover-every", "2"): "--discover",
+    ("--max-ranks", "8"): "--discover",
     ("--kill-seed", "1"): "--kill-random", ("--accept-server-loss",): "in-job fault tolerance: launch with ULFM (--ft)",
     ("--leave", "2@5"): "in-job fault tolerance: launch with ULFM (--ft)",
 }
@@ -56,7 +57,7 @@ def test_a_flag_given_without_the_flag_it_needs_is_refused_by_name():
     args = [arg for flags in ALONE for arg in flags]
     job = hpcreduce_cli("train", "-n", "3", "--mode", "ps", "--model", "embed", *args, timeout=60)
     assert_refused(job, "--eviction needs --row-budget", "--checkpoint-every and --checkpoint-keep need "
-                   "--checkpoint-dir", "--discover-every needs --discover", "--kill-seed needs --kill-random",
+                   "--checkpoint-dir", "--max-ranks and --discover-every need --discover", "--kill-seed needs --kill-random",
                    "--leave and --accept-server-loss need in-job fault tolerance: launch with ULFM (--ft)")
 
 

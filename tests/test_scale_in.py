@@ -15,7 +15,7 @@ from hypothesis import given, strategies as st
 
 from hpcreduce.ft.faults import FaultConfig
 from hpcreduce.ft.resize import GrowthRule, Wanted, discovery_warning, known_hosts, read_discovery
-from hpcreduce.runtime.spawn import SPAWN_INFO, spawn_slots
+from hpcreduce.runtime.spawn import PER_CPU, SPAWN_INFO, slurm_ranks, spawn_slots
 from hpcreduce.runtime.nodes import this_node
 from mpi_run import hpcreduce_cli
 
@@ -98,17 +98,31 @@ def test_a_bare_number_is_bounded_by_the_hostfiles_slots_and_a_read_never_raises
     hostfile.write_text("a slots=2\nb slots=3\n")
     path.write_text("1000\n")
     monkeypatch.delenv(SPAWN_INFO.name, raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     rule = FaultConfig(discover=str(path), hostfile=str(hostfile)).growth
-    assert rule.slots == 5 and spawn_slots(None) is None
+    assert rule.limit() == (5, "the slots of the job's hosts") and spawn_slots(None) is None
     wanted = rule.wanted(1)
-    assert wanted == Wanted(5) and "asks for 1000 ranks, more than the 5 slots of the job's hosts" in wanted.bounded
+    assert wanted == Wanted(5) and "asks for 1000 ranks, more than the 5 of the slots of the job's hosts" in wanted.bounded
     assert rule.count(0, 1, 2, wanted) == 3 and discovery_warning(wanted) == wanted.bounded
-    path.write_text("a:4\nb:9\n")  # hosts name their own slots
-    assert rule.wanted(1) == Wanted(13, {"a": 4, "b": 9})
-    monkeypatch.setenv(SPAWN_INFO.name, "map_by=slot:oversubscribe")  # oversubscribing, as asked: no bound
-    assert FaultConfig(discover=str(path), hostfile=str(hostfile)).growth.slots is None
+    path.write_text("a:4\nb:9\n")  # hosts whose slots add up past the bound: refused by name, never spawned
+    assert "asks for 13 ranks, more than the 5 of the slots of the job's hosts: refused" in rule.wanted(1)
+    path.write_text("a:2\nb:3\n")
+    assert rule.wanted(1) == Wanted(5, {"a": 2, "b": 3})
+    assert FaultConfig(discover=str(path), hostfile=str(hostfile), max_ranks=4).growth.limit() == (4, "--max-ranks")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # inside a Slurm allocation: its tasks bound it too
+    monkeypatch.setenv("SLURM_NTASKS", "3")
+    assert rule.limit() == (3, "Slurm's allocation of the job")
+    monkeypatch.delenv("SLURM_NTASKS")
+    monkeypatch.setenv("SLURM_JOB_CPUS_PER_NODE", "2(x2),1")
+    assert slurm_ranks() == 5
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.setenv(SPAWN_INFO.name, "map_by=slot:oversubscribe")  # oversubscribing, as asked: not the slots
+    cpus = os.cpu_count()
+    assert FaultConfig(discover=str(path), hostfile=str(hostfile)).growth.limit()[0] == PER_CPU * cpus
+    path.write_text(f"localhost:{PER_CPU * cpus + 1}\n")  # HOST:SLOTS is bounded as a bare number is
+    assert "refused" in FaultConfig(discover=str(path)).growth.wanted(1)
     broken = GrowthRule(discover=str(tmp_path / "nul\0name")).wanted(1)  # open() raises ValueError: a problem
-    assert "cannot use it (ValueError" in broken and "goes on unchanged" in discovery_warning(broken)
+    assert "cannot read it (embedded null byte)" in broken and "goes on unchanged" in discovery_warning(broken)
 
 
 class RankWatch(threading.Thread):

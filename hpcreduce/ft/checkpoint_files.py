@@ -10,8 +10,11 @@ checkpoints are kept. The metadata carries the ``identity`` of the run that wrot
 (model, shapes, optimizer, seed...: the caller's); ``identity_problem`` says how
 another run's differs, so that it is refused rather than restored. A file that does not
 read back whole (torn, truncated, corrupted, foreign) is passed over with a warning, and so is one
-whose metadata is not a checkpoint's (``metadata_of`` validates every read). A step the file
-name cannot hold (below 0, over ``MAX_STEP``) is refused when written (``OutputFileError``).
+whose metadata is not a checkpoint's (``metadata_of`` validates every read). Files in a
+checkpoint folder may be anyone's: it is read with ``runtime.given_files.open_npz``, which
+allocates no more than the file's size; ``read(..., verify=True)`` checks every entry's checksum streaming, holding no array. Pruning
+removes only regular files of our names. A step the file name cannot hold (below 0, over
+``MAX_STEP``) is refused when written (``OutputFileError``).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import numpy as np
 from ..arrays import to_host
 from ..errors import OutputFileError
 from ..runtime.files import atomic_file, remove_stale_temporaries
+from ..runtime.given_files import open_npz, remove_regular
 
 NAME = re.compile(r"^ckpt-(\d{9})\.npz$")
 MAX_STEP = 10**9 - 1
@@ -39,6 +43,7 @@ METADATA_KEY = "__metadata__"
 UNREADABLE = (OSError, ValueError, KeyError, EOFError, TypeError, struct.error, zipfile.BadZipFile, zlib.error)
 Warn = Callable[[str], None]
 Arrays = Dict[str, np.ndarray]
+CHUNK = 1 << 20  # bytes read at a time when only checksums are checked
 
 
 def print_warning(text: str) -> None:
@@ -75,8 +80,7 @@ def write_checkpoint(directory: str, final: str, data: memoryview, *, keep: int,
         out.flush()
         halfway()
         out.write(data[len(data) // 2:])
-    for _step, old_path in checkpoints(directory, name)[:-keep]:
-        os.unlink(old_path)
+    remove_regular(old_path for _step, old_path in checkpoints(directory, name)[:-keep])
     return final
 
 
@@ -90,19 +94,25 @@ def checkpoints(directory: str, name: re.Pattern = NAME) -> List[Tuple[int, str]
     return sorted(found)
 
 
-def read(path: str, *, arrays: bool = True) -> Tuple[Dict[str, object], Arrays]:
+def read(path: str, *, arrays: bool = True, verify: bool = False) -> Tuple[Dict[str, object], Arrays]:
     """(metadata, arrays) of the checkpoint at ``path``, every array read whole (checksums
-    checked); with ``arrays`` off only the metadata. Raises one of ``UNREADABLE``."""
-    with np.load(path) as stored:
+    checked); with ``arrays`` off only the metadata, every entry's checksum checked too when
+    ``verify`` (streaming: no array is held). Raises one of ``UNREADABLE``."""
+    with open_npz(path) as stored:
         metadata = metadata_of(stored)
         values = {name: stored[name] for name in stored.files if name != METADATA_KEY} if arrays else {}
+        for info in stored.zip.infolist() if verify and not arrays else ():
+            with stored.zip.open(info) as entry:  # a wrong checksum raises at the entry's end
+                while entry.read(CHUNK):
+                    pass
     return metadata, values
 
 
-def read_or_warn(path: str, warn: Warn, *, arrays: bool = True) -> Optional[Tuple[Dict[str, object], Arrays]]:
+def read_or_warn(path: str, warn: Warn, *, arrays: bool = True,
+                 verify: bool = False) -> Optional[Tuple[Dict[str, object], Arrays]]:
     """``read(path)``, or None after ``warn`` said why it cannot be used."""
     try:
-        return read(path, arrays=arrays)
+        return read(path, arrays=arrays, verify=verify)
     except UNREADABLE as err:
         warn(f"checkpoint {path} is unreadable ({type(err).__name__}: {err}); passed over")
         return None
@@ -119,7 +129,7 @@ def load_latest(directory: str, warn: Warn = print_warning) -> Optional[Tuple[Di
 
 
 def metadata_of(stored) -> Dict[str, object]:
-    """The metadata entry of a checkpoint opened with ``np.load``, validated (``checked``)."""
+    """The metadata entry of a checkpoint opened with ``open_npz``, validated (``checked``)."""
     return checked(json.loads(stored[METADATA_KEY].tobytes().decode()))
 
 

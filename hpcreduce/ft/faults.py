@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from ..errors import SettingProblem, setting_problem
+from ..runtime.environment import MAX_RANKS
 from ..runtime.options import Bound, at_least, field_problems, option, partner_problems, positive_finite
-from ..runtime.spawn import spawn_slots
 from ..runtime.stop import STOP_SIGNALS, parse_signals
 from .checkpoint_files import MAX_STEP
 from .inject import Kill, KillSchedule, NodeKill, hostfile_node_problem, parse_kill, parse_kill_node
@@ -54,6 +54,11 @@ class FaultConfig:
                                      "HOST[:SLOTS] lines (Horovod's discovery format), polled between steps: the "
                                      "job grows or shrinks to it", metavar="FILE",
                                      needs=(FT,))
+    max_ranks: Optional[int] = option(None, "--max-ranks", "the most ranks --discover may take the job to (as "
+                                      "Horovod's --max-np); the hostfile's slots and Slurm's allocation bound it "
+                                      "too (default: those, else 4 ranks a CPU of this node)", metavar="N",
+                                      bound=Bound(lambda n: 1 <= n <= MAX_RANKS, f"must be from 1 to {MAX_RANKS}"),
+                                      needs=("discover",))
     discover_every: int = option(1, "--discover-every", "poll --discover every STEPS steps", metavar="STEPS",
                                  bound=at_least(1), needs=("discover",))
     replace: bool = option(False, "--replace", "spawn a replacement for every rank lost, keeping the job's size",
@@ -200,10 +205,10 @@ class FaultConfig:
 
     @property
     def growth(self) -> GrowthRule:
-        """When the job grows (``grow`` entries and the discovery file, whose bare number the
-        hostfile's slots bound: ``spawn_slots``)."""
+        """When the job grows (``grow`` entries and the discovery file, bounded by ``max_ranks``,
+        the hostfile's slots and Slurm's allocation: ``GrowthRule.limit``)."""
         return GrowthRule(tuple(self.grow), self.discover, self.discover_every, tuple(self.leave),
-                          spawn_slots(self.hostfile) if self.discover else None)
+                          self.max_ranks, self.hostfile)
 
     def schedule(self, seed: int, protected: Sequence[int] = (0,)) -> KillSchedule:
         """The kill schedule; random kills draw from ``kill_seed``, else the run's ``seed``,

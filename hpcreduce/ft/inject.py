@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence
 
 from ..errors import HpcreduceError
+from ..runtime.files import refuse_foreign_link
 from ..runtime.hosts import hostfile_hosts
 from ..runtime.nodes import this_node
 from ..runtime.settings import Setting, non_negative_integer, text_value
@@ -150,6 +151,7 @@ def record(reason: str) -> None:
     """Append the moment and ``reason`` to ``HPCREDUCE_KILL_LOG``, if set."""
     log = KILL_LOG.value()
     if log:
+        refuse_foreign_link(log)
         with open(log, "a", encoding="utf-8") as handle:
             handle.write(f"{time.time():.6f} {os.getpid()} {reason}\n")
             handle.flush()

@@ -5,7 +5,12 @@ by ``--leave ID@STEP`` entries (the rank with stable id ID leaves before step ST
 both by a discovery file read every ``discover_every`` steps (``read_discovery``). The
 file holds either the wanted number of ranks or Horovod's discovery format, one
 ``HOST[:SLOTS]`` a line (SLOTS defaults to 1; ``#`` starts a comment). Every number read is
-bounded where it is parsed: a count of ranks or slots by ``runtime.environment.MAX_RANKS``.
+bounded where it is parsed: a count of ranks or slots by ``runtime.environment.MAX_RANKS``,
+and what the file asks for by the most ranks the job may grow to (``runtime.spawn.growth_limit``:
+``--max-ranks``, the hostfile's slots, Slurm's allocation, else this node's CPUs): a bare number
+past it is cut down to it (and said), hosts whose slots add up past it are a problem (the job
+goes on unchanged). The file is read as ``runtime.given_files`` reads what we are pointed at:
+a regular file of at most ``MAX_BYTES``, never a FIFO or a device that would block rank 0.
 ``GrowthRule.leavers`` names the ids that leave before a step; ``GrowthRule.count`` is how
 many ranks to add then (after the leavers are gone). The spawn and merge themselves are
 ``hpcreduce.runtime.spawn``.
@@ -18,8 +23,10 @@ from typing import Collection, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import LaunchError
 from ..runtime.hosts import hostfile_hosts
+from ..runtime.given_files import read_regular
 from ..runtime.nodes import this_node
 from ..runtime.environment import MAX_RANKS
+from ..runtime.spawn import growth_limit
 
 LOCAL_NAMES = ("localhost", "127.0.0.1")
 _NUMBER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: str.isdigit also takes "²", which int refuses
@@ -27,13 +34,14 @@ _SLOTS = re.compile(r"[0-9]+")
 _HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a host name or address: no spaces, signs or other scripts
 _NUMBERLIKE = re.compile(r"[0-9_.]+")
 _IPV4 = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}")
+MAX_BYTES = 1 << 20  # a discovery file's most bytes: ample for a line per host of any cluster
 
 
 @dataclass(frozen=True)
 class Wanted:
     """What a discovery file asks for: ``total`` ranks; ``hosts``: {host: slots} (short
     names, in file order), or None for a file holding a plain number; ``bounded``: the
-    warning when that number was cut down to the slots there are (``GrowthRule.slots``)."""
+    warning when that number was cut down to the most the job may grow to (``GrowthRule.limit``)."""
 
     total: int
     hosts: Optional[Dict[str, int]] = None
@@ -47,15 +55,19 @@ Discovery = Union[Wanted, str, None]
 @dataclass(frozen=True)
 class GrowthRule:
     """``grow``: (count, step) entries; ``leave``: (id, step) entries; ``discover``: the
-    discovery file, read at steps that are multiples of ``discover_every``; ``slots``: the
-    most ranks the job's hosts take (``runtime.spawn.spawn_slots``; None: no bound), which
-    bounds the file's bare number."""
+    discovery file, read at steps that are multiples of ``discover_every``; ``max_ranks`` and
+    ``hostfile``: what bounds what the file asks for, with Slurm's allocation (``limit``)."""
 
     grow: Sequence[Tuple[int, int]] = ()
     discover: Optional[str] = None
     discover_every: int = 1
     leave: Sequence[Tuple[int, int]] = ()
-    slots: Optional[int] = None
+    max_ranks: Optional[int] = None
+    hostfile: Optional[str] = None
+
+    def limit(self) -> Tuple[int, str]:
+        """The most ranks the discovery file may take the job to, and what says so."""
+        return growth_limit(self.max_ranks, self.hostfile)
 
     def reads_target(self, step: int) -> bool:
         """Whether the discovery file is read before ``step``."""
@@ -63,20 +75,22 @@ class GrowthRule:
 
     def wanted(self, step: int, known_hosts: Optional[Collection[str]] = None) -> Discovery:
         """The discovery file's answer when it is read before ``step`` (None otherwise); a bare
-        number past ``slots`` is cut down to them (``Wanted.bounded`` says so). Read by one rank,
+        number past ``limit`` is cut down to it (``Wanted.bounded`` says so), hosts past it are a
+        problem. Read by one rank,
         which broadcasts it (the answer pickles); never raises, since the others wait for it: a
         file it cannot use is a problem like any other."""
         if not self.reads_target(step):
             return None
         try:
             found = read_discovery(self.discover, known_hosts)
+            limit, why = self.limit()
         except Exception as err:  # noqa: BLE001 - whatever the file holds, the job goes on
             return f"discovery file {self.discover}: cannot use it ({type(err).__name__}: {err})"
-        slots = self.slots
-        if isinstance(found, Wanted) and found.hosts is None and slots is not None and found.total > slots:
-            return Wanted(slots, bounded=f"discovery file {self.discover} asks for {found.total} ranks, more than "
-                                         f"the {slots} slots of the job's hosts: the job grows to {slots} at most")
-        return found
+        if not isinstance(found, Wanted) or found.total <= limit:
+            return found
+        past = f"discovery file {self.discover} asks for {found.total} ranks, more than the {limit} of {why}"
+        return Wanted(limit, bounded=f"{past}: the job grows to {limit} at most") if found.hosts is None else \
+            f"{past}: refused"
 
     def count(self, after: int, step: int, size: int, target: Union[Wanted, int, None] = None) -> int:
         """Ranks to add to a job of ``size`` ranks (the leavers gone) before ``step``, growth
@@ -153,11 +167,10 @@ def read_discovery(path: str, known_hosts: Optional[Collection[str]] = None) -> 
     sentence naming the file: unreadable, a malformed line, a host twice, a host not in
     ``known_hosts`` (short names; ``localhost`` is this node), no rank wanted."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        text = read_regular(path, MAX_BYTES).decode("utf-8")
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as err:
+    except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
         return f"discovery file {path}: cannot read it ({err})"
     lines = [(number, line.split("#", 1)[0].strip()) for number, line in enumerate(text.splitlines(), 1)]
     lines = [(number, line) for number, line in lines if line]

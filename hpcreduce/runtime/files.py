@@ -1,7 +1,12 @@
 """Output files written whole, through whatever their path names.
 
-``atomic_file(path)`` writes where ``path`` leads: a symlink is followed to its final
-target (the link stays a link); a device or FIFO (``/dev/null``, a named pipe) and
+``atomic_file(path)`` writes where ``path`` leads: a symlink this user (or root) owns is
+followed to its final target (the link stays a link); one owned by anyone else, anywhere along
+the path, is refused (``OutputFileError`` naming it and its owner), never followed nor
+replaced: in a shared folder (``/tmp``, a group's checkpoint folder) another user's planted
+link would otherwise make us overwrite what it points at (the kernel's
+``fs.protected_symlinks`` rule, applied in every folder, which never sees our ``os.replace``
+of a target we resolved ourselves); a device or FIFO (``/dev/null``, a named pipe) and
 whatever ``/dev/stdout`` leads to (a terminal, a pipe, the file the shell redirected it
 to) are written through (appended to); a regular file, or a new path, gets a temporary beside it
 that is flushed to disk (fsync), renamed over it (``os.replace`` is atomic) and the
@@ -29,9 +34,55 @@ from contextlib import contextmanager
 from typing import IO, Any, Iterator, List, Optional, Tuple
 
 from ..errors import OutputFileError
+from .given_files import remove_regular
 
 SUFFIX = ".partial"
 TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[a-z0-9_]+\.partial$")
+
+
+def foreign_link(path: str) -> Optional[Tuple[str, int]]:
+    """The first symlink along ``path`` (every component, as the kernel resolves it) owned by
+    neither this user nor root, and its owner's uid; None when there is none. Links under
+    /proc (``/dev/stdout``'s) are the kernel's own."""
+    trusted, followed = {os.geteuid(), 0}, 0
+    done, todo = "/", os.path.abspath(path).split("/")[::-1]
+    while todo:
+        part = todo.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        here = os.path.join(done, part)
+        try:
+            info = os.lstat(here)
+        except OSError:  # absent (or not a folder): nothing further is followed
+            return None
+        if not stat.S_ISLNK(info.st_mode) or here.startswith("/proc/"):
+            done = here
+            continue
+        if info.st_uid not in trusted:
+            return here, info.st_uid
+        followed += 1
+        if followed > 40:  # the kernel's own limit: the open will say ELOOP
+            return None
+        target = os.readlink(here)
+        done = "/" if target.startswith("/") else done
+        todo.extend(target.split("/")[::-1])
+    return None
+
+
+def _foreign_link_problem(path: str) -> Optional[str]:
+    """What ``foreign_link`` finds, as words, or None."""
+    found = foreign_link(path)
+    return f"{found[0]} is a symlink owned by uid {found[1]}, another user: never followed" if found else None
+
+
+def refuse_foreign_link(path: str) -> None:
+    """``OSError`` (``ELOOP``) naming the link ``foreign_link`` finds, if any."""
+    problem = _foreign_link_problem(path)
+    if problem:
+        raise OSError(errno.ELOOP, f"{problem} (remove it, or write elsewhere)")
 
 
 def _host() -> str:
@@ -109,8 +160,9 @@ def _text(mode: str) -> dict:
 @contextmanager
 def atomic_file(path: str, mode: str = "w") -> Iterator[IO]:
     """Write ``path`` as the module docstring says; ``mode``: ``"w"`` (UTF-8 text) or ``"wb"``."""
-    target = os.path.realpath(path)
     with as_output_error(path):
+        refuse_foreign_link(path)
+        target = os.path.realpath(path)
         if written_through(path):
             with _open_through(path, mode, **_text(mode)) as out:
                 yield out
@@ -151,11 +203,13 @@ def write_json(path: str, value: Any, *, indent: int = 1) -> None:
 
 class LineStream:
     """A text file written line by line as a run goes: a regular file emptied first when
-    ``fresh`` (else appended to), a device or FIFO written through; symlinks followed."""
+    ``fresh`` (else appended to), a device or FIFO written through; symlinks followed as
+    ``atomic_file`` follows them."""
 
     def __init__(self, path: str, *, fresh: bool):
         self.path = path
         with as_output_error(path):
+            refuse_foreign_link(path)
             through = written_through(path)
             if not through:
                 _make_folders(path)
@@ -212,28 +266,22 @@ def _alive(host: str, pid: int) -> bool:
 
 def remove_stale_temporaries(folder: str) -> List[str]:
     """Delete the temporaries in ``folder`` whose writer (a process on this host) is gone,
-    never one a live process may be writing; returns their paths."""
-    removed = []
+    never one a live process may be writing (regular files only); returns their paths."""
     try:
         names = os.listdir(folder)
     except OSError:
-        return removed
-    for name in names:
-        match = TEMPORARY.match(name)
-        if match and not _alive(match["host"], int(match["pid"])):
-            path = os.path.join(folder, name)
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except FileNotFoundError:
-                pass
-    return removed
+        return []
+    return remove_regular(os.path.join(folder, name) for name in names for match in [TEMPORARY.match(name)]
+                          if match and not _alive(match["host"], int(match["pid"])))
 
 
 def path_problem(path: str) -> Optional[str]:
     """Why a file could not be written at ``path`` (symlinks followed; its folder is created
     if missing, as ``atomic_file`` would), or None. A device or FIFO is written through, so it
     passes when writable."""
+    problem = _foreign_link_problem(path)
+    if problem:
+        return problem
     if written_through(path):
         return None if os.access(path, os.W_OK) else "not writable"
     try:

@@ -12,6 +12,7 @@ process (``leave_job``) while the others go on over the split.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import NoReturn, Optional, Sequence, Tuple
 
@@ -51,6 +52,40 @@ def spawn_slots(hostfile: Optional[str]) -> Optional[int]:
         return hostfile_slots(hostfile)
     except LaunchError:
         return None
+
+
+PER_CPU = 4
+"""Ranks a CPU of this node may take when nothing else bounds growth (the default spawn
+oversubscribes this node only)."""
+
+
+def slurm_ranks() -> Optional[int]:
+    """The ranks Slurm allocated this job: ``SLURM_NTASKS``, else the CPUs of
+    ``SLURM_JOB_CPUS_PER_NODE`` (``4(x2),2``: 10); None outside a Slurm job or when unreadable."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return None
+    tasks = os.environ.get("SLURM_NTASKS", "")
+    if tasks.isdecimal() and int(tasks) > 0:
+        return int(tasks)
+    total = 0
+    for part in filter(None, os.environ.get("SLURM_JOB_CPUS_PER_NODE", "").split(",")):
+        match = re.fullmatch(r"([0-9]+)(?:\(x([0-9]+)\))?", part)
+        if not match:
+            return None
+        total += int(match[1]) * int(match[2] or 1)
+    return total or None
+
+
+def growth_limit(max_ranks: Optional[int], hostfile: Optional[str]) -> Tuple[int, str]:
+    """The most ranks a job may grow to, and what says so (as words): the smallest of
+    ``max_ranks`` (``--max-ranks``), ``hostfile``'s slots (``spawn_slots``) and Slurm's
+    allocation (``slurm_ranks``); with none of them, ``PER_CPU`` ranks a CPU of this node."""
+    found = [(limit, why) for limit, why in (
+        (max_ranks, "--max-ranks"), (spawn_slots(hostfile), "the slots of the job's hosts"),
+        (slurm_ranks(), "Slurm's allocation of the job")) if limit]
+    cpus = os.cpu_count() or 1
+    return min(found) if found else (PER_CPU * cpus, f"{PER_CPU} ranks for each of this node's {cpus} CPUs "
+                                                     "(--max-ranks or a hostfile sets another bound)")
 
 
 def spawn_info() -> MPI.Info:

@@ -18,13 +18,15 @@ Shards are memory-mapped the first time a batch touches them, so a worker opens 
 shards ``partition`` gives it; ``opened`` lists them. A shard file changed or cut while the run
 reads it is an ``InputFileError`` naming it (checked when it is mapped and before each read).
 ``problems`` checks the manifest and the headers of a part of the files (existence, dtype,
-shape, length), and ``run_checks`` splits that check over the ranks and gives every
-rank the whole list, before anything trains. ``write_data_dir`` writes such a directory
+shape, length: sizes multiplied exactly), and ``run_checks`` splits that check over the ranks and gives every
+rank the whole list, before anything trains. The folder may be shared: every file is read
+as ``runtime.given_files`` reads what we are pointed at (regular files only, the manifest
+bounded), and an array name of the manifest is one plain name, so every shard path stays
+inside the folder. ``write_data_dir`` writes such a directory
 from any data set whose batches are dicts of arrays (``hpcreduce data write``).
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Set, Tuple
@@ -32,6 +34,8 @@ from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Set, Tuple
 import numpy as np
 
 from ..errors import InputFileError, OutputFileError, Problem, setting_problem, worded
+from ..runtime.files import atomic_file, write_json
+from ..runtime.given_files import inside, nbytes, npy_file_header, npy_header, open_regular, read_json
 from .data import Dataset
 from .partition import even_shards, share_bounds, shard_layout
 
@@ -54,6 +58,9 @@ class DirDataset(Dataset):
         self._maps: Dict[Tuple[str, int], Dict[str, _Mapped]] = {}
         self.manifest, self.manifest_problem = _read_manifest(self.path)
         self.name = self.manifest.get("name", "data-dir") if self.manifest else "data-dir"
+
+    def _path(self, split: str, shard: int, array: str) -> str:
+        return inside(self.path, shard_file(split, shard, array))
 
     def _problem(self, why: str) -> Problem:
         return setting_problem("{data} {path}: {why}", path=self.path, why=why)
@@ -91,7 +98,8 @@ class DirDataset(Dataset):
                 any(not isinstance(splits.get(split), list) or not splits[split] for split in SPLITS):
             return [self._problem(f"{MANIFEST} needs 'arrays' and non-empty 'splits' train and test")]
         found = [self._problem(f"{MANIFEST}: array {name!r} {why}") for name, why in
-                 ((name, _spec_problem(spec)) for name, spec in sorted(arrays.items())) if why]
+                 ((name, self._name_problem(name) or _spec_problem(spec)) for name, spec in sorted(arrays.items()))
+                 if why]
         bad = [split for split in SPLITS if any(not isinstance(rows, int) or rows < 1 for rows in splits[split])]
         if bad:
             found.append(self._problem(f"{MANIFEST}: every shard of {' and '.join(bad)} needs 1 or more rows"))
@@ -101,13 +109,21 @@ class DirDataset(Dataset):
                                        f"{', '.join(self.expects)} (missing {', '.join(missing)})"))
         return found
 
+    def _name_problem(self, name: str) -> Optional[str]:
+        """Why array ``name`` cannot name a shard file inside the folder, or None."""
+        try:
+            self._path("train", 0, name)
+        except ValueError:
+            return "is not a plain name (its shard files would be outside the folder)"
+        return None
+
     def _file_problem(self, split: str, shard: int, array: str) -> Optional[str]:
         """Why shard file (split, shard, array) does not match the manifest, or None."""
         name = shard_file(split, shard, array)
         spec = self.manifest["arrays"][array]
         rows = self.manifest["splits"][split][shard]
         try:
-            shape, dtype, length = read_header(os.path.join(self.path, name))
+            shape, dtype, length = npy_file_header(self._path(split, shard, array))
         except FileNotFoundError:
             return f"shard file {name} is missing ({split} shard {shard} of {len(self.manifest['splits'][split])})"
         except (OSError, ValueError) as err:
@@ -116,8 +132,8 @@ class DirDataset(Dataset):
         if dtype != np.dtype(spec["dtype"]) or shape != wanted:
             return (f"shard file {name} holds {dtype} {list(shape)}; the manifest says "
                     f"{spec['dtype']} {list(wanted)}")
-        if length < int(np.prod(shape)) * dtype.itemsize:
-            return f"shard file {name} is truncated ({length} of {int(np.prod(shape)) * dtype.itemsize} data bytes)"
+        if length < nbytes(shape, dtype):
+            return f"shard file {name} is truncated ({length} of {nbytes(shape, dtype)} data bytes)"
         return None
 
     def _shard(self, split: str, shard: int) -> Dict[str, np.ndarray]:
@@ -137,13 +153,16 @@ class DirDataset(Dataset):
 
     def _mapped(self, split: str, shard: int, array: str) -> "_Mapped":
         """Shard file (split, shard, array) memory-mapped, once it matches the manifest."""
-        path = os.path.join(self.path, shard_file(split, shard, array))
+        path = self._path(split, shard, array)
         why = self._file_problem(split, shard, array)
         if why:
             raise InputFileError(f"data directory {self.path}: {why} (changed since the run checked it)")
-        handle = open(path, "rb")
         try:
-            shape, dtype, _ = _header(handle)
+            handle = open_regular(path)
+        except (OSError, ValueError) as err:
+            raise InputFileError(f"data shard file {path} cannot be mapped: {err}") from None
+        try:
+            shape, dtype, _ = npy_header(handle, os.fstat(handle.fileno()).st_size)
             offset = handle.tell()
             values = np.memmap(handle, dtype=dtype, mode="r", shape=shape, offset=offset)
         except (OSError, ValueError) as err:  # changed again in between
@@ -180,22 +199,6 @@ def _spec_problem(spec: Any) -> Optional[str]:
     return None if dtype.kind in "biuf" else f"has dtype {dtype}, not a number type"
 
 
-def read_header(path: str) -> Tuple[Tuple[int, ...], np.dtype, int]:
-    """(shape, dtype, bytes after the header) of the ``.npy`` file at ``path``; reads the header only."""
-    with open(path, "rb") as handle:
-        return _header(handle)
-
-
-def _header(handle: BinaryIO) -> Tuple[Tuple[int, ...], np.dtype, int]:
-    """``read_header`` of an open file, left at the first data byte."""
-    version = np.lib.format.read_magic(handle)
-    reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    shape, fortran, dtype = reader(handle)
-    if fortran or dtype.hasobject:
-        raise ValueError("Fortran-ordered or object arrays are not shards")
-    return tuple(shape), dtype, os.fstat(handle.fileno()).st_size - handle.tell()
-
-
 @dataclass
 class _Mapped:
     """A shard file kept open (``handle``) and mapped (``values``), which must stay ``needs`` bytes long."""
@@ -210,8 +213,7 @@ def _read_manifest(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     if not os.path.isdir(path):
         return None, "is not a directory"
     try:
-        with open(os.path.join(path, MANIFEST)) as handle:
-            manifest = json.load(handle)
+        manifest = read_json(os.path.join(path, MANIFEST))
     except FileNotFoundError:
         return None, f"has no {MANIFEST} (write one with hpcreduce data write)"
     except (OSError, ValueError) as err:
@@ -242,15 +244,13 @@ def write_data_dir(dataset: Dataset, path: str, *, train_shards: int, test_shard
                 for array, values in batch.items():
                     values = np.ascontiguousarray(values)
                     arrays[array] = {"dtype": values.dtype.name, "shape": list(values.shape[1:])}
-                    np.save(os.path.join(path, shard_file(split, shard, array)), values)
+                    with atomic_file(os.path.join(path, shard_file(split, shard, array)), "wb") as out:
+                        np.save(out, values)
         info = {key: value for key, value in dataset.info().items()
                 if key not in ("name", "train_examples", "test_examples", "train_shards")}
         manifest = {"format": FORMAT, "version": VERSION, "name": dataset.name, "arrays": arrays,
                     "splits": splits, "info": info}
-        temporary = os.path.join(path, f".{MANIFEST}.tmp")
-        with open(temporary, "w") as handle:
-            json.dump(manifest, handle, indent=1)
-        os.replace(temporary, os.path.join(path, MANIFEST))
-    except OSError as err:
+        write_json(os.path.join(path, MANIFEST), manifest)
+    except OSError as err:  # an OutputFileError (atomic_file's) names its file already
         raise OutputFileError(f"cannot write the data directory {path}: {err}") from err
     return manifest

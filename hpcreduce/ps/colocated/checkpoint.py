@@ -12,14 +12,14 @@ checkpoint of the same tables. A problem (no checkpoint, other tables, a missing
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ...errors import PSConfigError
+from ...errors import OutputFileError, PSConfigError
 from ...runtime.files import atomic_file, write_json
+from ...runtime.given_files import inside, open_npz, read_json, remove_regular
 from .moves import Rows, placed
 from .store import HEAT
 
@@ -44,11 +44,11 @@ def save(tables, directory: str) -> None:
         arrays.update({f"{t}/{name}": array for name, array in state.items()})
     problem = None
     try:
-        if tables.rank == 0 and os.path.exists(os.path.join(directory, DESCRIPTION)):
-            os.remove(os.path.join(directory, DESCRIPTION))  # until written again, the save is unfinished
+        if tables.rank == 0:
+            remove_regular([os.path.join(directory, DESCRIPTION)])  # until written again, the save is unfinished
         with atomic_file(os.path.join(directory, f"shard-{tables.key}.npz"), "wb") as out:
             np.savez(out, **arrays)
-    except OSError as error:
+    except (OSError, OutputFileError) as error:
         problem = f"rank {tables.rank}: {error}"
     keys = tables.comm.allgather((tables.key, problem))
     described_last(tables.comm, os.path.join(directory, DESCRIPTION),
@@ -61,7 +61,7 @@ def described_last(comm, path: str, described: Dict[str, object], problems: List
     if not problems and comm.Get_rank() == 0:
         try:
             write_json(path, described)
-        except OSError as error:  # every rank learns of it below: none is left waiting
+        except (OSError, OutputFileError) as error:  # every rank learns of it below: none is left waiting
             problems = [f"rank 0 ({os.path.basename(path)}): {error}"]
     problems = comm.bcast(problems, root=0)
     if problems:
@@ -89,15 +89,14 @@ def load(tables, directory: str) -> None:
 def _read(tables, directory: str, rank: int, size: int) -> Tuple[Optional[tuple], Optional[str]]:
     """(description, rows of this rank's share of the shard files), or the problem."""
     try:
-        with open(os.path.join(directory, DESCRIPTION), encoding="utf-8") as source:
-            saved = json.load(source)
+        saved = read_json(os.path.join(directory, DESCRIPTION))
         mine = description(tables)
         for name in ("tables", "optimizer"):
             if saved.get(name) != mine[name]:
                 return None, f"it holds {name} {saved.get(name)}, these tables have {mine[name]}"
         rows: List[Rows] = []
         for key in saved["shards"][rank::size]:
-            with np.load(os.path.join(directory, f"shard-{key}.npz")) as shard:
+            with open_npz(inside(directory, f"shard-{key}.npz")) as shard:  # a key never leads outside
                 for t in range(len(tables.layout.specs)):
                     state = {n: shard[f"{t}/{n}"] for n in tables.optimizers[t].state_names}
                     state.update((n, shard[f"{t}/{n}"]) for n in HEAT if f"{t}/{n}" in shard.files)

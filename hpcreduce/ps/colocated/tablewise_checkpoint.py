@@ -12,14 +12,14 @@ ranks; both end in ``install``.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Dict, List, Tuple
 
 import numpy as np
 
-from ...errors import PSConfigError
+from ...errors import OutputFileError, PSConfigError
 from ...runtime.files import atomic_file
+from ...runtime.given_files import open_npz, read_json, remove_regular
 from .checkpoint import described_last
 from .tablewise_ft import replicate
 
@@ -36,12 +36,12 @@ def save(tables, directory: str) -> None:
     problem = None
     try:
         os.makedirs(directory, exist_ok=True)
-        if tables.rank == 0 and os.path.exists(os.path.join(directory, DESCRIPTION)):
-            os.remove(os.path.join(directory, DESCRIPTION))  # until written again, the save is unfinished
+        if tables.rank == 0:
+            remove_regular([os.path.join(directory, DESCRIPTION)])  # until written again, the save is unfinished
         for t in tables.mine:
             with atomic_file(os.path.join(directory, f"table-{t}.npz"), "wb") as out:
                 np.savez(out, values=tables.values[t], **{f"state_{n}": a for n, a in tables.state[t].items()})
-    except OSError as error:
+    except (OSError, OutputFileError) as error:
         problem = f"rank {tables.rank}: {error}"
     described_last(tables.comm, os.path.join(directory, DESCRIPTION), description(tables),
                    [p for p in tables.comm.allgather(problem) if p], "table-wise")
@@ -51,13 +51,12 @@ def load(tables, directory: str) -> None:
     """Replace ``tables``' rows, optimizer state and step with the checkpoint in ``directory``."""
     found, problem, saved = {}, None, {}
     try:
-        with open(os.path.join(directory, DESCRIPTION), encoding="utf-8") as source:
-            saved = json.load(source)
+        saved = read_json(os.path.join(directory, DESCRIPTION))
         mine = description(tables)
         problem = next((f"it holds {name} {saved.get(name)}, these tables have {mine[name]}"
                         for name in ("tables", "optimizer") if saved.get(name) != mine[name]), None)
         for t in tables.mine if problem is None else ():
-            with np.load(os.path.join(directory, f"table-{t}.npz")) as table:
+            with open_npz(os.path.join(directory, f"table-{t}.npz")) as table:
                 found[t] = (np.ascontiguousarray(table["values"]),
                             {n: np.ascontiguousarray(table[f"state_{n}"]) for n in tables.optimizer.state_names})
     except (OSError, ValueError, KeyError) as error:

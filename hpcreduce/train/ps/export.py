@@ -19,7 +19,6 @@ whole model (that is what it is for).
 from __future__ import annotations
 
 import io
-import json
 import os
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple
@@ -32,6 +31,7 @@ from ...ft import checkpoint_files
 from ...ps.layout import Layout
 from ...ps.shard_state import ShardState
 from ...runtime.files import atomic_file, write_json, written_through
+from ...runtime.given_files import inside, open_npz, read_json, remove_regular
 from . import shard_checkpoints
 
 MANIFEST = "manifest.json"
@@ -60,8 +60,8 @@ def save_model(comm: MPI.Intracomm, directory: str, layout: Layout, state: Optio
     ``dense``: the tables no server holds (hybrid), written by rank 0. ``OutputFileError`` on
     every rank if any rank could not write its file."""
     rank = comm.Get_rank()
-    if rank == 0 and os.path.exists(os.path.join(directory, MANIFEST)):
-        os.unlink(os.path.join(directory, MANIFEST))  # no manifest names a half-written set
+    if rank == 0:
+        remove_regular([os.path.join(directory, MANIFEST)])  # no manifest names a half-written set
     comm.Barrier()
     problem = None
     if state is not None:
@@ -98,13 +98,12 @@ def whole_model(directory: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
     manifest_path = os.path.join(directory, MANIFEST)
     if os.path.isfile(manifest_path):
         with _reading(manifest_path):
-            with open(manifest_path, encoding="utf-8") as found:
-                manifest = json.load(found)
+            manifest = read_json(manifest_path)
             if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
                 raise CheckpointMismatchError(f"{manifest_path} is not an hpcreduce PS model manifest")
-            files = [os.path.join(directory, name) for name in manifest["shards"].values()]
+            files = [inside(directory, name) for name in manifest["shards"].values()]  # never a path outside
+            dense = inside(directory, manifest["dense"]) if "dense" in manifest else None
             whole = _zeros(manifest["identity"]["parameters"])
-        dense = os.path.join(directory, manifest["dense"]) if "dense" in manifest else None
         _assemble(directory, manifest["identity"], whole, files, lambda t, stored: _starts(manifest, t, stored), dense)
         return whole, manifest
     step = shard_checkpoints.latest_complete(directory)
@@ -157,14 +156,14 @@ def _assemble(directory: str, identity: Mapping[str, Any], whole: Dict[str, np.n
         if not os.path.isfile(dense):
             raise CheckpointMismatchError(f"{directory}: the dense parameters' file {os.path.basename(dense)} "
                                           "is missing")
-        with _reading(dense), np.load(dense) as stored:
+        with _reading(dense), open_npz(dense) as stored:
             for name in set(stored.files) & set(parameters):
                 whole[name][...] = stored[name]
                 covered[name] += whole[name].size
     for path in files:
         if not os.path.isfile(path):
             raise CheckpointMismatchError(f"{directory}: the shard file {os.path.basename(path)} is missing")
-        with _reading(path), np.load(path) as stored:
+        with _reading(path), open_npz(path) as stored:
             for t, name in enumerate(names):
                 if f"t{t}.values" not in stored:
                     continue

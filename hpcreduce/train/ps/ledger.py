@@ -8,7 +8,10 @@ which only makes the count low. The next launch reads every ledger before anythi
 piece is *lost* when the checkpoint it resumes from lacks it: the checkpoint was written before
 that launch's resume point (the whole ledger is lost), or its shard's record of the slot's last
 push to that table is below the piece's step (``worker_side.lost_pieces``, as in-job recovery
-counts). Then the ledgers are removed and each worker starts its own.
+counts). Then the ledgers are removed and each worker starts its own. The folder may be shared: only
+regular files named ``worker-SLOT.bin`` are read (no more than their size) and removed, and a
+``ps-pushes`` that is a symlink is neither read nor emptied (``runtime.given_files``); a ledger
+is never written through a link (``O_NOFOLLOW``).
 A ledger that cannot be written (a full disk) is told to ``failed`` as an ``OutputFileError``
 naming its file, once, and written no more: the run goes on and ends with that error on every
 rank, as a checkpoint that cannot be written does.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from contextlib import contextmanager
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
@@ -26,10 +30,12 @@ import numpy as np
 from ...errors import OutputFileError
 from ...ft.checkpoint_files import Warn
 from ...runtime.files import as_output_error
+from ...runtime.given_files import read_regular, real_folder, remove_regular
 from .loop import WorkerLoop
 from .worker_side import PushRecord, lost_pieces
 
 FOLDER = "ps-pushes"
+NAME = re.compile(r"^worker-\d+\.bin$")
 Piece = Tuple[int, int, int]  # (step, table, shard key)
 
 
@@ -48,7 +54,9 @@ class PushLedger:
         self.fd: Optional[int] = None
         with self._failing_once():
             os.makedirs(_folder(directory), exist_ok=True)
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+            if not real_folder(_folder(directory)):
+                raise OSError(errno.ELOOP, "its folder is a symlink (never written through)")
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW, 0o644)
         self._write([(resumed_from, slot, 0)])
 
     def record(self, pieces: Sequence[Piece]) -> None:
@@ -80,17 +88,22 @@ class PushLedger:
             os.close(fd)
 
 
+def _ledgers(directory: str) -> List[str]:
+    """The paths of the ledgers in ``directory`` (none through a symlinked folder)."""
+    folder = _folder(directory)
+    return [os.path.join(folder, name) for name in sorted(os.listdir(folder)) if NAME.match(name)] \
+        if real_folder(folder) else []
+
+
 def read_ledgers(directory: str, warn: Warn) -> List[Tuple[int, int, List[Piece]]]:
     """(resumed_from, slot, pieces) of every ledger in ``directory``; an unreadable one is
     named by ``warn`` and passed over (a torn last triple is dropped)."""
     found = []
-    folder = _folder(directory)
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+    for path in _ledgers(directory):
         try:
-            with open(os.path.join(folder, name), "rb") as handle:
-                data = handle.read()
-        except OSError as err:
-            warn(f"push ledger {os.path.join(folder, name)} is unreadable ({err}); its pushes are not counted")
+            data = read_regular(path)
+        except (OSError, ValueError) as err:
+            warn(f"push ledger {path} is unreadable ({err}); its pushes are not counted")
             continue
         rows = np.frombuffer(data[:len(data) // 24 * 24], dtype=np.int64).reshape(-1, 3)
         if len(rows):
@@ -111,9 +124,8 @@ def count_lost(directory: str, step: int, record: PushRecord, warn: Warn) -> int
 
 
 def remove_ledgers(directory: str) -> None:
-    folder = _folder(directory)
-    for name in os.listdir(folder) if os.path.isdir(folder) else []:
-        os.unlink(os.path.join(folder, name))
+    """Remove the ledgers in ``directory`` (regular files of our names only)."""
+    remove_regular(_ledgers(directory))
 
 
 class LedgeredLoop(WorkerLoop):

@@ -14,7 +14,8 @@ shard's ranges are assembled. A checkpoint that does not read back whole is pass
 over (with a warning) for the previous complete one. Checkpoints carry the identity of
 their run (``train.identity``): ``refuse_foreign`` refuses, before training, a folder
 holding another run's. Cost: the shard's bytes to disk every checkpoint; a restore
-reads every file of one checkpoint (so does finding the latest complete one).
+reads every file of one checkpoint (finding the latest complete one checks their checksums,
+streaming). A ``ps-shard-KEY`` or dense-replica folder that is a symlink is never followed.
 Without ULFM a relaunched job resumes from them (``fallback``): each server builds its shard
 with ``restore_shard`` (one saved shard in memory at a time), and checkpoints newer than the
 one resumed from (never complete, or unreadable) are removed first (``remove_newer``), so the
@@ -33,6 +34,7 @@ import numpy as np
 from ...errors import CheckpointMismatchError, SettingProblem, setting_problem
 from ...ft import checkpoint_files
 from ...runtime.files import remove_stale_temporaries
+from ...runtime.given_files import open_npz, real_folder, remove_regular
 from ...ps.dynamic_rows import DynamicTable
 from ...ps.fragments import Fragment, assemble, cut
 from ...ps.optimizers import Optimizer
@@ -86,7 +88,7 @@ def _shard_files(directory: Optional[str]) -> Dict[int, Dict[int, str]]:
     if directory and os.path.isdir(directory):
         for name in os.listdir(directory):
             match = FOLDER.match(name)
-            if match:
+            if match and real_folder(os.path.join(directory, name)):  # a link there is never followed
                 for step, path in checkpoint_files.checkpoints(os.path.join(directory, name)):
                     steps.setdefault(step, {})[int(match.group(1))] = path
     return steps
@@ -99,14 +101,16 @@ def step_files(directory: str, step: int) -> List[str]:
 
 def latest_complete(directory: Optional[str], warn: checkpoint_files.Warn = checkpoint_files.print_warning) -> Optional[int]:
     """The newest step every shard of its placement wrote a checkpoint of that reads back
-    whole (in hybrid, the dense replica's too), or None; ``warn`` names each file passed over."""
+    whole (in hybrid, the dense replica's too), or None; ``warn`` names each file passed over.
+    Every entry's checksum is checked streaming: no shard is held in memory."""
     steps = _shard_files(directory)
     dense = os.path.join(directory, DENSE) if directory else ""
     for step in sorted(steps, reverse=True):
         paths = list(steps[step].values())
-        if os.path.isdir(dense):  # hybrid: the workers' dense replica too (``dense_checkpoints``)
+        if real_folder(dense):  # hybrid: the workers' dense replica too (``dense_checkpoints``)
             paths.append(checkpoint_files.path_for(dense, step))
-        read = [checkpoint_files.read_or_warn(path, warn) if os.path.exists(path) else None for path in paths]
+        read = [checkpoint_files.read_or_warn(path, warn, arrays=False, verify=True) if os.path.exists(path)
+                else None for path in paths]
         if all(read) and set(read[0][0]["keys"]) <= set(steps[step]):
             return step
     return None
@@ -149,10 +153,9 @@ def step_metadata(directory: str, step: int) -> Dict[str, object]:
 def remove_newer(directory: str, step: int) -> List[str]:
     """Remove every shard (and dense replica) checkpoint of a step above ``step``; returns their paths."""
     removed = [path for later, files in _shard_files(directory).items() if later > step for path in files.values()]
-    removed += [path for later, path in checkpoint_files.checkpoints(os.path.join(directory, DENSE)) if later > step]
-    for path in removed:
-        os.unlink(path)
-    return removed
+    dense = os.path.join(directory, DENSE)
+    removed += [path for later, path in checkpoint_files.checkpoints(dense) if later > step] if real_folder(dense) else []
+    return remove_regular(removed)
 
 
 def restore_shard(directory: str, step: int, key: int, specs: Sequence[ParamSpec], placement: Placement,
@@ -181,7 +184,7 @@ def saved_last_pushes(directory: str, step: int) -> Dict[int, Dict[int, np.ndarr
     """``last_pushes`` of checkpoint ``step``, reading only those arrays."""
     record: Dict[int, Dict[int, np.ndarray]] = {}
     for key in step_metadata(directory, step)["keys"]:
-        with np.load(_path(directory, key, step)) as stored:
+        with open_npz(_path(directory, key, step)) as stored:
             tables = checkpoint_files.metadata_of(stored)["tables"]
             record[key] = {int(t): stored[f"t{t}.last_push"] for t in tables}
     return record
@@ -198,14 +201,14 @@ def _path(directory: str, key: Optional[int], step: int) -> str:
     if key is None:
         for name in sorted(os.listdir(directory)):
             path = checkpoint_files.path_for(os.path.join(directory, name), step)
-            if FOLDER.match(name) and os.path.exists(path):
+            if FOLDER.match(name) and real_folder(os.path.join(directory, name)) and os.path.exists(path):
                 return path
         raise FileNotFoundError(f"no parameter-server checkpoint of step {step} in {directory}")
     return checkpoint_files.path_for(folder(directory, key), step)
 
 
 def _load(path: str, specs: Sequence[ParamSpec], optimizers: Mapping[int, Optimizer]) -> ShardState:
-    with np.load(path) as stored:
+    with open_npz(path) as stored:
         metadata = checkpoint_files.metadata_of(stored)
         slot_count = int(metadata["slot_count"])
         tables = {}
