@@ -12,11 +12,12 @@ import zipfile
 import numpy as np
 import pytest
 
-from hpcreduce.errors import InputFileError, OutputFileError, worded
+from hpcreduce.errors import InputFileError, LaunchError, OutputFileError, worded
 from hpcreduce.ft import checkpoint_files as checkpoint
 from hpcreduce.ft.resize import read_discovery
 from hpcreduce.runtime import files
 from hpcreduce.runtime.given_files import inside
+from hpcreduce.runtime.hosts import hostfile_slots
 from hpcreduce.torch.embedding_configs import EmbeddingBagConfig
 from hpcreduce.torch import table_files
 from hpcreduce.torch.table_files import saved_problem
@@ -169,6 +170,28 @@ def test_a_discovery_file_that_is_a_fifo_a_device_or_huge_is_a_problem_not_a_wai
     reader.start()
     reader.join(20)
     assert found and "cannot read it" in found[0], found
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "huge"])
+def test_a_hostfile_that_is_a_fifo_a_device_or_huge_is_refused_by_name_not_waited_on(tmp_path, kind):
+    path = tmp_path / "hosts"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "huge":
+        path.write_text("localhost slots=2\n" + "#" * (2 << 20))
+    else:
+        path.symlink_to(kind)
+    errors = []
+
+    def read() -> None:
+        try:
+            hostfile_slots(str(path))
+        except LaunchError as err:
+            errors.append(str(err))
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(20)
+    assert errors and f"cannot read hostfile {path}" in errors[0], errors
 
 
 @pytest.mark.parametrize("name", ["/etc/passwd", "../x", "a/b", "..", "", 3])

@@ -10,39 +10,42 @@ import socket
 from typing import List, Optional, Sequence
 
 from ..errors import LaunchError
+from .given_files import read_regular
 
 _ELSEWHERE = ("PBS_NODEFILE", "LSB_HOSTS", "PE_HOSTFILE", "HPCREDUCE_SPAWN_INFO")
 """What may put ranks on other hosts without a hostfile, besides a Slurm allocation of several
 nodes: another scheduler's allocation, spawn info naming hosts (``runtime.spawn``)."""
 
 
+MAX_HOSTFILE = 1 << 20  # the most bytes of a hostfile (a regular file: a FIFO or a device is refused)
+
+
+def hostfile_lines(path: str) -> List[List[str]]:
+    """The words of each non-empty line of an Open MPI hostfile (comments dropped), read within bounds."""
+    try:
+        text = read_regular(path, MAX_HOSTFILE).decode("utf-8")
+    except (OSError, ValueError) as err:
+        raise LaunchError(f"cannot read hostfile {path}: {err}") from err
+    return [words for words in (line.split("#", 1)[0].split() for line in text.splitlines()) if words]
+
+
 def hostfile_slots(path: str) -> Optional[int]:
     """Total slots declared in an Open MPI hostfile, or None when a host declares none."""
     total = 0
-    try:
-        with open(path, encoding="utf-8") as lines:
-            for line in lines:
-                words = line.split("#", 1)[0].split()
-                if not words:
-                    continue
-                slots = [w.split("=", 1)[1] for w in words[1:] if w.startswith(("slots=", "max_slots="))]
-                if not slots:
-                    return None
-                total += int(slots[0])
-    except OSError as err:
-        raise LaunchError(f"cannot read hostfile {path}: {err}") from err
-    except ValueError as err:
-        raise LaunchError(f"hostfile {path} has a slots= value that is not a number") from err
+    for words in hostfile_lines(path):
+        slots = [w.split("=", 1)[1] for w in words[1:] if w.startswith(("slots=", "max_slots="))]
+        if not slots:
+            return None
+        try:
+            total += int(slots[0])
+        except ValueError as err:
+            raise LaunchError(f"hostfile {path} has a slots= value that is not a number") from err
     return total
 
 
 def hostfile_hosts(path: str) -> List[str]:
     """The host names of an Open MPI hostfile, in order."""
-    try:
-        with open(path, encoding="utf-8") as lines:
-            return [words[0] for words in (line.split("#", 1)[0].split() for line in lines) if words]
-    except OSError as err:
-        raise LaunchError(f"cannot read hostfile {path}: {err}") from err
+    return [words[0] for words in hostfile_lines(path)]
 
 
 def unknown_hosts(path: str, extra_args: Sequence[str] = ()) -> List[str]:
