@@ -87,8 +87,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         """This rank's slices among ``size`` ranks, their copies and a new local optimizer."""
         self.rank, self.size = rank, size
         self.bounds = chunk_bounds(sum(p.numel() for p in self.params), size)
-        if self.grads is not None:
-            self.slices, self.places = self.grads.owned(self.params, rank, size)
+        if self.grads is not None:  # in bucket order: put group by group, as the local optimizer numbers them
+            slices, places = self.grads.owned(self.params, rank, size)
+            group_of = {i: g for g, group in enumerate(self.indexed_groups()) for i in group["params"]}
+            order = sorted(range(len(slices)), key=lambda position: group_of[slices[position][0]])
+            self.slices, self.places = [slices[p] for p in order], [places[p] for p in order]
         else:
             self.slices = owned(self.params, self.bounds[rank], self.bounds[rank + 1])
         self.shards = [_slice_of(self.params[i], a, b) for i, a, b in self.slices]

@@ -150,13 +150,14 @@ class GradientShards:
             bucket.views[:] = [bucket.flat] * len(bucket.views)
 
     def gather(self, places: Sequence[Place], shards: Sequence[torch.Tensor]) -> None:
-        """Every rank's updated slices (this rank's: ``shards`` at ``places``, in ``owned``'s
+        """Every rank's updated slices (this rank's: ``shards`` at ``places``, in any
         order) into every rank's parameters: one allgather per group of buckets (up to
         ``GATHER_ELEMENTS``, or one bucket), every rank's chunks of them end to end."""
         wire = self.wire()
         assert self._scratch is not None
+        ordered = sorted(zip(places, shards), key=lambda pair: pair[0])  # in the chunks' order
         for group, segments, pieces in self._groups:
-            mine = [shard for (number, _), shard in zip(places, shards) if number in group]
+            mine = [shard for (number, _), shard in ordered if number in group]
             if mine:
                 torch.cat(mine, out=self._scratch[segments[self.rank]:segments[self.rank + 1]])
             view, _ = array_view(self._scratch[:segments[-1]])

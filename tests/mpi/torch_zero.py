@@ -127,6 +127,33 @@ def check_sgd_groups_and_adagrad():
         assert error <= 1e-6, f"rank {rank}: sharded {cls.__name__} off by {error}"
 
 
+def check_zero2_two_groups_state_as_unsharded():
+    """ZeRO-2 with the usual two groups (weight decay on the weights, none on the biases: the
+    buckets' order is not the groups'): the parameters, ``full_state_dict`` and the consolidated
+    ``state_dict`` equal the unsharded AdamW's, shapes and values, parameter by parameter."""
+    def groups(m):
+        return [{"params": [m[0].weight, m[2].weight], "weight_decay": 0.1},
+                {"params": [m[0].bias, m[2].bias], "weight_decay": 0.0}]
+
+    plain, plain_opt = train(lambda m: torch.optim.AdamW(groups(m), lr=0.01), 8)
+    zero, zero_opt = train(lambda m: hpt.ZeroRedundancyOptimizer(groups(m), torch.optim.AdamW, lr=0.01), 8)
+    assert zero_opt.stage == 2
+    error = float((flat(plain) - flat(zero)).abs().max())
+    assert error <= 1e-6, f"rank {rank}: sharded AdamW over two groups off by {error}"
+    want = plain_opt.state_dict()
+    full = zero_opt.full_state_dict()
+    zero_opt.consolidate_state_dict(to=size - 1)
+    for got in [full] + ([zero_opt.state_dict()] if rank == size - 1 else []):
+        assert [g["params"] for g in got["param_groups"]] == [g["params"] for g in want["param_groups"]]
+        assert sorted(got["state"]) == sorted(want["state"]), (sorted(got["state"]), sorted(want["state"]))
+        for index, values in want["state"].items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                mine = got["state"][index][key]
+                assert mine.shape == values[key].shape, f"{key} of parameter {index}: {mine.shape}, {values[key].shape}"
+                difference = float((values[key] - mine).abs().max())
+                assert difference <= 1e-6, f"{key} of parameter {index} off by {difference}"
+
+
 def check_state_written_at_n_loads_at_fewer():
     model, zero_opt = train(lambda m: hpt.ZeroRedundancyOptimizer(m.parameters(), torch.optim.Adam, lr=0.01), 5)
     full = zero_opt.full_state_dict()
@@ -164,7 +191,8 @@ def check_checkpoint_written_at_n_loads_at_fewer():
 
 ZERO_CHECKS = (check_sharded_adam_equals_unsharded, check_zero2_unused_parameters_nan_and_hooks,
                check_other_optimizers_and_groups_refused,
-               check_sgd_groups_and_adagrad, check_state_written_at_n_loads_at_fewer,
+               check_sgd_groups_and_adagrad, check_zero2_two_groups_state_as_unsharded,
+               check_state_written_at_n_loads_at_fewer,
                check_checkpoint_written_at_n_loads_at_fewer)
 
 if __name__ == "__main__":  # arguments: the names of the checks to run (none: all)
