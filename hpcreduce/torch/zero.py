@@ -31,6 +31,7 @@ from ..collectives.validate import InputProblem, ProblemKind, agree, raise_local
 from ..errors import UnsupportedInputError
 from ..runtime.context import Comm, Context, resolve
 from . import zero_elastic, zero_grads
+from .views import write_elements
 
 ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop,
                torch.optim.Adamax)
@@ -143,7 +144,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.steps += 1
         for position in self.copies:
             index, a, b = self.slices[position]
-            self.params[index].view(-1)[a:b].copy_(self.shards[position])
+            write_elements(self.params[index], a, b, self.shards[position])
         if self.grads is not None:
             self.grads.reduced = set()  # a step consumes them: a second one without backward steps on none
             self.grads.gather(self.places, self.shards)
@@ -160,7 +161,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         resolve(self.process_group).comm.Allgatherv(MPI.IN_PLACE, [flat.numpy(), (counts, self.bounds[:-1])])
         offset = 0
         for param in self.params:
-            param.view(-1).copy_(flat[offset:offset + param.numel()])
+            write_elements(param, 0, param.numel(), flat[offset:offset + param.numel()])
             offset += param.numel()
 
     def zero_grad(self, set_to_none: bool = True) -> None:

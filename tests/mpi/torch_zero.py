@@ -2,7 +2,9 @@
 do not divide evenly at N=3): 50 Adam steps equal the unsharded optimizer's to 1e-6, optimizer
 state per rank about 1/N, consolidate/state_dict/load_state_dict round trip, a full state written at
 N ranks loads at N-1 (re-sharded, the same values), so does a checkpoint (save_checkpoint after
-consolidate_state_dict, load_checkpoint over fewer ranks), and a non-elementwise
+consolidate_state_dict, load_checkpoint over fewer ranks), ZeRO-2 over two parameter groups keeps
+the unsharded optimizer's state parameter by parameter, ZeRO-1 and ZeRO-2 over non-contiguous
+parameters (channels_last, a transposed weight) step as the unsharded optimizer, and a non-elementwise
 optimizer or different parameter groups on one rank raise on every rank."""
 import shutil
 import sys
@@ -154,6 +156,40 @@ def check_zero2_two_groups_state_as_unsharded():
                 assert difference <= 1e-6, f"{key} of parameter {index} off by {difference}"
 
 
+def cnn():
+    """A channels_last CNN whose last layer's weight is a ``.t()`` view: parameters that are not contiguous."""
+    torch.manual_seed(8)
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3), torch.nn.Tanh(), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 4 * 4, 3)).to(memory_format=torch.channels_last)
+    model[3].weight = torch.nn.Parameter(model[3].weight.detach().t().contiguous().t())
+    assert not model[0].weight.is_contiguous() and not model[3].weight.is_contiguous()
+    return model
+
+
+def check_non_contiguous_parameters():
+    """ZeRO-1 (gradients by ``allreduce_gradients``) and ZeRO-2 over a channels_last CNN with a
+    transposed weight: 6 Adam steps equal the unsharded ones, on every rank."""
+    results = []
+    for kind in ("plain", "zero1", "zero2"):
+        model = cnn()
+        ddp = hpt.DistributedDataParallel(model, bucket_cap_mb=0.0005) if kind != "zero1" else model
+        opt = torch.optim.Adam(model.parameters(), lr=0.01) if kind == "plain" else \
+            hpt.ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=0.01)
+        assert kind == "plain" or opt.stage == (2 if kind == "zero2" else 1)
+        for step in range(6):
+            g = torch.Generator().manual_seed(10 * step + rank)
+            x = torch.randn(5, 2, 6, 6, generator=g).to(memory_format=torch.channels_last)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), torch.randn(5, 3, generator=g)).backward()
+            if kind == "zero1":
+                hpt.allreduce_gradients(model)
+            opt.step()
+        results.append(flat(model))
+    for kind, result in zip(("zero1", "zero2"), results[1:]):
+        error = float((results[0] - result).abs().max())
+        assert error <= 1e-6, f"rank {rank}: {kind} over non-contiguous parameters off by {error}"
+
+
 def check_state_written_at_n_loads_at_fewer():
     model, zero_opt = train(lambda m: hpt.ZeroRedundancyOptimizer(m.parameters(), torch.optim.Adam, lr=0.01), 5)
     full = zero_opt.full_state_dict()
@@ -191,7 +227,7 @@ def check_checkpoint_written_at_n_loads_at_fewer():
 
 ZERO_CHECKS = (check_sharded_adam_equals_unsharded, check_zero2_unused_parameters_nan_and_hooks,
                check_other_optimizers_and_groups_refused,
-               check_sgd_groups_and_adagrad, check_zero2_two_groups_state_as_unsharded,
+               check_sgd_groups_and_adagrad, check_zero2_two_groups_state_as_unsharded, check_non_contiguous_parameters,
                check_state_written_at_n_loads_at_fewer,
                check_checkpoint_written_at_n_loads_at_fewer)
 
