@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..errors import InputMismatchError
+from ..ft.watchdog import watchdog
 from ..runtime.context import Context, resolve
 
 Part = Dict[str, Any]
@@ -80,11 +81,12 @@ def shard_snapshot(zero: Any) -> Optional[Dict[str, Optional[Part]]]:
     comm = resolve(zero.process_group).comm
     right, left = (zero.rank + 1) % zero.size, (zero.rank - 1) % zero.size
     header, flat = pack(mine, zero.params[0].dtype)
-    theirs = comm.sendrecv(header, dest=right, source=left)
-    count = sum(int(torch.Size(shape).numel()) for _, _, _, shapes in theirs["pieces"]
-                for shape, _ in shapes.values() if shape is not None)
-    received = torch.empty(count, dtype=flat.dtype)
-    comm.Sendrecv(flat.numpy(), dest=right, recvbuf=received.numpy(), source=left)
+    with watchdog.guard("ZeroRedundancyOptimizer's commit: its part to the ring neighbour"):
+        theirs = comm.sendrecv(header, dest=right, source=left)
+        count = sum(int(torch.Size(shape).numel()) for _, _, _, shapes in theirs["pieces"]
+                    for shape, _ in shapes.values() if shape is not None)
+        received = torch.empty(count, dtype=flat.dtype)
+        comm.Sendrecv(flat.numpy(), dest=right, recvbuf=received.numpy(), source=left)
     return {"mine": mine, "left": unpack(theirs, received)}
 
 
@@ -93,7 +95,8 @@ def reshard(zero: Any, context: Context) -> None:
     (collective over ``context``; see the module docstring)."""
     kept = zero.restore_point if zero.restore_point is not None else (
         {"mine": local_part(zero), "left": None} if zero.member else None)
-    contributions = context.comm.allgather((kept, zero.loaded))
+    with watchdog.guard("ZeroRedundancyOptimizer's re-shard: every rank's kept parts"):
+        contributions = context.comm.allgather((kept, zero.loaded))
     loaded = next((full for _, full in contributions if full is not None), None)
     if loaded is not None:  # a checkpoint loaded on rank 0 (load_checkpoint): its whole state, everywhere
         zero.reshard_to(context.rank, context.size)

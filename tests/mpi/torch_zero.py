@@ -4,7 +4,8 @@ state per rank about 1/N, consolidate/state_dict/load_state_dict round trip, a f
 N ranks loads at N-1 (re-sharded, the same values), so does a checkpoint (save_checkpoint after
 consolidate_state_dict, load_checkpoint over fewer ranks), ZeRO-2 over two parameter groups keeps
 the unsharded optimizer's state parameter by parameter, ZeRO-1 and ZeRO-2 over non-contiguous
-parameters (channels_last, a transposed weight) step as the unsharded optimizer, and a non-elementwise
+parameters (channels_last, a transposed weight) step as the unsharded optimizer, add_param_group
+re-partitions (as torch's Adam with the group added), and a non-elementwise
 optimizer or different parameter groups on one rank raise on every rank."""
 import shutil
 import sys
@@ -190,6 +191,36 @@ def check_non_contiguous_parameters():
         assert error <= 1e-6, f"rank {rank}: {kind} over non-contiguous parameters off by {error}"
 
 
+def check_add_param_group_repartitions():
+    """ZeRO-1 over the first layer, 3 Adam steps, then ``add_param_group`` of the last layer (its
+    own lr), 3 more: the parameters and the whole state equal torch's Adam doing the same; under
+    ZeRO-2 the same call is refused on every rank."""
+    results = []
+    for sharded in (False, True):
+        model = mlp()
+        first = {"params": list(model[0].parameters())}
+        opt = hpt.ZeroRedundancyOptimizer([first], torch.optim.Adam, lr=0.01) if sharded \
+            else torch.optim.Adam([first], lr=0.01)
+        for step in range(6):
+            if step == 3:
+                opt.add_param_group({"params": list(model[2].parameters()), "lr": 0.05})
+            g = torch.Generator().manual_seed(10 * step + rank)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(torch.randn(16, 7, generator=g)), torch.randn(16, 3, generator=g)).backward()
+            hpt.allreduce_gradients(model)
+            opt.step()
+        results.append((flat(model), opt.full_state_dict() if sharded else opt.state_dict()))
+    error = float((results[0][0] - results[1][0]).abs().max())
+    assert error <= 1e-6, f"rank {rank}: ZeRO-1 after add_param_group off by {error}"
+    want, got = results[0][1], results[1][1]
+    assert [g["params"] for g in got["param_groups"]] == [[0, 1], [2, 3]] and got["param_groups"][1]["lr"] == 0.05
+    for index, values in want["state"].items():
+        assert float((values["exp_avg"] - got["state"][index]["exp_avg"]).abs().max()) <= 1e-6, index
+    model, opt = train(lambda m: hpt.ZeroRedundancyOptimizer(m.parameters(), torch.optim.Adam, lr=0.01), 1)
+    expect_raised(UnsupportedInputError, "ZeRO-2", lambda: opt.add_param_group({"params": [torch.nn.Parameter(
+        torch.zeros(3))]}), rank)
+
+
 def check_state_written_at_n_loads_at_fewer():
     model, zero_opt = train(lambda m: hpt.ZeroRedundancyOptimizer(m.parameters(), torch.optim.Adam, lr=0.01), 5)
     full = zero_opt.full_state_dict()
@@ -228,6 +259,7 @@ def check_checkpoint_written_at_n_loads_at_fewer():
 ZERO_CHECKS = (check_sharded_adam_equals_unsharded, check_zero2_unused_parameters_nan_and_hooks,
                check_other_optimizers_and_groups_refused,
                check_sgd_groups_and_adagrad, check_zero2_two_groups_state_as_unsharded, check_non_contiguous_parameters,
+               check_add_param_group_repartitions,
                check_state_written_at_n_loads_at_fewer,
                check_checkpoint_written_at_n_loads_at_fewer)
 
