@@ -9,7 +9,7 @@ of slice r only. ``step()`` hands each of its slices the reduced gradient's slic
 steps its local optimizer (``.optim``, ``optimizer_class`` over the slices, views of the
 parameters' memory where contiguous, so stepped in place; with the same hyperparameters, kept in
 step with ``param_groups`` so schedulers work) and gathers every rank's updated slice
-(``MPI_Allgatherv``, in place; ZeRO-2 over a wrapper's buckets: ``zero_grads``); under ULFM the
+(``collectives.allgatherv``; ZeRO-2 over a wrapper's buckets: ``zero_grads``); under ULFM the
 gather is agreed (``elastic.agreement.agreed``: one ``MPI_Comm_agree``) before the step returns, as
 a gather may complete on a survivor although a peer died in it, and a step some rank did not finish
 must be committed nowhere. So optimizer state per rank is about 1/N of the unsharded one.
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-import numpy as np
 import torch
 from mpi4py import MPI
 
+from ..collectives import allgatherv
 from ..collectives.ring import chunk_bounds
 from ..collectives.validate import InputProblem, ProblemKind, agree, raise_local, stable_hash
 from ..elastic.agreement import agreed
@@ -36,7 +36,7 @@ from ..errors import InputMismatchError, UnsupportedInputError
 from ..ft.watchdog import watchdog
 from ..runtime.context import Comm, Context, resolve
 from . import zero_elastic, zero_grads
-from .views import write_elements
+from .views import array_view, write_elements
 
 ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop,
                torch.optim.Adamax)
@@ -191,18 +191,18 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         return loss
 
     def _gather(self) -> None:
-        """Every rank's updated slices into every rank's parameters (ZeRO-1: one Allgatherv)."""
+        """Every rank's updated slices into every rank's parameters (ZeRO-1: one ``allgatherv`` of
+        this rank's slices, which stages device memory through the host where MPI needs it)."""
         if self.grads is not None:
             self.grads.gather(self.places, self.shards)
             return
         if self.size == 1:
             return
-        flat = torch.cat([p.detach().reshape(-1).cpu() for p in self.params])
-        counts = np.diff(self.bounds)
-        resolve(self.process_group).comm.Allgatherv(MPI.IN_PLACE, [flat.numpy(), (counts, self.bounds[:-1])])
+        mine = torch.cat(self.shards) if self.shards else self.params[0].detach().new_empty(0)
+        gathered = torch.as_tensor(allgatherv(array_view(mine)[0], comm=resolve(self.process_group)))
         offset = 0
         for param in self.params:
-            write_elements(param, 0, param.numel(), flat[offset:offset + param.numel()])
+            write_elements(param, 0, param.numel(), gathered[offset:offset + param.numel()])
             offset += param.numel()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -237,7 +237,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             self._full = None
             return
         pieces = [(index, a, b, values) for part in gathered for index, (a, b, values) in part.items()]
-        self._full = {"state": assemble(self.params, pieces), "param_groups": self.indexed_groups()}
+        self._full = {"state": zero_elastic.assemble(self.params, pieces), "param_groups": self.indexed_groups()}
 
     def full_state_dict(self) -> Dict[str, Any]:
         """The full state on every rank (collective: ``consolidate_state_dict`` to rank 0, then one
@@ -295,25 +295,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                             "params": list(range(offset, offset + count))})
             offset += count
         self.optim.load_state_dict({"state": local, "param_groups": indexed})
-
-
-def assemble(params: List[torch.Tensor], pieces: Iterable[Tuple[int, int, int, Dict[str, Any]]]) -> Dict[int, Any]:
-    """The full state by parameter index from slices' states ``(index, a, b, values)``: each
-    elementwise tensor placed at its slice, other values (``step``) taken as they are."""
-    state: Dict[int, Dict[str, Any]] = {}
-    for index, a, b, values in pieces:
-        param = params[index]
-        into = state.setdefault(index, {})
-        for key, value in values.items():
-            if isinstance(value, torch.Tensor) and key != "step" and value.dim() == 1 and value.numel() == b - a:
-                into.setdefault(key, torch.zeros(param.numel(), dtype=value.dtype)).view(-1)[a:b] = value.cpu()
-            else:
-                into[key] = value
-    for index, values in state.items():
-        for key, value in values.items():
-            if isinstance(value, torch.Tensor) and key != "step" and value.numel() == params[index].numel():
-                values[key] = value.view_as(params[index])
-    return state
 
 
 def owned(params: List[torch.Tensor], begin: int, end: int) -> List[Slice]:

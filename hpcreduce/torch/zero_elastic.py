@@ -12,10 +12,11 @@ neighbour's copy, and each keeps its slices among the new number of ranks. After
 was loaded on one rank (``load_checkpoint`` loads on rank 0, then syncs), that state is everyone's. A lost part with no
 copy (two neighbours lost together) or parts of different versions (a failure during a
 commit's copy) raise ``InputMismatchError`` on every rank: never a silently wrong state.
+``assemble`` puts slices' states together as the whole (here, and in ``consolidate_state_dict``).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -120,8 +121,26 @@ def reshard(zero: Any, context: Context) -> None:
                else f"its parts are of different steps {versions} (a failure during a commit's copy)"
                if gathered else "no rank holds a part"))
     pieces = [piece for part in parts.values() for piece in part["pieces"]]
-    from .zero import assemble
     full = {"state": assemble(zero.params, pieces), "param_groups": parts[min(parts)]["groups"]}
     zero.reshard_to(context.rank, context.size)
     zero.load_state_dict(full)
     zero.steps, zero.restore_point, zero.member, zero.loaded = versions[0], None, True, None
+
+
+def assemble(params: List[torch.Tensor], pieces: Iterable[Tuple[int, int, int, Dict[str, Any]]]) -> Dict[int, Any]:
+    """The full state by parameter index from slices' states ``(index, a, b, values)``: each
+    elementwise tensor placed at its slice, other values (``step``) taken as they are."""
+    state: Dict[int, Dict[str, Any]] = {}
+    for index, a, b, values in pieces:
+        param = params[index]
+        into = state.setdefault(index, {})
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor) and key != "step" and value.dim() == 1 and value.numel() == b - a:
+                into.setdefault(key, torch.zeros(param.numel(), dtype=value.dtype)).view(-1)[a:b] = value.cpu()
+            else:
+                into[key] = value
+    for index, values in state.items():
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor) and key != "step" and value.numel() == params[index].numel():
+                values[key] = value.view_as(params[index])
+    return state
