@@ -100,8 +100,10 @@ class State:
         """Keep a copy of every value not in ``no_copy``; the changes of ranks before this
         commit are closed (their lines echoed); with ``check_resize``, leaves and growth the
         policy asks for at this commit are requested of ``run`` (``ResizeRequested``)."""
-        for name in self._copied:
-            self._saved[name] = self._handlers[name].snapshot(self._values[name])
+        # whole or not at all: a snapshot that communicates (a sharded optimizer's) may fail after
+        # others were taken, and a commit of some values only would be restored as one
+        saved = {name: self._handlers[name].snapshot(self._values[name]) for name in self._copied}
+        object.__setattr__(self, "_saved", saved)
         object.__setattr__(self, "_commits", self._commits + 1)
         for change in self.job.changes.step_completed():
             self.job.policy.echo(change.line())

@@ -78,3 +78,15 @@ def layout(named: Sequence[Tuple[str, torch.nn.Parameter]],
     """What must be the same on every rank: each bucket's parameters, shapes and dtypes, in order."""
     return [(number, named[i][0], tuple(named[i][1].shape), str(named[i][1].dtype))
             for number, members in enumerate(plan(named, cap_bytes)) for i in members]
+
+
+def unfit(grad: torch.Tensor, view: torch.Tensor) -> Optional[str]:
+    """Why ``grad`` cannot be reduced as its bucket ``view`` (None: it can)."""
+    if grad.is_sparse:
+        return "its gradient is sparse (use a dense layer, or the parameter server's rows)"
+    if grad.shape != view.shape:
+        return f"its gradient has shape {tuple(grad.shape)}, its bucket {tuple(view.shape)} (it changed after wrapping)"
+    if grad.dtype != view.dtype or grad.device != view.device:
+        return f"its gradient is {grad.dtype} on {grad.device}, its bucket {view.dtype} on {view.device}"
+    return None
+

@@ -26,11 +26,13 @@ import torch
 
 from ..collectives.broadcast import broadcast_tensor
 from ..collectives.validate import InputProblem, ProblemKind, agree, raise_local, stable_hash
+from ..ft.watchdog import watchdog
 from ..runtime.context import Comm, resolve
 from .buckets import build, layout
 from .dtypes import REDUCIBLE
 from .parameters import broadcast_parameters
 from .hooks.default import bf16_compress_hook, fp16_compress_hook
+from .hooks.agreement import hook_name
 from .reducer import Hook, Reducer
 
 DEFAULT_BUCKET_CAP_MB = 25.0
@@ -80,13 +82,14 @@ class DistributedDataParallel(torch.nn.Module):
         if context.joined:
             raise_local("DistributedDataParallel", problem, context.rank)
         else:
-            agree(context, "DistributedDataParallel",
-                  [("buckets", stable_hash(buckets), lambda: buckets),
-                   ("bucket_cap_mb, compression, check_finite, broadcast_buffers, init_sync",
-                    stable_hash(repr(settings)), lambda: settings)],
-                  problem)
-            if init_sync:
-                broadcast_parameters(module, comm=context)
+            with watchdog.guard("DistributedDataParallel's construction (every rank wraps the same module)"):
+                agree(context, "DistributedDataParallel",
+                      [("buckets", stable_hash(buckets), lambda: buckets),
+                       ("bucket_cap_mb, compression, check_finite, broadcast_buffers, init_sync",
+                        stable_hash(repr(settings)), lambda: settings)],
+                      problem)
+                if init_sync:
+                    broadcast_parameters(module, comm=context)
         self.comm = self.process_group = group
         self.broadcast_buffers = broadcast_buffers and any(True for _ in module.buffers())
         self._named = named
@@ -103,8 +106,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._check_parameters()
         if self.broadcast_buffers and self.reducer.syncing:
             context = resolve(self.comm)
-            for buffer in self.module.buffers():
-                with torch.no_grad():
+            with torch.no_grad(), watchdog.guard("the broadcast of rank 0's buffers before forward"):
+                for buffer in self.module.buffers():
                     broadcast_tensor(context, buffer, 0)
         return self.module(*args, **kwargs)
 
@@ -128,9 +131,10 @@ class DistributedDataParallel(torch.nn.Module):
         """Reduce every bucket with ``hook(state, bucket)`` from the next backward on (torch's
         signature: ``hooks.GradBucket`` in, a ``torch.futures.Future`` of the reduced flat
         tensor out; ``hooks`` has torch's built-ins). Collective: every rank registers the same
-        hook (by qualified name) and kind of state, else every rank raises. Once per wrapper."""
+        hook (by qualified name) and kind of state, else every rank raises, a rank that registers
+        alone included (its check meets its peers' next backward: ``hooks.agreement``). Once per
+        wrapper. After the ranks change, a state with ``state_dict``/``load_state_dict`` takes rank 0's."""
         context = resolve(self.comm)
-        name = f"{getattr(hook, '__module__', '?')}.{getattr(hook, '__qualname__', type(hook).__name__)}"
         reasons = []
         if not callable(hook):
             reasons.append(f"hook is a {type(hook).__name__}, not a function hook(state, bucket)")
@@ -142,13 +146,12 @@ class DistributedDataParallel(torch.nn.Module):
             reasons.append("a ZeroRedundancyOptimizer reduce-scatters this wrapper's gradients (ZeRO-2); "
                            "register the hook before making it")
         problem = InputProblem(ProblemKind.UNUSABLE_ARRAY, "; ".join(reasons)) if reasons else None
-        kind = type(state).__qualname__
-        fields = [("comm hook", stable_hash(name), name), ("hook state", stable_hash(kind), kind)]
-        if context.joined:
+        if context.joined:  # a spawned rank: its hook is checked with its peers' at its first backward
             raise_local("DistributedDataParallel.register_comm_hook", problem, context.rank)
         else:
-            agree(context, "DistributedDataParallel.register_comm_hook", fields, problem)
-        self.reducer.hook, self.reducer.state, self._hook_from = hook, state, f"register_comm_hook({name})"
+            self.reducer.agree_hook(hook, state, problem)
+        self.reducer.hook, self.reducer.state = hook, state
+        self._hook_from = f"register_comm_hook({hook_name(hook)})"
 
     def wire_bytes(self) -> int:
         """Bytes this rank sent in the last synchronised step (all buckets, through the hook;

@@ -43,10 +43,11 @@ from ..errors import TrainingError
 from ..ft.watchdog import watchdog
 from ..runtime.context import Context, resolve
 from ..runtime.failures import revoke
-from .buckets import Bucket
+from .buckets import Bucket, unfit
 from .comm_thread import CommThread, has_spare_core
 from .dtypes import NARROW
 from .finite import bucket_finite, nonfinite
+from .hooks.agreement import agree_on_hook, hook_name, sync_hook_state
 from .hooks.bucket import REPORT_FIELDS, GradBucket, all_reduce, hook_result, running_on
 from .hooks.default import allreduce_hook
 from .step_guard import STEP_GUARD
@@ -81,6 +82,7 @@ class Reducer:
         self._finite: List[bool] = [True] * len(buckets)
         self._context: Optional[Context] = None
         self._source: Optional[MPI.Intracomm] = None
+        self._regrouped = False  # the communicator was made anew since the last step's hook check
         self._flags: Optional[np.ndarray] = None  # this step's used-parameter flags, reduced with the last bucket
         self._flags_kept: Optional[np.ndarray] = None  # the array _flags is, made once
         self._flags_scratch: Optional[np.ndarray] = None  # allreduce_pieces' scratch for the last bucket and flags
@@ -133,7 +135,7 @@ class Reducer:
         grad = param.grad
         if grad is None or grad.data_ptr() != bucket.views[position].data_ptr():
             if grad is not None and self.syncing and self._direct(bucket) and grad.is_contiguous() \
-                    and _why(grad, bucket.views[position]) is None:
+                    and unfit(grad, bucket.views[position]) is None:
                 bucket.sources[position] = grad  # reduced where it lies, no copy into the bucket
             else:
                 self._take(bucket, position, param)
@@ -173,7 +175,7 @@ class Reducer:
         grad, view = param.grad, bucket.views[position]
         if grad is None:
             return
-        why = _why(grad, view)
+        why = unfit(grad, view)
         if why:
             self.problems[(bucket.index, position)] = why
             return
@@ -181,7 +183,12 @@ class Reducer:
         param.grad = view
 
     def _begin(self) -> None:
-        """The first gradient of a backward: count every bucket's gradients, wait at the end."""
+        """The first gradient of a backward: count every bucket's gradients, wait at the end;
+        a synchronised one first agrees on the hook (``hooks.agreement``), whose state takes rank
+        0's after the ranks changed."""
+        if self.syncing:
+            context, regrouped, self._regrouped = self.context(), self._regrouped, False
+            self.thread.submit(lambda: self.agree_hook(self.hook, self.state, None, context, regrouped))
         self.running = True
         self._next = 0
         self._fired.clear()
@@ -254,21 +261,32 @@ class Reducer:
         except Exception as error:
             if isinstance(error, TrainingError) and ProblemKind.HOOK_FAILED.summary in str(error):
                 raise  # a peer's failure, reported to every rank already
-            name = getattr(self.hook, "__qualname__", repr(self.hook))
             agree(context, "DistributedDataParallel", REPORT_FIELDS, InputProblem(
-                ProblemKind.HOOK_FAILED, f"comm hook {name} on bucket {bucket.index}: "
+                ProblemKind.HOOK_FAILED, f"comm hook {hook_name(self.hook)} on bucket {bucket.index}: "
                                          f"{type(error).__name__}: {error}"))
             raise
         if result is not bucket.flat:
             bucket.flat.copy_(result)
         return True
 
+    def agree_hook(self, hook: Hook, state: Any, problem: Optional[InputProblem] = None,
+                   context: Optional[Context] = None, regrouped: bool = False) -> None:
+        """Every rank's ``hook`` and state's kind the same, and no ``problem`` anywhere, else the
+        same error on every rank; after a regroup, rank 0's hook state everywhere (collective)."""
+        with watchdog.guard(f"the agreement on the comm hook {hook_name(hook)} before step {self.steps}"):
+            context = context or self.context()
+            agree_on_hook(context, hook, state, problem)
+            if regrouped:
+                sync_hook_state(context, state)
+
     def context(self) -> Context:
         """The library's context over its duplicate of the context's communicator (made again
         after a recovery), with a traffic count of its own."""
         outer = resolve(self.comm_arg)
         if self._source is not outer.comm:
-            comm = outer.comm.Dup()
+            with watchdog.guard("duplicating the communicator of DistributedDataParallel's reductions"):
+                comm = outer.comm.Dup()
+            self._regrouped = True
             comm.Set_errhandler(MPI.ERRORS_RETURN)
             self._context = Context(comm, ft=outer.ft, cuda_aware=outer.cuda_aware, launcher=outer.launcher)
             self._source = outer.comm
@@ -378,15 +396,4 @@ class Reducer:
                 f"holds NaN or Inf (a rank's gradient did, or could not be reduced"
                 f"{': on this rank, ' + mine if mine else ''}); the optimizer must not step on it. "
                 f"Under loss scaling, which expects this, pass check_finite=False")
-
-
-def _why(grad: torch.Tensor, view: torch.Tensor) -> Optional[str]:
-    """Why ``grad`` cannot be reduced as its bucket ``view`` (None: it can)."""
-    if grad.is_sparse:
-        return "its gradient is sparse (use a dense layer, or the parameter server's rows)"
-    if grad.shape != view.shape:
-        return f"its gradient has shape {tuple(grad.shape)}, its bucket {tuple(view.shape)} (it changed after wrapping)"
-    if grad.dtype != view.dtype or grad.device != view.device:
-        return f"its gradient is {grad.dtype} on {grad.device}, its bucket {view.dtype} on {view.device}"
-    return None
 

@@ -34,3 +34,15 @@ def array_view(tensor: torch.Tensor) -> Tuple[Any, Optional[str]]:
             return None, "CUDA tensors need cupy (pip install 'hpcreduce[gpu]')"
         return cupy.from_dlpack(tensor), None
     return None, f"tensors on {tensor.device.type} are not supported (CPU or CUDA only)"
+
+
+def write_elements(tensor: torch.Tensor, a: int, b: int, values: torch.Tensor) -> None:
+    """``values`` into elements ``[a, b)`` of ``tensor`` in its logical (row-major) order, in place,
+    whatever its strides (a channels_last or transposed parameter: through one copy of it)."""
+    target = tensor.detach()
+    if target.is_contiguous():
+        target.view(-1)[a:b].copy_(values)
+        return
+    whole = target.reshape(-1).clone()
+    whole[a:b] = values
+    target.copy_(whole.view(target.shape))

@@ -9,8 +9,11 @@ of slice r only. ``step()`` hands each of its slices the reduced gradient's slic
 steps its local optimizer (``.optim``, ``optimizer_class`` over the slices, views of the
 parameters' memory where contiguous, so stepped in place; with the same hyperparameters, kept in
 step with ``param_groups`` so schedulers work) and gathers every rank's updated slice
-(``MPI_Allgatherv``, in place; ZeRO-2 over a wrapper's buckets: ``zero_grads``). So optimizer state per
-rank is about 1/N of the unsharded one. Only optimizers whose step is elementwise can be
+(``collectives.allgatherv``; ZeRO-2 over a wrapper's buckets: ``zero_grads``); under ULFM the
+gather is agreed (``elastic.agreement.agreed``: one ``MPI_Comm_agree``) before the step returns, as
+a gather may complete on a survivor although a peer died in it, and a step some rank did not finish
+must be committed nowhere. So optimizer state per rank is about 1/N of the unsharded one.
+``add_param_group`` (collective) re-partitions, the state kept. Only optimizers whose step is elementwise can be
 sliced (``ELEMENTWISE``); others (L-BFGS...) are refused on every rank at construction, as are
 parameter groups that differ between ranks. ``consolidate_state_dict(to)`` gathers the full
 state to one rank, whose ``state_dict()`` then reads as the unsharded optimizer's;
@@ -22,15 +25,18 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-import numpy as np
 import torch
 from mpi4py import MPI
 
+from ..collectives import allgatherv
 from ..collectives.ring import chunk_bounds
 from ..collectives.validate import InputProblem, ProblemKind, agree, raise_local, stable_hash
-from ..errors import UnsupportedInputError
+from ..elastic.agreement import agreed
+from ..errors import InputMismatchError, UnsupportedInputError
+from ..ft.watchdog import watchdog
 from ..runtime.context import Comm, Context, resolve
 from . import zero_elastic, zero_grads
+from .views import array_view, write_elements
 
 ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop,
                torch.optim.Adamax)
@@ -64,7 +70,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if context.joined:
             raise_local("ZeroRedundancyOptimizer", problem, context.rank)
         else:
-            agree(context, "ZeroRedundancyOptimizer", fields, problem)
+            with watchdog.guard("ZeroRedundancyOptimizer's construction (every rank makes it)"):
+                agree(context, "ZeroRedundancyOptimizer", fields, problem)
         super().__init__(groups, defaults)  # only once every rank agreed: nothing changes before
         self.process_group = process_group
         self.rank, self.size = context.rank, context.size
@@ -83,12 +90,47 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._full: Optional[Dict[str, Any]] = None
         self.reshard_to(self.rank, self.size)
 
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """torch's: once constructed, collective (every rank adds the same group, else every rank
+        raises): the parameters are re-partitioned over the ranks, the state kept (the whole state
+        gathered, then re-sharded). Refused on every rank under ZeRO-2 (the optimizer holds its
+        wrapper's parameters, no other) and for parameters in a group already."""
+        if not hasattr(self, "optim"):  # torch's Optimizer.__init__ adding the first groups
+            super().add_param_group(param_group)
+            return
+        context = resolve(self.process_group)
+        group = _groups([param_group])[0]
+        params = group["params"]
+        problem = _problem(self.optimizer_class, self.params + params, False)
+        reasons = [problem.detail] if problem is not None else []
+        if self.grads is not None:
+            reasons.append("under ZeRO-2 it holds exactly its DistributedDataParallel's parameters "
+                           "(add the group before making it, or wrap the whole model)")
+        if {id(p) for p in params} & {id(p) for p in self.params}:
+            reasons.append("some parameters are in a group already")
+        layout = [(tuple(p.shape), str(p.dtype)) for p in params]
+        hyper = {k: v for k, v in group.items() if k != "params"}
+        with watchdog.guard("ZeroRedundancyOptimizer.add_param_group's agreement (every rank adds the group)"):
+            agree(context, "ZeroRedundancyOptimizer.add_param_group",
+                  [("the group's parameters (shapes, dtypes)", stable_hash(layout), lambda: layout),
+                   ("the group's hyperparameters", stable_hash(repr(hyper)), lambda: hyper)],
+                  InputProblem(ProblemKind.UNUSABLE_ARRAY, "; ".join(reasons)) if reasons else None)
+        full = self.full_state_dict()
+        super().add_param_group(group)
+        self.params = [p for group in self.param_groups for p in group["params"]]
+        self.reshard_to(self.rank, self.size)  # the old parameters keep their indices: theirs come first
+        self.load_state_dict({"state": full["state"],
+                              "param_groups": full["param_groups"] + self.indexed_groups()[-1:]})
+
     def reshard_to(self, rank: int, size: int) -> None:
         """This rank's slices among ``size`` ranks, their copies and a new local optimizer."""
         self.rank, self.size = rank, size
         self.bounds = chunk_bounds(sum(p.numel() for p in self.params), size)
-        if self.grads is not None:
-            self.slices, self.places = self.grads.owned(self.params, rank, size)
+        if self.grads is not None:  # in bucket order: put group by group, as the local optimizer numbers them
+            slices, places = self.grads.owned(self.params, rank, size)
+            group_of = {i: g for g, group in enumerate(self.indexed_groups()) for i in group["params"]}
+            order = sorted(range(len(slices)), key=lambda position: group_of[slices[position][0]])
+            self.slices, self.places = [slices[p] for p in order], [places[p] for p in order]
         else:
             self.slices = owned(self.params, self.bounds[rank], self.bounds[rank + 1])
         self.shards = [_slice_of(self.params[i], a, b) for i, a, b in self.slices]
@@ -140,24 +182,27 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.steps += 1
         for position in self.copies:
             index, a, b = self.slices[position]
-            self.params[index].view(-1)[a:b].copy_(self.shards[position])
+            write_elements(self.params[index], a, b, self.shards[position])
         if self.grads is not None:
             self.grads.reduced = set()  # a step consumes them: a second one without backward steps on none
-            self.grads.gather(self.places, self.shards)
-        else:
-            self._gather()
+        # under ULFM a gather can complete on a survivor although a peer died in it: the step is
+        # agreed before anyone goes on, else every rank raises Interrupted (elastic.run recovers)
+        agreed(resolve(self.process_group), self._gather, f"ZeroRedundancyOptimizer.step {self.steps}: the gather")
         return loss
 
     def _gather(self) -> None:
-        """Every rank's updated slices into every rank's parameters (one Allgatherv)."""
+        """Every rank's updated slices into every rank's parameters (ZeRO-1: one ``allgatherv`` of
+        this rank's slices, which stages device memory through the host where MPI needs it)."""
+        if self.grads is not None:
+            self.grads.gather(self.places, self.shards)
+            return
         if self.size == 1:
             return
-        flat = torch.cat([p.detach().reshape(-1).cpu() for p in self.params])
-        counts = np.diff(self.bounds)
-        resolve(self.process_group).comm.Allgatherv(MPI.IN_PLACE, [flat.numpy(), (counts, self.bounds[:-1])])
+        mine = torch.cat(self.shards) if self.shards else self.params[0].detach().new_empty(0)
+        gathered = torch.as_tensor(allgatherv(array_view(mine)[0], comm=resolve(self.process_group)))
         offset = 0
         for param in self.params:
-            param.view(-1).copy_(flat[offset:offset + param.numel()])
+            write_elements(param, 0, param.numel(), gathered[offset:offset + param.numel()])
             offset += param.numel()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -186,19 +231,30 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         mine = {self.slices[i][0]: (self.slices[i][1], self.slices[i][2],
                                     {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in state.items()})
                 for i, state in local.items() if i < len(self.slices)}
-        gathered = resolve(self.process_group).comm.gather(mine, root=to)
+        with watchdog.guard(f"ZeroRedundancyOptimizer.consolidate_state_dict(to={to}) (every rank calls it)"):
+            gathered = resolve(self.process_group).comm.gather(mine, root=to)
         if self.rank != to:
             self._full = None
             return
         pieces = [(index, a, b, values) for part in gathered for index, (a, b, values) in part.items()]
-        self._full = {"state": assemble(self.params, pieces), "param_groups": self.indexed_groups()}
+        self._full = {"state": zero_elastic.assemble(self.params, pieces), "param_groups": self.indexed_groups()}
 
     def full_state_dict(self) -> Dict[str, Any]:
         """The full state on every rank (collective: ``consolidate_state_dict`` to rank 0, then one
         broadcast): what a checkpoint stores, loadable by ``load_state_dict`` at any number of ranks."""
-        self.consolidate_state_dict(to=0)
-        full = resolve(self.process_group).comm.bcast(self._full if self.rank == 0 else None, root=0)
+        try:
+            self.consolidate_state_dict(to=0)
+            problem = None
+        except MPI.Exception:
+            raise
+        except (RuntimeError, ValueError, KeyError, IndexError) as err:  # assembling it, on rank 0 only
+            problem = f"{type(err).__name__}: {err}"
+        with watchdog.guard("ZeroRedundancyOptimizer.full_state_dict (every rank calls it)"):
+            full, problem = resolve(self.process_group).comm.bcast((self._full, problem) if self.rank == 0 else None)
         self._full = None
+        if problem is not None:  # the same error on every rank, none left waiting
+            raise InputMismatchError(f"ZeroRedundancyOptimizer.full_state_dict: rank 0 could not assemble the "
+                                     f"whole state: {problem}")
         return full
 
     def indexed_groups(self) -> List[Dict[str, Any]]:
@@ -239,25 +295,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                             "params": list(range(offset, offset + count))})
             offset += count
         self.optim.load_state_dict({"state": local, "param_groups": indexed})
-
-
-def assemble(params: List[torch.Tensor], pieces: Iterable[Tuple[int, int, int, Dict[str, Any]]]) -> Dict[int, Any]:
-    """The full state by parameter index from slices' states ``(index, a, b, values)``: each
-    elementwise tensor placed at its slice, other values (``step``) taken as they are."""
-    state: Dict[int, Dict[str, Any]] = {}
-    for index, a, b, values in pieces:
-        param = params[index]
-        into = state.setdefault(index, {})
-        for key, value in values.items():
-            if isinstance(value, torch.Tensor) and key != "step" and value.dim() == 1 and value.numel() == b - a:
-                into.setdefault(key, torch.zeros(param.numel(), dtype=value.dtype)).view(-1)[a:b] = value.cpu()
-            else:
-                into[key] = value
-    for index, values in state.items():
-        for key, value in values.items():
-            if isinstance(value, torch.Tensor) and key != "step" and value.numel() == params[index].numel():
-                values[key] = value.view_as(params[index])
-    return state
 
 
 def owned(params: List[torch.Tensor], begin: int, end: int) -> List[Slice]:

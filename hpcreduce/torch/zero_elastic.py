@@ -12,14 +12,16 @@ neighbour's copy, and each keeps its slices among the new number of ranks. After
 was loaded on one rank (``load_checkpoint`` loads on rank 0, then syncs), that state is everyone's. A lost part with no
 copy (two neighbours lost together) or parts of different versions (a failure during a
 commit's copy) raise ``InputMismatchError`` on every rank: never a silently wrong state.
+``assemble`` puts slices' states together as the whole (here, and in ``consolidate_state_dict``).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from ..errors import InputMismatchError
+from ..ft.watchdog import watchdog
 from ..runtime.context import Context, resolve
 
 Part = Dict[str, Any]
@@ -80,11 +82,12 @@ def shard_snapshot(zero: Any) -> Optional[Dict[str, Optional[Part]]]:
     comm = resolve(zero.process_group).comm
     right, left = (zero.rank + 1) % zero.size, (zero.rank - 1) % zero.size
     header, flat = pack(mine, zero.params[0].dtype)
-    theirs = comm.sendrecv(header, dest=right, source=left)
-    count = sum(int(torch.Size(shape).numel()) for _, _, _, shapes in theirs["pieces"]
-                for shape, _ in shapes.values() if shape is not None)
-    received = torch.empty(count, dtype=flat.dtype)
-    comm.Sendrecv(flat.numpy(), dest=right, recvbuf=received.numpy(), source=left)
+    with watchdog.guard("ZeroRedundancyOptimizer's commit: its part to the ring neighbour"):
+        theirs = comm.sendrecv(header, dest=right, source=left)
+        count = sum(int(torch.Size(shape).numel()) for _, _, _, shapes in theirs["pieces"]
+                    for shape, _ in shapes.values() if shape is not None)
+        received = torch.empty(count, dtype=flat.dtype)
+        comm.Sendrecv(flat.numpy(), dest=right, recvbuf=received.numpy(), source=left)
     return {"mine": mine, "left": unpack(theirs, received)}
 
 
@@ -93,7 +96,8 @@ def reshard(zero: Any, context: Context) -> None:
     (collective over ``context``; see the module docstring)."""
     kept = zero.restore_point if zero.restore_point is not None else (
         {"mine": local_part(zero), "left": None} if zero.member else None)
-    contributions = context.comm.allgather((kept, zero.loaded))
+    with watchdog.guard("ZeroRedundancyOptimizer's re-shard: every rank's kept parts"):
+        contributions = context.comm.allgather((kept, zero.loaded))
     loaded = next((full for _, full in contributions if full is not None), None)
     if loaded is not None:  # a checkpoint loaded on rank 0 (load_checkpoint): its whole state, everywhere
         zero.reshard_to(context.rank, context.size)
@@ -117,8 +121,26 @@ def reshard(zero: Any, context: Context) -> None:
                else f"its parts are of different steps {versions} (a failure during a commit's copy)"
                if gathered else "no rank holds a part"))
     pieces = [piece for part in parts.values() for piece in part["pieces"]]
-    from .zero import assemble
     full = {"state": assemble(zero.params, pieces), "param_groups": parts[min(parts)]["groups"]}
     zero.reshard_to(context.rank, context.size)
     zero.load_state_dict(full)
     zero.steps, zero.restore_point, zero.member, zero.loaded = versions[0], None, True, None
+
+
+def assemble(params: List[torch.Tensor], pieces: Iterable[Tuple[int, int, int, Dict[str, Any]]]) -> Dict[int, Any]:
+    """The full state by parameter index from slices' states ``(index, a, b, values)``: each
+    elementwise tensor placed at its slice, other values (``step``) taken as they are."""
+    state: Dict[int, Dict[str, Any]] = {}
+    for index, a, b, values in pieces:
+        param = params[index]
+        into = state.setdefault(index, {})
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor) and key != "step" and value.dim() == 1 and value.numel() == b - a:
+                into.setdefault(key, torch.zeros(param.numel(), dtype=value.dtype)).view(-1)[a:b] = value.cpu()
+            else:
+                into[key] = value
+    for index, values in state.items():
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor) and key != "step" and value.numel() == params[index].numel():
+                values[key] = value.view_as(params[index])
+    return state

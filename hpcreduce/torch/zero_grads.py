@@ -28,7 +28,7 @@ from ..runtime.failures import release
 from .buckets import Bucket
 from .finite import may_be_finite
 from .step_guard import LIVE
-from .views import array_view
+from .views import array_view, write_elements
 
 GATHER_ELEMENTS = 1 << 22
 """Buckets are gathered together up to this many elements (16 MiB of float32): fewer barriers
@@ -51,8 +51,8 @@ class GradientShards:
         total = sum(p.numel() for b in buckets for p in b.params)
         self._room = max(min(total, GATHER_ELEMENTS), max(sum(p.numel() for p in b.params) for b in buckets))
         # the gathers: (bucket numbers, each rank's first element in the scratch (its chunks of
-        # them end to end), every (parameter piece, a, b) to copy from the scratch's [a, b))
-        self._groups: List[Tuple[List[int], List[int], List[Tuple[torch.Tensor, int, int]]]] = []
+        # them end to end), every (parameter, a, b, where its elements [a, b) are in the scratch))
+        self._groups: List[Tuple[List[int], List[int], List[Tuple[torch.Tensor, int, int, int]]]] = []
         self._scratch: Optional[torch.Tensor] = None
         self._source: Optional[MPI.Intracomm] = None
         self._wire: Optional[ScatterGather] = None
@@ -76,7 +76,7 @@ class GradientShards:
                 at = segments[other]
                 for number in group:
                     begin, end = self.bounds[number][other], self.bounds[number][other + 1]
-                    pieces += [(param.detach().view(-1)[a:b], at + start - begin, at + start - begin + b - a)
+                    pieces += [(param, a, b, at + start - begin)
                                for param, a, b, start in _overlaps(self.buckets[number], begin, end)]
                     at += end - begin
             self._groups.append((group, segments, pieces))
@@ -150,20 +150,21 @@ class GradientShards:
             bucket.views[:] = [bucket.flat] * len(bucket.views)
 
     def gather(self, places: Sequence[Place], shards: Sequence[torch.Tensor]) -> None:
-        """Every rank's updated slices (this rank's: ``shards`` at ``places``, in ``owned``'s
+        """Every rank's updated slices (this rank's: ``shards`` at ``places``, in any
         order) into every rank's parameters: one allgather per group of buckets (up to
         ``GATHER_ELEMENTS``, or one bucket), every rank's chunks of them end to end."""
         wire = self.wire()
         assert self._scratch is not None
+        ordered = sorted(zip(places, shards), key=lambda pair: pair[0])  # in the chunks' order
         for group, segments, pieces in self._groups:
-            mine = [shard for (number, _), shard in zip(places, shards) if number in group]
+            mine = [shard for (number, _), shard in ordered if number in group]
             if mine:
                 torch.cat(mine, out=self._scratch[segments[self.rank]:segments[self.rank + 1]])
             view, _ = array_view(self._scratch[:segments[-1]])
             wire.allgather(view, segments)
             with torch.no_grad():
-                for piece, a, b in pieces:
-                    piece.copy_(self._scratch[a:b])
+                for param, a, b, at in pieces:
+                    write_elements(param, a, b, self._scratch[at:at + b - a])
 
     def restore(self) -> bool:
         """A backward's first gradient: the buckets' memory back (its values rewritten by it);

@@ -119,6 +119,22 @@ def check_failing_hooks_raise_on_every_rank():
                   lambda: compressed.register_comm_hook(None, hooks.allreduce_hook), rank)
 
 
+def check_hook_registered_on_one_rank_raises_on_all():
+    """``register_comm_hook`` on the last rank only, the others going straight to backward (on a
+    new wrapper, and after a step together): every rank raises naming the hooks, none waits."""
+    for overlap, steps_before in ((True, 0), (False, 1)):
+        ddp = hpt.DistributedDataParallel(Net(), bucket_cap_mb=0.001, overlap=overlap)
+        x, y = batch(0, rank)
+        backward = lambda: torch.nn.functional.cross_entropy(ddp(x), y).backward()  # noqa: E731
+        for _ in range(steps_before):
+            backward()
+        if rank == size - 1:
+            expect_raised(InputMismatchError, "powerSGD_hook", lambda: ddp.register_comm_hook(
+                hooks.PowerSGDState(), hooks.powerSGD_hook), rank)
+        else:
+            expect_raised(InputMismatchError, "powerSGD_hook", backward, rank)
+
+
 class Branchy(torch.nn.Module):
     """A trunk, a branch used only in step 0, a head frozen after wrapping, one never used."""
 
@@ -216,7 +232,8 @@ def check_guard_lives_with_the_wrapper():
 if __name__ == "__main__":
     run_checks(check_guard_lives_with_the_wrapper, check_hooks_train_like_one_process,
                check_fp16_equals_allreduce_gradients, check_powersgd_compresses_and_trains,
-               check_failing_hooks_raise_on_every_rank, check_unused_and_frozen_parameters_like_torch_ddp,
+               check_failing_hooks_raise_on_every_rank, check_hook_registered_on_one_rank_raises_on_all,
+               check_unused_and_frozen_parameters_like_torch_ddp,
                check_bad_arguments_on_one_rank_raise_on_all, *ZERO_CHECKS)
     if rank == 0:
         print("torch hooks: all checks passed", flush=True)

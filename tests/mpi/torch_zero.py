@@ -2,7 +2,10 @@
 do not divide evenly at N=3): 50 Adam steps equal the unsharded optimizer's to 1e-6, optimizer
 state per rank about 1/N, consolidate/state_dict/load_state_dict round trip, a full state written at
 N ranks loads at N-1 (re-sharded, the same values), so does a checkpoint (save_checkpoint after
-consolidate_state_dict, load_checkpoint over fewer ranks), and a non-elementwise
+consolidate_state_dict, load_checkpoint over fewer ranks), ZeRO-2 over two parameter groups keeps
+the unsharded optimizer's state parameter by parameter, ZeRO-1 and ZeRO-2 over non-contiguous
+parameters (channels_last, a transposed weight) step as the unsharded optimizer, add_param_group
+re-partitions (as torch's Adam with the group added), and a non-elementwise
 optimizer or different parameter groups on one rank raise on every rank."""
 import shutil
 import sys
@@ -127,6 +130,97 @@ def check_sgd_groups_and_adagrad():
         assert error <= 1e-6, f"rank {rank}: sharded {cls.__name__} off by {error}"
 
 
+def check_zero2_two_groups_state_as_unsharded():
+    """ZeRO-2 with the usual two groups (weight decay on the weights, none on the biases: the
+    buckets' order is not the groups'): the parameters, ``full_state_dict`` and the consolidated
+    ``state_dict`` equal the unsharded AdamW's, shapes and values, parameter by parameter."""
+    def groups(m):
+        return [{"params": [m[0].weight, m[2].weight], "weight_decay": 0.1},
+                {"params": [m[0].bias, m[2].bias], "weight_decay": 0.0}]
+
+    plain, plain_opt = train(lambda m: torch.optim.AdamW(groups(m), lr=0.01), 8)
+    zero, zero_opt = train(lambda m: hpt.ZeroRedundancyOptimizer(groups(m), torch.optim.AdamW, lr=0.01), 8)
+    assert zero_opt.stage == 2
+    error = float((flat(plain) - flat(zero)).abs().max())
+    assert error <= 1e-6, f"rank {rank}: sharded AdamW over two groups off by {error}"
+    want = plain_opt.state_dict()
+    full = zero_opt.full_state_dict()
+    zero_opt.consolidate_state_dict(to=size - 1)
+    for got in [full] + ([zero_opt.state_dict()] if rank == size - 1 else []):
+        assert [g["params"] for g in got["param_groups"]] == [g["params"] for g in want["param_groups"]]
+        assert sorted(got["state"]) == sorted(want["state"]), (sorted(got["state"]), sorted(want["state"]))
+        for index, values in want["state"].items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                mine = got["state"][index][key]
+                assert mine.shape == values[key].shape, f"{key} of parameter {index}: {mine.shape}, {values[key].shape}"
+                difference = float((values[key] - mine).abs().max())
+                assert difference <= 1e-6, f"{key} of parameter {index} off by {difference}"
+
+
+def cnn():
+    """A channels_last CNN whose last layer's weight is a ``.t()`` view: parameters that are not contiguous."""
+    torch.manual_seed(8)
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3), torch.nn.Tanh(), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 4 * 4, 3)).to(memory_format=torch.channels_last)
+    model[3].weight = torch.nn.Parameter(model[3].weight.detach().t().contiguous().t())
+    assert not model[0].weight.is_contiguous() and not model[3].weight.is_contiguous()
+    return model
+
+
+def check_non_contiguous_parameters():
+    """ZeRO-1 (gradients by ``allreduce_gradients``) and ZeRO-2 over a channels_last CNN with a
+    transposed weight: 6 Adam steps equal the unsharded ones, on every rank."""
+    results = []
+    for kind in ("plain", "zero1", "zero2"):
+        model = cnn()
+        ddp = hpt.DistributedDataParallel(model, bucket_cap_mb=0.0005) if kind != "zero1" else model
+        opt = torch.optim.Adam(model.parameters(), lr=0.01) if kind == "plain" else \
+            hpt.ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=0.01)
+        assert kind == "plain" or opt.stage == (2 if kind == "zero2" else 1)
+        for step in range(6):
+            g = torch.Generator().manual_seed(10 * step + rank)
+            x = torch.randn(5, 2, 6, 6, generator=g).to(memory_format=torch.channels_last)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), torch.randn(5, 3, generator=g)).backward()
+            if kind == "zero1":
+                hpt.allreduce_gradients(model)
+            opt.step()
+        results.append(flat(model))
+    for kind, result in zip(("zero1", "zero2"), results[1:]):
+        error = float((results[0] - result).abs().max())
+        assert error <= 1e-6, f"rank {rank}: {kind} over non-contiguous parameters off by {error}"
+
+
+def check_add_param_group_repartitions():
+    """ZeRO-1 over the first layer, 3 Adam steps, then ``add_param_group`` of the last layer (its
+    own lr), 3 more: the parameters and the whole state equal torch's Adam doing the same; under
+    ZeRO-2 the same call is refused on every rank."""
+    results = []
+    for sharded in (False, True):
+        model = mlp()
+        first = {"params": list(model[0].parameters())}
+        opt = hpt.ZeroRedundancyOptimizer([first], torch.optim.Adam, lr=0.01) if sharded \
+            else torch.optim.Adam([first], lr=0.01)
+        for step in range(6):
+            if step == 3:
+                opt.add_param_group({"params": list(model[2].parameters()), "lr": 0.05})
+            g = torch.Generator().manual_seed(10 * step + rank)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(torch.randn(16, 7, generator=g)), torch.randn(16, 3, generator=g)).backward()
+            hpt.allreduce_gradients(model)
+            opt.step()
+        results.append((flat(model), opt.full_state_dict() if sharded else opt.state_dict()))
+    error = float((results[0][0] - results[1][0]).abs().max())
+    assert error <= 1e-6, f"rank {rank}: ZeRO-1 after add_param_group off by {error}"
+    want, got = results[0][1], results[1][1]
+    assert [g["params"] for g in got["param_groups"]] == [[0, 1], [2, 3]] and got["param_groups"][1]["lr"] == 0.05
+    for index, values in want["state"].items():
+        assert float((values["exp_avg"] - got["state"][index]["exp_avg"]).abs().max()) <= 1e-6, index
+    model, opt = train(lambda m: hpt.ZeroRedundancyOptimizer(m.parameters(), torch.optim.Adam, lr=0.01), 1)
+    expect_raised(UnsupportedInputError, "ZeRO-2", lambda: opt.add_param_group({"params": [torch.nn.Parameter(
+        torch.zeros(3))]}), rank)
+
+
 def check_state_written_at_n_loads_at_fewer():
     model, zero_opt = train(lambda m: hpt.ZeroRedundancyOptimizer(m.parameters(), torch.optim.Adam, lr=0.01), 5)
     full = zero_opt.full_state_dict()
@@ -164,7 +258,9 @@ def check_checkpoint_written_at_n_loads_at_fewer():
 
 ZERO_CHECKS = (check_sharded_adam_equals_unsharded, check_zero2_unused_parameters_nan_and_hooks,
                check_other_optimizers_and_groups_refused,
-               check_sgd_groups_and_adagrad, check_state_written_at_n_loads_at_fewer,
+               check_sgd_groups_and_adagrad, check_zero2_two_groups_state_as_unsharded, check_non_contiguous_parameters,
+               check_add_param_group_repartitions,
+               check_state_written_at_n_loads_at_fewer,
                check_checkpoint_written_at_n_loads_at_fewer)
 
 if __name__ == "__main__":  # arguments: the names of the checks to run (none: all)

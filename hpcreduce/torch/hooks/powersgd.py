@@ -7,11 +7,12 @@ the ranks and orthogonalised, Q = M^T P is averaged, M ~ P Q^T; 1-D and small te
 averaged uncompressed. Bytes on the wire per matrix: (n + m) r instead of n m. With
 ``use_error_feedback`` what the compression lost is added to the next step's gradient; with
 ``warm_start`` each step's Q starts from the last one. The first Qs come from one seeded
-generator, the same on every rank.
+generator, the same on every rank. The state's ``state_dict`` (all but the error feedback) is
+rank 0's on every rank after the ranks change (``hooks.agreement``), and can be checkpointed.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -54,6 +55,21 @@ class PowerSGDState:
         """Count a step when its last bucket is reduced."""
         if bucket.is_last():
             self.iter += 1
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What every rank must hold alike (the step count, the seeded generator, the P and Q
+        memory), for a checkpoint or a regroup; the error feedback is each rank's own and stays."""
+        return {"iter": self.iter, "rng": self.rng.get_state(), "p_memory_dict": self.p_memory_dict,
+                "q_memory_dict": self.q_memory_dict,
+                "total_numel": (self.total_numel_before_compression, self.total_numel_after_compression)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """``state_dict()``'s values back (copied)."""
+        self.iter = int(state["iter"])
+        self.rng.set_state(state["rng"])
+        self.p_memory_dict = {int(k): v.clone() for k, v in state["p_memory_dict"].items()}
+        self.q_memory_dict = {int(k): v.clone() for k, v in state["q_memory_dict"].items()}
+        self.total_numel_before_compression, self.total_numel_after_compression = map(int, state["total_numel"])
 
     def compression_stats(self) -> Tuple[float, int, int]:
         """(compression rate, elements before, elements after) over every compressed step."""
