@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import OutputFileError, PSInputError
 from ..runtime.files import write_json
+from ..runtime.watchdog import watchdog
 from .embedding_configs import EmbeddingBagConfig
 
 CHUNK = 1 << 18
@@ -60,7 +61,8 @@ def save_tables(job, directory: str) -> None:
             files[name][begin:begin + len(rows)] = rows
     for out in files.values():
         out.flush()
-    job.comm.Barrier()  # every shard file written before the description that completes the save
+    with watchdog.guard("save_tables: every trainer's shard files written"):
+        job.comm.Barrier()  # every shard file written before the description that completes the save
     problem = None
     if rank == 0:
         meta = {"trainers": trainers, "tables": {c.name: [c.num_embeddings, c.embedding_dim] for c in configs}}
