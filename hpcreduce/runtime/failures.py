@@ -47,6 +47,8 @@ def wait_all(requests: List[MPI.Request], what: str = "a wait for messages of pe
     requests still in flight as ``ERR_PENDING`` yet sets their handles to null; one completed
     later (with an error) then ends the whole job ("Recv error after request freed"). A
     failed ``MPI_Wait`` leaves its request, and those after it, live for ``abandon``."""
+    if not requests:
+        return
     with watchdog.guard(what):
         for request in requests:
             request.Wait()

@@ -13,8 +13,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from contextlib import contextmanager
-from typing import Dict, Iterator, NoReturn, Optional, Tuple
+from typing import Dict, NoReturn, Optional, Tuple
 
 from .launch import mark_aborted
 from .settings import Setting, positive_number
@@ -33,25 +32,14 @@ class Watchdog:
         self._thread: Optional[threading.Thread] = None
         self._starting = threading.Lock()
 
-    @contextmanager
-    def guard(self, what: str, deadline_s: Optional[float] = None) -> Iterator[None]:
-        """Abort the job if the block is still running after the deadline (``deadline_s``, else
-        an enclosing guard's, else the watchdog's)."""
+    def guard(self, what: str, deadline_s: Optional[float] = None) -> "Guard":
+        """Abort the job if the ``with`` block is still running after the deadline (``deadline_s``,
+        else an enclosing guard's, else the watchdog's)."""
         if self._thread is None:
             self._start()
         if self.deadline_s is None:
             self.deadline_s = DEADLINE.value()
-        me = threading.get_ident()
-        outer = self._armed.get(me)
-        own = deadline_s if deadline_s is not None else (outer[2] if outer is not None else None)
-        self._armed[me] = (what, time.monotonic(), own)
-        try:
-            yield
-        finally:
-            if outer is None:
-                self._armed.pop(me, None)
-            else:
-                self._armed[me] = outer
+        return Guard(self._armed, what, deadline_s)
 
     def _start(self) -> None:
         with self._starting:
@@ -79,6 +67,29 @@ class Watchdog:
             f"a peer is hung; aborting the job")
         print(f"hpcreduce: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
         abort_job(3)
+
+
+class Guard:
+    """One armed wait (a plain context manager: ``wait_all`` arms one per call)."""
+
+    __slots__ = ("armed", "what", "deadline_s", "me", "outer")
+
+    def __init__(self, armed: Dict[int, Armed], what: str, deadline_s: Optional[float]):
+        self.armed, self.what, self.deadline_s = armed, what, deadline_s
+        self.me: int = 0
+        self.outer: Optional[Armed] = None
+
+    def __enter__(self) -> None:
+        self.me = me = threading.get_ident()
+        self.outer = outer = self.armed.get(me)
+        own = self.deadline_s if self.deadline_s is not None else (outer[2] if outer is not None else None)
+        self.armed[me] = (self.what, time.monotonic(), own)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.outer is None:
+            self.armed.pop(self.me, None)
+        else:
+            self.armed[self.me] = self.outer
 
 
 def abort_job(code: int) -> NoReturn:
