@@ -1,6 +1,7 @@
 """The deadline watchdog (runtime/watchdog.py) arms each thread's wait on its own: a wait that ended
 is never reported by another thread leaving its guard, and a thread's long wait is reported even
-when another thread's guard ended first (the comm thread beside the main thread)."""
+when another thread's guard ended first (the comm thread beside the main thread); a wait with no
+name of its own (``wait_all``'s) inside a named one is reported by that name."""
 import threading
 import time
 
@@ -44,3 +45,13 @@ def test_each_thread_arms_its_own_wait():
     leave.set()
     thread.join()
     assert dog.expired == ["the other thread's long wait"]
+
+
+def test_an_unnamed_wait_inside_a_named_one_is_reported_by_that_name():
+    dog = Recording(0.3)
+    with dog.guard("waiting for the pull_rows of table 't'"):
+        with dog.guard(None):
+            time.sleep(0.8)
+    with dog.guard(None):
+        time.sleep(0.8)
+    assert list(dict.fromkeys(dog.expired)) == ["waiting for the pull_rows of table 't'", "a wait for messages of peers"]

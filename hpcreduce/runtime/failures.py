@@ -39,9 +39,10 @@ def is_process_failure(error: BaseException, comm: Optional[MPI.Comm] = None) ->
         return True
 
 
-def wait_all(requests: List[MPI.Request], what: str = "a wait for messages of peers") -> None:
+def wait_all(requests: List[MPI.Request], what: Optional[str] = None) -> None:
     """Complete ``requests``, one ``MPI_Wait`` each (the first failure raised with its own error),
-    under the deadline watchdog (``what``: the wait, as its error names it).
+    under the deadline watchdog (``what``: the wait, as its error names it; None: the enclosing
+    guard's name).
 
     Not ``MPI_Waitall``: after a process failure Open MPI 5.0.11's ``MPI_Waitall`` returns the
     requests still in flight as ``ERR_PENDING`` yet sets their handles to null; one completed

@@ -20,6 +20,7 @@ from .settings import Setting, positive_number
 
 DEADLINE = Setting("HPCREDUCE_DEADLINE", positive_number, 120.0, "a number of seconds above 0")
 Armed = Tuple[str, float, Optional[float]]  # what, since, its own deadline (None: the watchdog's)
+UNNAMED = "a wait for messages of peers"
 
 
 class Watchdog:
@@ -32,9 +33,10 @@ class Watchdog:
         self._thread: Optional[threading.Thread] = None
         self._starting = threading.Lock()
 
-    def guard(self, what: str, deadline_s: Optional[float] = None) -> "Guard":
+    def guard(self, what: Optional[str], deadline_s: Optional[float] = None) -> "Guard":
         """Abort the job if the ``with`` block is still running after the deadline (``deadline_s``,
-        else an enclosing guard's, else the watchdog's)."""
+        else an enclosing guard's, else the watchdog's); ``what`` None: the enclosing guard's name
+        (a wait inside a named one), else ``UNNAMED``."""
         if self._thread is None:
             self._start()
         if self.deadline_s is None:
@@ -74,7 +76,7 @@ class Guard:
 
     __slots__ = ("armed", "what", "deadline_s", "me", "outer")
 
-    def __init__(self, armed: Dict[int, Armed], what: str, deadline_s: Optional[float]):
+    def __init__(self, armed: Dict[int, Armed], what: Optional[str], deadline_s: Optional[float]):
         self.armed, self.what, self.deadline_s = armed, what, deadline_s
         self.me: int = 0
         self.outer: Optional[Armed] = None
@@ -83,7 +85,8 @@ class Guard:
         self.me = me = threading.get_ident()
         self.outer = outer = self.armed.get(me)
         own = self.deadline_s if self.deadline_s is not None else (outer[2] if outer is not None else None)
-        self.armed[me] = (self.what, time.monotonic(), own)
+        what = self.what if self.what is not None else (outer[0] if outer is not None else UNNAMED)
+        self.armed[me] = (what, time.monotonic(), own)
 
     def __exit__(self, *exc: object) -> None:
         if self.outer is None:
