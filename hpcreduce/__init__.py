@@ -34,7 +34,7 @@ _EXPORTS = {
     **{name: "hpcreduce.errors" for name in (  # every error hpcreduce raises on purpose
         "HpcreduceError", "InputMismatchError", "UnsupportedInputError", "ConfigurationError",
         "CheckpointMismatchError", "FaultToleranceUnavailableError", "LaunchError",
-        "DeadlineExceededError", "GpuUnavailableError", "ModelError", "TrainingError",
+        "DeadlineExceededError", "ProcessLostError", "GpuUnavailableError", "ModelError", "TrainingError",
         "OutputFileError", "InputFileError", "PSConfigError", "PSInputError", "PSRefusedError", "PSTrainingError",
         "PlottingUnavailableError", "UnknownResultError")},
 }

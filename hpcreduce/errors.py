@@ -116,6 +116,14 @@ class DeadlineExceededError(HpcreduceError, TimeoutError):
     """
 
 
+class ProcessLostError(HpcreduceError, RuntimeError):
+    """A rank of the job died (ULFM reported it) where nothing recovers in place (a dedicated
+    hybrid job's servers and trainers). Raised on every rank that waits on the lost one, naming
+    it; the communicator is revoked first, so every rank blocked in it returns and raises it too.
+    Resume from a checkpoint, or run under ``hpcreduce.elastic`` where a layout recovers in place.
+    """
+
+
 class GpuUnavailableError(HpcreduceError, RuntimeError):
     """GPU work was asked for, but cupy or a visible GPU is missing on some rank.
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from hpcreduce.runtime.launch import build_mpirun
+from hpcreduce.train.ps.dense_checkpoints import saved as dense_saved
 from hpcreduce.train.results import checksum
 from mpi_run import MPI_SCRIPTS, hpcreduce_cli, mpirun, run_job
 
@@ -153,3 +154,25 @@ def test_through_the_api_bsp_hybrid_equals_ring_and_a_failing_worker_stops_every
     result = mpirun(4, "hybrid_training.py", timeout=180)
     assert result.returncode == 0, result
     assert "hybrid training: all checks passed" in result.output, result
+
+
+def test_bsp_hybrid_rolled_back_to_a_checkpoint_ends_on_the_unkilled_run_and_every_checkpoint_is_whole(tmp_path):
+    """The only server SIGKILLed at step 12: the tables go back to the checkpoint of step 10, the
+    workers' dense replica with them, and the run ends where the unkilled run ends (it ended 0.25
+    off, exit 0). The last step's checkpoint holds the dense replica too, and a run resumed from
+    it lists only the steps it trained."""
+    common = ("--model", "embed", "--consistency", "bsp", "--checkpoint-every", "5", "--steps", "20")
+    folder = tmp_path / "whole"
+    result, whole = train(tmp_path, "whole", "hybrid", *common, "--checkpoint-dir", str(folder), servers=1, ft=True)
+    assert result.returncode == 0, result
+    assert dense_saved(str(folder), 20), sorted(p.name for p in folder.rglob("*"))
+    result, killed = train(tmp_path, "killed", "hybrid", *common, "--checkpoint-dir", str(tmp_path / "killed"),
+                           "--kill", "0@12", servers=1, ft=True)
+    assert result.returncode == 0, result
+    assert killed["recovery"][0]["checkpoint_step"] == 10, killed["recovery"]
+    # the batch re-split over 2 workers sums in another order: 2e-8 apart (the tables alone rolled back: 2e-2)
+    assert killed["final"]["checksum"] == pytest.approx(whole["final"]["checksum"], rel=1e-6)
+    result, resumed = train(tmp_path, "resumed", "hybrid", *common, "--checkpoint-dir", str(folder), "--steps", "23",
+                            servers=1, ft=True)
+    assert result.returncode == 0 and "resumed from the checkpoint of step 20" in result.output, result
+    assert [row["step"] for row in resumed["steps"]] == [21, 22, 23], resumed["steps"]

@@ -2,7 +2,8 @@
 pooled rows and the servers' row updates equal local nn.EmbeddingBags', a pipelined BSP run
 ends bit for bit where the unpipelined one ends, bad input raises on every rank
 (tests/mpi/torch_embedding.py), and the DLRM-like example (examples/torch_recsys.py) lowers
-its held-out loss."""
+its held-out loss; at the end of uneven shards every trainer stops, an empty batch steps
+and a lost server of a dedicated job ends every rank naming it (tests/mpi/torch_pipeline_ends.py)."""
 import importlib.util
 from pathlib import Path
 
@@ -54,3 +55,18 @@ def test_table_wise_sharding_with_replicas_ends_where_row_wise_ends():
     job = mpirun(2, "torch_tablewise.py", "ft", ft=True, timeout=60)
     assert job.returncode == 0, job
     assert "table-wise: all checks passed" in job.output, job
+
+
+@pytest.mark.parametrize("layout, ranks", [("dedicated", 3), ("row_wise", 2), ("table_wise", 2)])
+def test_uneven_shards_stop_every_trainer_and_an_empty_batch_steps(layout, ranks):
+    job = mpirun(ranks, "torch_pipeline_ends.py", layout, timeout=150, env={"HPCREDUCE_DEADLINE": "60"})
+    assert job.returncode == 0, job
+    assert "an empty batch on one trainer: the step goes, pipelined as unpipelined" in job.output, job
+    assert f"uneven shards end on every trainer ({layout})" in job.output, job
+
+
+def test_a_lost_server_of_a_dedicated_hybrid_job_ends_every_rank_naming_it():
+    job = mpirun(4, "torch_pipeline_ends.py", "server_lost", ft=True, timeout=150, env={"HPCREDUCE_DEADLINE": "60"})
+    assert job.returncode != 0 and "without noticing" not in job.output, job
+    for rank in (0, 2, 3):
+        assert f"rank {rank} ended: rank {rank}: rank 1 of MPI_COMM_WORLD died during" in job.output, job

@@ -159,6 +159,7 @@ def test_the_collection_pools_as_embedding_bags_and_reads_only_the_rows_given():
 @pytest.mark.parametrize("batch, message", [
     (kjt(keys=("x", "z")), r"features \['z'\] name no table"),
     (kjt(lengths=(3, 0, 1, 2)), "lengths add up to 6, the values are 5"),
+    (kjt(lengths=(3, 0, 3, -1)), r"lengths\[3\] is -1 \(key 'y', example 1\): .* never negative"),
     (kjt(values=(9, 3, 9, 4, 10)), r"10 rows, the batch looks up ids \[10\]"),
     (hpt.KeyedJaggedTensor(["x", "y"], torch.tensor([1.0, 2.0]), lengths=torch.tensor([1, 0, 1, 0])),
      "must be int64 or int32"),

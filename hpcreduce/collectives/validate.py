@@ -28,6 +28,7 @@ from ..errors import ConfigurationError, InputMismatchError, TrainingError, Unsu
 from ..arrays import is_device_array
 from ..runtime.context import Context
 from ..runtime.settings import Setting
+from ..runtime.watchdog import watchdog
 from .exchange import header_row
 from .node_window import shared_exchange
 from .ops import DTYPES, OP_NAMES, dtype_code
@@ -183,12 +184,14 @@ def agree(context: Context, what: str, fields: Sequence[Field], local: Optional[
     values = field_values(fields, local.kind.code * comm.Get_size() + comm.Get_rank() + 1 if local is not None else 0)
     exchange = shared_exchange(context)
     if exchange is not None:
-        rows = exchange.rows(exchange.publish(header_row(values)))
+        with watchdog.guard(f"the ranks' check of {what}"):
+            rows = exchange.rows(exchange.publish(header_row(values)))
         if rows[:, 1].max() > 0 or (rows != rows[0]).any():
             raise_for_rows(comm, what, fields, local, rows)
         return
     both = check_vector(values)
-    comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
+    with watchdog.guard(f"the ranks' check of {what}"):  # a rank that skipped the call would leave the others here
+        comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
     # A problem anywhere makes the highest key positive; each field's max - min is >= 0, so
     # the fields all agree iff their sum is zero (the key's own max - min aside).
     if both[0] > 0 or sum(both.tolist()):

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import sys
+import time
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, List, NoReturn, Optional, Tuple, TypeVar
+from typing import Callable, ContextManager, Iterable, Iterator, List, Optional, Tuple, TypeVar
 
 from mpi4py import MPI
 
-from .launch import mark_aborted
+from ..errors import ProcessLostError
+from .watchdog import abort_job, watchdog
 
 T = TypeVar("T")
 FAILURE_CLASSES = frozenset({MPI.ERR_PROC_FAILED, MPI.ERR_REVOKED,
@@ -37,15 +39,64 @@ def is_process_failure(error: BaseException, comm: Optional[MPI.Comm] = None) ->
         return True
 
 
-def wait_all(requests: List[MPI.Request]) -> None:
-    """Complete ``requests``, one ``MPI_Wait`` each (the first failure raised with its own error).
+def wait_all(requests: List[MPI.Request], what: Optional[str] = None) -> None:
+    """Complete ``requests``, one ``MPI_Wait`` each (the first failure raised with its own error),
+    under the deadline watchdog (``what``: the wait, as its error names it; None: the enclosing
+    guard's name).
 
     Not ``MPI_Waitall``: after a process failure Open MPI 5.0.11's ``MPI_Waitall`` returns the
     requests still in flight as ``ERR_PENDING`` yet sets their handles to null; one completed
     later (with an error) then ends the whole job ("Recv error after request freed"). A
     failed ``MPI_Wait`` leaves its request, and those after it, live for ``abandon``."""
-    for request in requests:
-        request.Wait()
+    if not requests:
+        return
+    with watchdog.guard(what):
+        for request in requests:
+            request.Wait()
+
+
+def failed_ranks(comm: MPI.Comm, wait_s: float = 2.0) -> List[int]:
+    """The ranks (of ``MPI_COMM_WORLD``) that ``comm`` knows failed; a rank that learned of the
+    failure from a revoke waits up to ``wait_s`` for ULFM to name it (then: none known)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            failed, world = comm.Get_failed(), MPI.COMM_WORLD.Get_group()
+            ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), world)
+            failed.Free()
+            world.Free()
+        except MPI.Exception:
+            return []
+        if ranks or time.monotonic() > deadline:
+            return sorted(r for r in ranks if r != MPI.UNDEFINED)
+        time.sleep(0.05)
+
+
+@contextmanager
+def lost_ranks_named(comm: MPI.Comm, what: str) -> Iterator[None]:
+    """A process failure in the block revokes ``comm`` (every rank blocked in it returns) and
+    raises ``ProcessLostError`` naming the lost ranks and ``what`` was waited for."""
+    try:
+        yield
+    except MPI.Exception as error:
+        if not is_process_failure(error, comm):
+            raise
+        revoke(comm)
+        lost = failed_ranks(comm)
+        named = f"rank {', '.join(map(str, lost))} of MPI_COMM_WORLD" if lost else "a rank (not yet named by MPI)"
+        raise ProcessLostError(f"rank {MPI.COMM_WORLD.Get_rank()}: {named} died during {what} "
+                               f"({error.Get_error_string()}); this job does not recover in place: "
+                               f"resume it from a checkpoint") from error
+
+
+def watched(comm: MPI.Comm) -> Callable[[str], ContextManager[None]]:
+    """A ``guard(what)`` for waits on ``comm``'s peers: under the deadline watchdog, a process
+    failure revoking ``comm`` and named (``lost_ranks_named``)."""
+    @contextmanager
+    def guard(what: str) -> Iterator[None]:
+        with lost_ranks_named(comm, what), watchdog.guard(what):
+            yield
+    return guard
 
 
 def revoke(comm: MPI.Comm) -> None:
@@ -159,14 +210,6 @@ _REVOKED: List[MPI.Comm] = []
 
 _ABANDONED: List[MPI.Request] = []
 """The requests ``abandon`` could not complete (a few per recovery)."""
-
-
-def abort_job(code: int) -> NoReturn:
-    """``MPI_Abort`` of the whole job with ``code``, the launcher told first (``mark_aborted``):
-    Open MPI 5.0.11's mpirun has stayed up after an abort in a job that had spawned ranks."""
-    mark_aborted(code)
-    MPI.COMM_WORLD.Abort(code)
-    raise SystemExit(code)  # not reached: Abort ends the process
 
 
 @contextmanager

@@ -92,10 +92,16 @@ class EmbeddingBagCollection(torch.nn.Module):
         trainer when bound)."""
         return self._settled(self.start_plan(features))
 
-    def start_plan(self, features: KeyedJaggedTensor) -> BatchPlan:
+    def start_plan(self, features: Optional[KeyedJaggedTensor], ended: bool = False) -> BatchPlan:
         """The batch deduplicated, its check by every trainer started (``batch_check``: a
         nonblocking allreduce); ``start_pull`` (or ``plan``) finishes the check before anything
-        moves. A bad batch gives a plan with no tables, refused there on every trainer."""
+        moves. A bad batch gives a plan with no tables, refused there on every trainer.
+        ``ended``: this trainer's data ended (no batch); once settled, the plan of every
+        trainer says ``ended`` (``TrainPipeline`` stops there on every trainer)."""
+        if ended:
+            routed = BatchPlan(features, 0, {})
+            routed.verdict = self._check.start(None, ended=True)
+            return routed
         why = problem(self._configs, features, self.is_weighted)
         routed = None
         if why is None:
@@ -103,6 +109,8 @@ class EmbeddingBagCollection(torch.nn.Module):
                 routed = (lookups if self._owners_pool else plan)(self._configs, features, self.is_weighted)
             except ValueError as err:
                 why = str(err)
+            except Exception as err:  # any local failure planning a batch is agreed, never one rank's traceback
+                why = f"planning the batch failed here: {type(err).__name__}: {err}"
         if routed is None:
             routed = BatchPlan(features, 0, {})
         routed.verdict = self._check.start(why)
@@ -112,7 +120,7 @@ class EmbeddingBagCollection(torch.nn.Module):
     def _settled(routed: BatchPlan) -> BatchPlan:
         """``routed`` once every trainer found its batch good (else the same error everywhere)."""
         if routed.verdict is not None:
-            routed.verdict.wait()  # a bad batch raises (again, if retried) on every trainer
+            routed.ended = routed.verdict.wait()  # a bad batch raises (again, if retried) on every trainer
             routed.verdict = None
         return routed
 
@@ -121,13 +129,18 @@ class EmbeddingBagCollection(torch.nn.Module):
         batch uses them (a no-op with given rows)."""
         if self._given is not None:
             return
-        self.start_pull(self.plan(features))
+        routed = self.plan(features)
+        if routed.ended:
+            raise PSInputError("EmbeddingBagCollection: another trainer's data ended (its TrainPipeline "
+                               "stops) while this one looked up a batch outside a TrainPipeline")
+        self.start_pull(routed)
 
     def start_pull(self, routed: BatchPlan) -> None:
         """Start pulling a planned batch's rows (one request for all tables); the next forward
         on that batch uses them (its check is finished first: a bad batch raises on every
         trainer, nothing sent)."""
-        self._settled(routed)
+        if self._settled(routed).ended:
+            return
         self._drop_prefetched()
         if routed.lookups is not None:  # table-wise: the owners pool
             self._prefetched = (routed, self._bound().pool_async(routed.lookups))
@@ -170,7 +183,7 @@ class EmbeddingBagCollection(torch.nn.Module):
             bags = F.embedding_bag(inverse[config.name], rows[config.name], table.offsets, mode=config.mode,
                                    per_sample_weights=table.weights)
             pooled.append(bags.view(table.features, routed.stride, config.embedding_dim).transpose(0, 1)
-                          .reshape(routed.stride, -1))
+                          .reshape(routed.stride, table.features * config.embedding_dim))
         return self._keyed(torch.cat(pooled, dim=1) if len(pooled) > 1 else pooled[0])
 
     def _fused_forward(self, routed: BatchPlan, handle) -> KeyedTensor:
@@ -191,7 +204,7 @@ class EmbeddingBagCollection(torch.nn.Module):
             self._pending.append((routed, {"": stacked}, source))
         bags = PooledRows.apply(stacked, inverse, fused.offsets, fused.bag_of, fused.scale)
         return self._keyed(bags.view(len(self._keys), routed.stride, config.embedding_dim).transpose(0, 1)
-                           .reshape(routed.stride, -1))
+                           .reshape(routed.stride, sum(self._dims)))
 
     def _owner_pooled(self, routed: BatchPlan, handle) -> KeyedTensor:
         """The bags the tables' owners pooled, laid out as the output (batch, the features'
@@ -218,7 +231,8 @@ class EmbeddingBagCollection(torch.nn.Module):
         for config in self._configs:
             width = config.embedding_dim * len(config.feature_names)
             if grad is not None:
-                part = grad[:, column:column + width].reshape(len(grad), -1, config.embedding_dim)
+                part = grad[:, column:column + width].reshape(len(grad), len(config.feature_names),
+                                                              config.embedding_dim)
                 grads.append(np.ascontiguousarray(part.transpose(1, 0, 2)).reshape(-1, config.embedding_dim))
             column += width
         return self._bound().push_pooled_async(grads if grad is not None else [None] * len(self._configs),

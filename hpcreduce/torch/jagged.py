@@ -83,7 +83,13 @@ class KeyedJaggedTensor:
             return f"keys {self._keys} name a feature twice"
         if len(lengths) != len(self._keys) * self._stride:
             return f"{len(lengths)} lengths for {len(self._keys)} keys x stride {self._stride}"
-        if bool((lengths < 0).any()) or int(lengths.sum()) != len(values):
+        negative = torch.nonzero(lengths < 0).flatten()
+        if len(negative):
+            at = int(negative[0])
+            key, example = (self._keys[at // self._stride], at % self._stride) if self._stride else ("?", at)
+            return (f"lengths[{at}] is {int(lengths[at])} (key {key!r}, example {example}): a length is a count "
+                    f"of ids, never negative ({len(negative)} negative in all)")
+        if int(lengths.sum()) != len(values):
             return f"lengths add up to {int(lengths.sum())}, the values are {len(values)}"
         if self._weights is not None and tuple(self._weights.shape) != (len(values),):
             return f"weights of shape {tuple(self._weights.shape)} for {len(values)} values"

@@ -19,6 +19,7 @@ from mpi4py import MPI
 from ..ps import Consistency, Server, start
 from ..ps.init import PartInit
 from ..runtime.context import Context
+from ..runtime.failures import watched
 from .embedding_configs import EmbeddingBagConfig, RowOptimizer, counter_uniform
 from .table_files import SavedTables
 
@@ -73,7 +74,7 @@ def start_tables(configs: Sequence[EmbeddingBagConfig], layout: str, servers: in
                                 init=init, seed=seed)
         return store, context.comm.Dup(), context.comm.Get_size()
     role = start(specs, init, servers=servers, consistency=consistency, optimizer=sparse_optimizer.name,
-                 lr=sparse_optimizer.lr, comm=context)
+                 lr=sparse_optimizer.lr, comm=context, guard=watched(context.comm))
     serving = isinstance(role, Server)
     trainers = context.comm.Split(MPI.UNDEFINED if serving else 0, context.rank)
     return role, (None if serving else trainers), context.comm.Get_size() - servers

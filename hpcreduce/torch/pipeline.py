@@ -17,11 +17,12 @@ flight; batch i+1 is taken from the iterator and planned (ids deduplicated per t
 by every trainer started as a nonblocking allreduce: ``batch_check``) while that pull travels;
 forward on batch i, backward, push (one request for all tables), the dense optimizer's step,
 ``clock()``. Batch i+1's check is finished just before its pull is sent: a bad batch raises
-on every trainer there, with nothing of it sent. Staleness: under BSP (and SSP with staleness
-0) the pull of batch i+1 leaves after step i's clock, so it reads exactly what an unpipelined
-run reads (same result, bit for bit); under SSP(s >= 1) or ASP it leaves after step i's
-forward, before its backward, so the rows of batch i+1 may miss step i's updates as well: a
-read up to s + 1 steps stale (the pipeline's ``extra_staleness`` is that 1). Colocated tables
+on every trainer there, with nothing of it sent; a trainer whose iterator ended sends "ended"
+instead, and every trainer's next ``progress`` raises ``StopIteration`` (uneven shards).
+Staleness: under BSP (and SSP with staleness 0) the pull of batch i+1 leaves after step i's
+clock, so it reads exactly what an unpipelined run reads (same result, bit for bit); under
+SSP(s >= 1) or ASP it leaves after step i's forward, before its backward, so the rows of batch
+i+1 may miss step i's updates as well: a read up to s + 1 steps stale (the pipeline's ``extra_staleness`` is that 1). Colocated tables
 pull collectively: right after the clock, or, when the job recovers in place (a colocated job
 under a fault-tolerant launch, ``hybrid_elastic``), at the start of the next ``progress``, so
 that ``progress`` ends with ``clock()`` and a commit right after it keeps exactly once.
@@ -68,14 +69,17 @@ class TrainPipeline:
         self._next: Optional[Planned] = None
 
     def progress(self, batches: Iterator[Any]) -> Any:
-        """One training step on the next batch; its ``output``. ``StopIteration`` when
-        ``batches`` is exhausted (after the last step)."""
+        """One training step on the next batch; its ``output``. ``StopIteration`` on every
+        trainer once any trainer's ``batches`` is exhausted (uneven shards: the trainers agree
+        that the data ended, as torch's ``Join``; a longer shard's batches beyond it are not
+        trained)."""
         current = self._held()
         if current is None:
-            current = self._planned(next(batches))
+            current = self._planned(batches)
         self._pull(current)
-        following = next(batches, None)
-        self._next = None if following is None else self._planned(following)
+        if current.plan.ended:
+            raise StopIteration
+        self._next = self._planned(batches)
         self.optimizer.zero_grad()
         loss, output = self.job.module(current.batch)
         if self.job.early_pull:
@@ -102,7 +106,7 @@ class TrainPipeline:
     def _pull(self, planned: Optional[Planned]) -> None:
         """Start a planned batch's pull unless posted (or none); a bad batch (refused on every
         trainer) is dropped."""
-        if planned is None or planned.pulled:
+        if planned is None or planned.pulled or planned.plan.ended:
             return
         try:
             self.job.collection.start_pull(planned.plan)
@@ -111,6 +115,11 @@ class TrainPipeline:
             raise
         planned.pulled = True
 
-    def _planned(self, batch: Any) -> Planned:
-        plan = self.job.collection.start_plan(getattr(batch, "sparse_features", None))
+    def _planned(self, batches: Iterator[Any]) -> Planned:
+        """The next batch of ``batches``, its check started (this trainer's data ended: said so)."""
+        batch = next(batches, _ENDED)
+        plan = self.job.collection.start_plan(getattr(batch, "sparse_features", None), ended=batch is _ENDED)
         return Planned(batch, plan, self.job.attempts_ended)
+
+
+_ENDED = object()  # an iterator's end (a batch may be None)

@@ -59,7 +59,8 @@ class BatchPlan:
     """A checked batch: ``tables`` by name, ``stride`` examples, ``features`` the batch it came
     from, ``fused`` the one-lookup form (None when the tables' dims or poolings differ),
     ``verdict`` the trainers' check of it while in flight (``batch_check.Verdict``; None once settled),
-    ``lookups`` per table (ids, bag lengths, factors) when the tables' owners pool (``lookups``)."""
+    ``lookups`` per table (ids, bag lengths, factors) when the tables' owners pool (``lookups``),
+    ``ended`` once settled: some trainer's data ended (``TrainPipeline``: every trainer stops)."""
 
     features: KeyedJaggedTensor
     stride: int
@@ -67,6 +68,7 @@ class BatchPlan:
     fused: Optional[Fused] = None
     verdict: Optional[Any] = None
     lookups: Optional[List[Lookups]] = None
+    ended: bool = False
 
 
 def problem(configs: Sequence[EmbeddingBagConfig], features: KeyedJaggedTensor, weighted: bool) -> Optional[str]:
@@ -110,7 +112,7 @@ def plan(configs: Sequence[EmbeddingBagConfig], features: KeyedJaggedTensor, wei
     for config, (ids, bag_lengths, bag_weights), (unique, inverse, _) in zip(configs, joined, deduplicated):
         if not fixed:
             _check_range(config, unique)
-        offsets = torch.cumsum(torch.cat([bag_lengths.new_zeros(1), bag_lengths[:-1]]), 0)
+        offsets = torch.cumsum(bag_lengths, 0) - bag_lengths  # each bag's start (none in an empty batch)
         tables[config.name] = TableBatch(unique, inverse, offsets, bag_weights, len(config.feature_names))
     fusable = len({(c.embedding_dim, c.mode) for c in configs}) == 1 and len(configs) > 1
     if not fusable:

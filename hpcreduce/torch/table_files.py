@@ -27,6 +27,7 @@ from ..errors import OutputFileError, PSInputError
 from ..runtime.environment import MAX_RANKS
 from ..runtime.files import refuse_foreign_link, write_json
 from ..runtime.given_files import inside, nbytes, npy_file_header, read_json, remove_regular
+from ..runtime.watchdog import watchdog
 from .embedding_configs import EmbeddingBagConfig
 
 CHUNK = 1 << 18
@@ -61,7 +62,8 @@ def save_tables(job, directory: str) -> None:
             files[name][begin:begin + len(rows)] = rows
     for out in files.values():
         out.flush()
-    job.comm.Barrier()  # every shard file written before the description that completes the save
+    with watchdog.guard("save_tables: every trainer's shard files written"):
+        job.comm.Barrier()  # every shard file written before the description that completes the save
     problem = None
     if rank == 0:
         meta = {"trainers": trainers, "tables": {c.name: [c.num_embeddings, c.embedding_dim] for c in configs}}

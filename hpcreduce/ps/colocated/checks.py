@@ -12,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ...errors import PSConfigError, PSInputError
+from ...runtime.watchdog import watchdog
 from ..client_checks import check_array, checked_ids, table_rows
 from ..init import PartInit
 from ..optimizers import OPTIMIZERS
@@ -49,7 +50,8 @@ def spec_problem(specs: Sequence[ParamSpec], optimizer: str, lr: float, init: ob
 def agree_on_setup(comm: MPI.Intracomm, problem: Optional[str], settings: Mapping[str, object]) -> None:
     """Raise the same ``PSConfigError`` on every rank when a rank's tables or update rule are bad
     or differ from rank 0's (one allgather; ``collectives.validate.agree`` is a layer above ps)."""
-    everyone = comm.allgather((problem, {name: repr(value) for name, value in settings.items()}))
+    with watchdog.guard("the ranks' check of ColocatedTables' setup"):
+        everyone = comm.allgather((problem, {name: repr(value) for name, value in settings.items()}))
     bad = [f"rank {r}: {found}" for r, (found, _) in enumerate(everyone) if found]
     if bad:
         raise PSConfigError("ColocatedTables: " + "; ".join(bad))
@@ -69,7 +71,8 @@ def made_everywhere(comm: MPI.Intracomm, make: Callable[[], T]) -> T:
         made = make()
     except Exception as error:  # an initialiser of the wrong shape, memory, ...: refused everywhere
         problem = f"{type(error).__name__}: {error}"
-    problems = [f"rank {r}: {p}" for r, p in enumerate(comm.allgather(problem)) if p]
+    with watchdog.guard("the ranks' report of ColocatedTables' shards made"):
+        problems = [f"rank {r}: {p}" for r, p in enumerate(comm.allgather(problem)) if p]
     if problems:
         raise PSConfigError("ColocatedTables could not make its shards: " + "; ".join(problems))
     return made

@@ -97,6 +97,7 @@ class Fallback:
         loop.step = self.first_step
         loop.duplicates_until = resume.point.pushed_until if resume.keep_pushes else 0
         loop.before_step = lambda step: self._before_step(loop, step)
+        loop.after_steps = lambda done: self._dense_checkpoint(loop, done + 1)
         if loop.replica is not None and resume.point is not None:
             load_dense(setup.fault.checkpoint_dir, resume.point.step, loop.replica)
         return loop
@@ -104,6 +105,10 @@ class Fallback:
     def _before_step(self, loop: LedgeredLoop, step: int) -> None:
         """Kills; in hybrid the first worker writes the dense replica at the servers' checkpoint steps."""
         self.progress.worker_step(step, self.members)
+        self._dense_checkpoint(loop, step)
+
+    def _dense_checkpoint(self, loop: LedgeredLoop, step: int) -> None:
+        """Hybrid: the dense replica of step ``step - 1`` when the servers checkpoint that step."""
         fault = self.setup.fault
         if loop.replica is not None:
             save_when_due(fault.checkpoint_dir, step, loop.replica, loop.worker.index, fault.checkpoint_every,

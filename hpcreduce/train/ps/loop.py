@@ -93,7 +93,8 @@ class WorkerLoop:
     """Runs ``config.steps`` steps of ``model`` on ``dataset`` through ``worker``.
 
     ``before_step(step)`` runs at the start of every step (from 1) the first time it is
-    reached (fault injection).
+    reached (fault injection, checkpoints of the steps before it); ``after_steps(done)`` once the
+    loop ran its last step (the checkpoint of the last step).
     """
 
     def __init__(self, worker: Worker, config: TrainConfig, model: Model, dataset: Dataset,
@@ -115,6 +116,7 @@ class WorkerLoop:
         self.fused = not ctx.ft and self.dense_sync.pulled  # push-pull: replicating servers refuse it
         self.prefetched: Optional[int] = None  # dense tables already pulled by a push-pull: its staleness
         self.before_step: Callable[[int], None] = lambda step: None
+        self.after_steps: Callable[[int], None] = lambda done: None
         self.stop: Optional[StopPoint] = None  # where a stop signal ends the loop
         self._current: Tuple[np.ndarray, int] = (np.zeros(3), 0)
         # a straggler (--slow) is named by its stable id, slot + K for the workers the job started with
@@ -153,6 +155,8 @@ class WorkerLoop:
             self.dense_sync.join(self.worker)  # a new layout: every worker of it is here
         while self.step < self.config.steps and not (self.stop is not None and self.stop.stopped):
             self.advance(phases, observer)
+        if self.step >= self.config.steps:
+            self.after_steps(self.step)
 
     def advance(self, phases: Any, observer: Optional[Any]) -> None:
         """The current step from its current stage to its end."""

@@ -65,6 +65,7 @@ class PSDriver:
         self.detected: Optional[float] = None
         self.placement: List[Dict[str, Any]] = []  # the shards' homes at the start (founding ranks)
         self.server: Optional["Server"] = None
+        self.first_step = 0  # the steps before it were trained by an earlier launch (a resume; newcomers: 0)
         if ctx.joined:
             epoch, welcome = newcomer_epoch(ctx, setup, self._new_loop)
             # hybrid: the live workers wait in step clock + 1's dense reduction, so its kills were drawn
@@ -75,6 +76,7 @@ class PSDriver:
         else:
             started = time.time()
             resume = Resume.find(ctx, setup) if refuse_resume(ctx, setup) else Resume(None)
+            self.first_step = resume.first_step
             self.progress = self._progress(resume.first_step, resume.first_step)
             epoch, server, self.placement = founding_epoch(ctx, setup, self._new_loop, self._server_progress,
                                                            observer.echo, resume)
@@ -129,12 +131,17 @@ class PSDriver:
         setup = self.setup
         loop = WorkerLoop(worker, setup.config, setup.model, setup.dataset, self.ctx)
         loop.before_step = lambda step: self._worker_step(loop, step)
+        loop.after_steps = lambda done: self._dense_checkpoint(loop, done + 1)
         loop.step = worker.clock_value
         return loop
 
     def _worker_step(self, loop: WorkerLoop, step: int) -> None:
         """Kills; in hybrid the first worker checkpoints the dense replica (``dense_checkpoints``)."""
         self.progress.worker_step(step, self.epoch.members)
+        self._dense_checkpoint(loop, step)
+
+    def _dense_checkpoint(self, loop: WorkerLoop, step: int) -> None:
+        """Hybrid: the dense replica of step ``step - 1`` when the servers checkpoint that step."""
         fault = self.setup.fault
         if loop.replica is not None:
             save_when_due(fault.checkpoint_dir, step, loop.replica, loop.worker.index, fault.checkpoint_every,

@@ -105,6 +105,7 @@ class Settled:
     repushed: List[Tuple[int, int]] = field(default_factory=list)   # (table, key) of my pieces
     departed: List[Departed] = field(default_factory=list)           # leaving workers' (slot, made, lost)
     restored: PushRecord = field(default_factory=dict)
+    dense_from: Optional[str] = None  # BSP rolled back to a checkpoint: its folder (hybrid's dense replica too)
 
 
 def recover(ctx: Context, setup: PSSetup, epoch: Epoch, asked: "Resize", kills: PSKills,
@@ -155,7 +156,8 @@ def _round(ctx: Context, setup: PSSetup, working: List[Any], report: Callable[[E
     kills.recovery(plan.step, start.members.me, start.members.ids)
     working[0] = current = _take_over(ctx, setup, start, plan, working[1])
     holdings, committed = current.holdings, current.layout
-    settled = Settled(plan, plan.layout(committed), current, restored=working[1])
+    settled = Settled(plan, plan.layout(committed), current, restored=working[1],
+                      dense_from=setup.fault.checkpoint_dir if plan.rollback else None)
     if plan.restart is not None:
         settle_bsp(holdings, plan.restart, tables.optimizers, tables.consistency)
     else:
@@ -236,5 +238,6 @@ def settle(ctx: Context, settled: Settled, layout: Layout) -> Epoch:
         for slot, clock in plan.clocks.items():
             settled.state.clocks[slot] = clock
     return epoch.but(comm=ctx.comm, layout=layout, next_key=plan.next_key, holdings=holdings,
-                     worker=epoch.worker.settled(ctx, plan, layout, settled.repushed, settled.restored),
+                     worker=epoch.worker.settled(ctx, plan, layout, settled.repushed, settled.restored,
+                                                 settled.dense_from),
                      resume_mark=min(plan.clocks.values()))

@@ -150,16 +150,17 @@ def _run_elastic(ctx: Context, setup: PSSetup, observer: Observer, started: floa
     mine = None if loop is None else (loop.worker.slot, len(loop.pushed), epoch.worker.lost_updates)
     # the stop's agreement rides in this allgather: one collective less before MPI_Finalize, which
     # (Open MPI 5.0.11) left a rank spawned into a shrunk world spinning for 30 s after another one
-    gathered = ctx.comm.allgather((_stop_vote(driver.stop, epoch.worker.loop), mine))
-    _stop_here(ctx, setup, driver.stop, driver.server, epoch.worker.loop, votes=[vote for vote, _ in gathered])
+    gathered = ctx.comm.allgather((_stop_vote(driver.stop, epoch.worker.loop), mine, driver.first_step))
+    _stop_here(ctx, setup, driver.stop, driver.server, epoch.worker.loop, votes=[vote for vote, _, _ in gathered])
     layout = epoch.layout
     made = np.full(layout.slot_count, -1, np.int64)
     lost = np.full(layout.slot_count, -1, np.int64)
-    for slot, count, missing in [*filter(None, (part for _, part in gathered)), *epoch.departed]:  # departed: left
+    for slot, count, missing in [*filter(None, (part for _, part, _ in gathered)), *epoch.departed]:  # departed: left
         made[slot], lost[slot] = count, missing
     placement = next(filter(None, ctx.comm.allgather(driver.placement)), [])  # the founders know it
     return ps_result(ctx, setup, layout, epoch.holdings.own, loop.result if loop else None,
                      started, placement=placement, recovery=ctx.comm.bcast(driver.events.as_dicts(), root=0),
+                     first_step=max(first for _, _, first in gathered),  # a resume's steps before it: not listed
                      pushes_extra={"made_per_worker": made.tolist(), "updates_lost_per_worker": lost.tolist()},
                      ps_extra={"ids": list(epoch.members.ids), "worker_slots": list(layout.worker_slots)})
 

@@ -35,6 +35,7 @@ from ...ps.recovery_plan import Plan
 from ...ps.worker import Worker
 from ...runtime.context import Context
 from ...ft.watchdog import watchdog
+from .dense_checkpoints import load_dense
 from .loop import CLOCK, PUSH, WorkerLoop
 
 PushRecord = Dict[int, Dict[int, np.ndarray]]  # shard key -> table -> last step pushed, per slot
@@ -84,12 +85,16 @@ class WorkerSide:
         return len(lost_pieces(loop.pushed, loop.worker.slot, restored))
 
     def settled(self, ctx: Context, plan: Plan, layout: Layout, repushed: List[Tuple[int, int]],
-                restored: PushRecord) -> "WorkerSide":
+                restored: PushRecord, dense_from: Optional[str] = None) -> "WorkerSide":
         """Every loop after a committed recovery (``layout``: the new one; ``repushed``: the
-        (table, shard key) of this worker's re-pushed pieces; ``restored``: as ``count_lost``)."""
+        (table, shard key) of this worker's re-pushed pieces; ``restored``: as ``count_lost``;
+        ``dense_from``: BSP went back to the checkpoint of the restart step in that folder, and
+        a hybrid worker's dense replica goes back with the tables)."""
         lost = self.lost_updates + self.count_lost(plan, restored)
         for loop in filter(None, (self.loop, self.former)):
             self._settle(loop, ctx, plan, layout, repushed, restored)
+            if dense_from and loop.replica is not None and plan.restart is not None:
+                load_dense(dense_from, plan.restart, loop.replica)
         return replace(self, lost_updates=lost)
 
     def _settle(self, loop: WorkerLoop, ctx: Context, plan: Plan, layout: Layout,
