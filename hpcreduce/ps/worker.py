@@ -7,15 +7,13 @@
     worker.clock() at the end of every step; worker.*_async(...) -> Handle; handle.wait()
     worker.release(): done, the servers may stop; worker.reopen(): (rare) a new session after release
 
-A call is checked here first (table, shape, dtype, writable output, ids; a worker
-already released) and raises ``PSInputError`` before anything is sent, so a bad call
-leaves the worker and the servers as they were (a pushed device (cupy) array is first
-copied to the host: only host memory reaches MPI). It then goes to the shards holding
-the table's pieces or rows (``Layout.placement``), all at once; the reply receives are
-posted first, straight into the result (dense pulls land in the output array, no copy). Each request carries the
-worker's clock, which is a push's step: the pair (slot, step) lets a server refuse a
-duplicate, so push at most once per table per step.
-Cost per call: one 72 B header to each shard involved, the payload, and a 72 B reply.
+A call is checked here first (table, shape, dtype, writable output, ids; a worker already
+released) and raises ``PSInputError`` before anything is sent, so a bad call leaves the worker
+and the servers as they were (a device (cupy) array is copied to the host first). It then goes
+to the shards holding the table's pieces or rows (``Layout.placement``), all at once; each reply
+lands in the result (a dense pull in the output array, no copy). A request carries the worker's
+clock, a push's step: (slot, step) lets a server refuse a duplicate, so push at most once per
+table per step. Cost per call: one 72 B header to each shard involved, the payload, a 72 B reply.
 """
 from __future__ import annotations
 
@@ -41,10 +39,9 @@ from .wire_cast import WireTable, by_shard, on_wire, wire_table
 class Worker:
     """One worker rank's client of the servers of ``layout``.
 
-    ``slot`` is the worker's stable name in every request (``Layout``);
-    ``index`` its position among the live workers (its share of a batch).
-    ``guard(what)`` wraps every blocking wait (the fault-tolerance watchdog; None: none); ``clock``: the
-    step it starts at; ``wire_dtype`` float16: pushed and pulled values travel as float16
+    ``slot`` is the worker's stable name in every request (``Layout``); ``index`` its position among
+    the live workers (its share of a batch). ``guard(what)`` wraps every blocking wait (the watchdog;
+    None: none); ``clock``: the step it starts at; ``wire_dtype`` float16: values travel as float16
     (the servers keep and update their own dtype), None: as stored.
     """
 
@@ -60,8 +57,8 @@ class Worker:
         self.guard = guard
         self.clock_value = clock
         self.sent_keys = SentKeys()
-        self._tables: Dict[str, WireTable] = {}  # by name, worked out on first use
-        self.wire_dtype = wire_dtype  # float16: values travel as float16 (None: as stored)
+        self._tables: Dict[str, WireTable]  # by name, worked out on first use (by the wire_dtype setter)
+        self.wire_dtype = wire_dtype
         self._unanswered: List[Tuple[MPI.Request, object]] = []  # sends no reply answers, with their buffers
         self._ended: Set[int] = set()  # server ranks where this step already ended (PUSH_PULL_END)
         self._open: List[Handle] = []
@@ -73,9 +70,8 @@ class Worker:
 
     @wire_dtype.setter
     def wire_dtype(self, wanted: Optional[np.dtype]) -> None:
-        """Set the dtype values travel in from the next call on (the tables are worked out again)."""
-        self._wire_dtype = wanted
-        self._tables.clear()
+        """The dtype values travel in from the next call on (the tables are worked out again)."""
+        self._wire_dtype, self._tables = wanted, {}
 
     # -- dense tables ------------------------------------------------------------------
     def pull_async(self, table: str, out: Optional[np.ndarray] = None) -> Handle:
