@@ -20,6 +20,7 @@ import grimp
 
 ROOT = Path(__file__).resolve().parent.parent / "hpcreduce"
 IMPORT_LIMIT = 15
+sys.path.insert(0, str(ROOT.parent))  # grimp reads the package of this checkout, not an installed one
 
 BUFFER_COLLECTIVES = re.compile(r"\.I?(Allreduce|Allgatherv?|Alltoallv?|Reduce_scatter(_block)?|Bcast|Reduce|"
                                 r"Gatherv?|Scatterv?|Exscan|Scan)\(")
@@ -124,7 +125,7 @@ def dtype_tables() -> List[str]:
 
 
 def metrics() -> dict:
-    graph = grimp.build_graph("hpcreduce")
+    graph = grimp.build_graph("hpcreduce", cache_dir=None)
     dynamic = grep(re.compile(r"\.dynamic\b"))
     return {
         "lines": lines_per_package(),
