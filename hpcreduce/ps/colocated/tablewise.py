@@ -190,7 +190,8 @@ class TableWiseTables(Recoverable):
                                 [0 if g is None else len(g) for g in grads])
         headers[:, 3] = self._sizes(headers, lambda t: self.row_bytes[t], both=False, bags=True)
         parts = [self._joined([[g] if g is not None else [] for g in grads]), np.empty(0, np.uint8)]
-        push = PooledPush(self, exchange.post(self.comm, headers, parts), scale,
+        push = PooledPush(lambda push: self._collective(lambda: self._settle(push)),
+                          exchange.post(self.comm, headers, parts), scale,
                           (problem, f"push at step {self.clock_value}"))
         self._pushes.append(push)
         return push
