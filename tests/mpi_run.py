@@ -15,6 +15,9 @@ from hpcreduce.runtime.launch import build_mpirun
 
 TESTS = Path(__file__).resolve().parent
 MPI_SCRIPTS = TESTS / "mpi"
+# A script run by path has its own folder first on sys.path, not the working one: without this its
+# ``import hpcreduce`` would find an installed copy instead of the checkout under test.
+CHECKOUT_FIRST = {"PYTHONPATH": os.pathsep.join(filter(None, (str(TESTS.parent), os.environ.get("PYTHONPATH"))))}
 
 
 # mpirun's own start failing before any rank ran: not what a test tests, so it runs once more.
@@ -47,7 +50,7 @@ def mpirun(ranks: int, script: str, *args: str, ft: bool = False, timeout: float
     # ``-m mpi4py``: an uncaught exception on one rank aborts the job (MPI_Abort) instead of
     # leaving that rank in MPI_Finalize and its peers waiting until the timeout.
     plan = build_mpirun(ranks, [sys.executable, "-m", "mpi4py", str(path), *args], ft=ft)
-    return run_job(plan.argv, timeout=timeout, env={**plan.env, **(env or {})})
+    return run_job(plan.argv, timeout=timeout, env={**plan.env, **CHECKOUT_FIRST, **(env or {})})
 
 
 def hpcreduce_cli(*args: str, timeout: float = 120, env: Optional[Dict[str, str]] = None,
