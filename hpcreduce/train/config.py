@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ..arrays import DEVICE_KINDS
+from ..arrays.dtypes import WIRE
 from ..errors import SettingProblem, setting_problem
 from ..ft.faults import FaultConfig
 from ..runtime.places import Place, place_problems
@@ -106,7 +107,7 @@ class PS:
                              "rows; the dense parameters are reduced every step)", metavar="N", bound=ASP_CADENCE)
     wire_dtype: str = option("float32", "--wire-dtype", "ps, hybrid: float32 or float16, how pushed and pulled "
                              "values travel (the servers keep float32)", metavar="DTYPE",
-                             choices=("float32", "float16"))
+                             choices=WIRE)
     model_dir: Optional[str] = option(None, "--model-dir", "ps, hybrid: each server writes its shard of the trained "
                                       "model here (hybrid: rank 0 the dense parameters too), plus a manifest "
                                       "(hpcreduce export DIR assembles it)", metavar="DIR")
