@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
+from ..collectives import agree
 from ..errors import InputMismatchError, UnsupportedInputError
 from ..ft.events import RecoveryEvent
 from ..ft.membership import Membership
@@ -159,7 +160,8 @@ class State:
         header = {name: (self._handlers[name].kind, self._handlers[name].layout(self._values[name]))
                   for name in names} if ctx.rank == 0 else None
         header, commits = ctx.comm.bcast((header, self._commits) if ctx.rank == 0 else None, root=0)
-        _agree(ctx, "do not fit rank 0's", problem or self._difference(header))
+        agree(problem or self._difference(header), comm=ctx,
+              what="State.sync: the ranks' values do not fit rank 0's")
         refused = None
         for name in names:
             try:
@@ -167,7 +169,7 @@ class State:
             except InputMismatchError as err:
                 refused = refused or f"{name!r}: {err}"
         if any(kind in ("state dict", "sharded") for kind, _layout in header.values()):
-            _agree(ctx, "could not load rank 0's", refused)
+            agree(refused, comm=ctx, what="State.sync: the ranks' values could not load rank 0's")
         object.__setattr__(self, "_commits", commits)
 
     def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
@@ -235,14 +237,6 @@ class State:
     def _adopt(self, control: Dict[str, Any]) -> None:
         """A newcomer's membership and resize bookkeeping, from what the job broadcast to it."""
         self.job.adopt(control, self.context.rank)
-
-
-def _agree(ctx: Context, what: str, problem: Optional[str]) -> None:
-    """Every rank's ``problem`` gathered; when any rank has one, the same ``InputMismatchError``
-    on every rank, naming each rank's (one allgather)."""
-    problems = [f"rank {rank}: {text}" for rank, text in enumerate(ctx.comm.allgather(problem)) if text]
-    if problems:
-        raise InputMismatchError(f"State.sync: the ranks' values {what}: " + "; ".join(problems))
 
 
 class ResizeRequested(Exception):
