@@ -23,7 +23,7 @@ definition), and busbw relative to the peer.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -33,7 +33,8 @@ from ..collectives.buckets import GradientBuckets
 from ..runtime.context import Context
 from ..runtime.nodes import rank_nodes
 from . import node_links
-from .timing import format_size, interleaved_medians, iterations_for, launch_facts, sizes_argument
+from .timing import (format_size, fusion, interleaved_medians, iterations_for, launch_facts, size_rows,
+                     sizes_argument)
 
 NAME = "allreduce"
 HELP = "ring and auto allreduce against native MPI_Allreduce (and NCCL on GPUs), by message size"
@@ -46,7 +47,7 @@ def run(context: Context, args) -> Dict[str, object]:
     sizes = args.sizes or sizes_argument(DEFAULT_SIZES[args.device])
     if args.device == "gpu":
         from .gpu import run_gpu
-        result = run_gpu(context, sizes, args)
+        result = {"benchmark": NAME, **run_gpu(context, sizes, args)}
     else:
         result = run_cpu(context, sizes, args)
     if args.links:
@@ -97,20 +98,6 @@ def cpu_candidates(context: Context, x: np.ndarray) -> Dict[str, Callable[[], ob
     }
 
 
-def size_rows(nbytes: int, medians: Dict[str, float], ranks: int,
-              peers: Sequence[str]) -> List[Dict[str, object]]:
-    """One row per candidate: median, algbw, busbw and busbw relative to each peer."""
-    rows = []
-    for name, seconds in medians.items():
-        algbw = nbytes / seconds / 1e9
-        row: Dict[str, object] = {
-            "bytes": nbytes, "algorithm": name, "median_s": seconds, "algbw_GBps": algbw,
-            "busbw_GBps": algbw * 2 * (ranks - 1) / ranks if ranks > 1 else algbw}
-        row.update({f"busbw_vs_{peer}": medians[peer] / seconds for peer in peers})
-        rows.append(row)
-    return rows
-
-
 def with_memcpy(rows: List[Dict[str, object]], memcpy_GBps: float) -> List[Dict[str, object]]:
     """``rows`` with their busbw against a one-core memcpy of the same bytes: the distance to
     the memory-bandwidth limit (each element of an allreduce is read and written at least once)."""
@@ -118,26 +105,6 @@ def with_memcpy(rows: List[Dict[str, object]], memcpy_GBps: float) -> List[Dict[
         row["memcpy_GBps"] = memcpy_GBps
         row["busbw_vs_memcpy"] = row["busbw_GBps"] / memcpy_GBps
     return rows
-
-
-def fusion(comm: MPI.Intracomm, fused: Callable[[], object], one_call_each: Callable[[], object],
-           arrays: Sequence, views: Optional[Callable[[], object]] = None) -> Dict[str, object]:
-    """One allreduce_many over many small arrays against one native call per array; with
-    ``views``, also allreduce_many in place over views of persistent fusion buffers (no copies),
-    in a round of its own against the native calls: interleaved after the copying call, which
-    allocates its results anew each time, the views call measured up to 2x slower on 2 cores
-    (the memory the copying call touched and freed, not the views, made the difference)."""
-    medians = interleaved_medians(comm, {"native_per_array": one_call_each, "allreduce_many": fused},
-                                  warmup=3, iterations=30)
-    result = {"arrays": len(arrays), "elements": int(arrays[0].size) if arrays else 0, **medians,
-              "speedup": medians["native_per_array"] / medians["allreduce_many"]}
-    if views is not None:
-        alone = interleaved_medians(comm, {"native_per_array": one_call_each, "allreduce_many_views": views},
-                                    warmup=3, iterations=30)
-        result["allreduce_many_views"] = alone["allreduce_many_views"]
-        result["views_native_per_array"] = alone["native_per_array"]
-        result["views_speedup"] = alone["native_per_array"] / alone["allreduce_many_views"]
-    return result
 
 
 def render(result: Dict[str, object]) -> str:

@@ -28,10 +28,9 @@ from mpi4py import MPI
 from ..collectives import allreduce, allreduce_many
 from ..runtime.context import Context
 from ..runtime.devices import open_device
-from .allreduce import NAME, fusion, size_rows
 from .pcie import copy_bandwidth
 from .pcie import note as pcie_note
-from .timing import interleaved_medians, iterations_for, launch_facts
+from .timing import fusion, interleaved_medians, iterations_for, launch_facts, size_rows
 
 Where = Tuple[str, str]  # (host name, PCI bus id of the rank's GPU)
 
@@ -70,7 +69,7 @@ def run_gpu(context: Context, sizes: Sequence[int], args) -> Dict[str, object]:
     fused = gpu_fusion(context, args, stream)
     if not fused["agrees"]:
         notes.append("MISMATCH: allreduce_many or the per-array native calls gave a wrong sum")
-    result = {"benchmark": NAME, "device": "gpu", **facts, "title": title, "candidates": names,
+    result = {"device": "gpu", **facts, "title": title, "candidates": names,
               "peer": peers[-1], "nccl": nccl_note, "rows": rows, "notes": notes, "fusion": fused, "pcie": pcie}
     if nccl_peer:
         nccl_peer.close()

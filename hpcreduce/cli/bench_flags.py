@@ -4,10 +4,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-from typing import Callable, Dict, List, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Callable, Dict, List, Sequence, Tuple
 
 from ..benchmarks import (allreduce, embeddings, ps, ps_memory, recovery, scaling, soak, soak_plan, stragglers,
                           torch_ddp)
+from ..arrays.dtypes import WIRE
 from ..benchmarks.timing import sizes_argument
 from ..runtime.options import parse_size
 from ..runtime.environment import detect_launcher
@@ -35,7 +38,7 @@ def ps_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"dense table sizes in bytes (default {ps.DEFAULT_SIZES})")
     parser.add_argument("--rows", type=int, default=4096, help="rows per pull_rows/push_rows")
     parser.add_argument("--width", type=int, default=16, help="float32 elements per sparse row")
-    parser.add_argument("--wire-dtype", dest="wire_dtype", choices=("float32", "float16"), default="float32",
+    parser.add_argument("--wire-dtype", dest="wire_dtype", choices=WIRE, default="float32",
                         help="how pushed and pulled values travel (the raw peer moves the same bytes; default float32)")
     parser.add_argument("--table-rows", type=int, default=1 << 18, help="rows of the sparse table")
     parser.add_argument("--rounds", type=int, default=5, help="PS and raw blocks per case")
@@ -352,13 +355,20 @@ def _outside_jobs(name: str) -> List[str]:
             "(on a login node or in the batch script itself)"]
 
 
-FLAGS: Dict[str, Callable[[argparse.ArgumentParser], None]] = {
-    allreduce.NAME: allreduce_flags, ps.NAME: ps_flags, scaling.NAME: scaling_flags, recovery.NAME: recovery_flags,
-    stragglers.NAME: stragglers_flags, ps_memory.NAME: ps_memory_flags, soak.NAME: soak_flags,
-    torch_ddp.NAME: torch_flags, embeddings.NAME: embeddings_flags,
-}
-PROBLEMS: Dict[str, Callable[[argparse.Namespace], List[str]]] = {
-    allreduce.NAME: allreduce_problems, ps.NAME: ps_problems, scaling.NAME: scaling_problems,
-    recovery.NAME: recovery_problems, stragglers.NAME: stragglers_problems, ps_memory.NAME: ps_memory_problems,
-    soak.NAME: soak_problems, torch_ddp.NAME: torch_problems, embeddings.NAME: embeddings_problems,
-}
+@dataclass(frozen=True)
+class Benchmark:
+    """One ``hpcreduce bench NAME``: its module (``NAME``, ``HELP``, ``run`` and ``render``, or
+    ``drive``), its flags and the checks of their values."""
+
+    module: ModuleType
+    flags: Callable[[argparse.ArgumentParser], None]
+    problems: Callable[[argparse.Namespace], List[str]]
+
+
+BENCHMARKS: Tuple[Benchmark, ...] = (
+    Benchmark(allreduce, allreduce_flags, allreduce_problems), Benchmark(ps, ps_flags, ps_problems),
+    Benchmark(ps_memory, ps_memory_flags, ps_memory_problems), Benchmark(scaling, scaling_flags, scaling_problems),
+    Benchmark(recovery, recovery_flags, recovery_problems),
+    Benchmark(stragglers, stragglers_flags, stragglers_problems), Benchmark(soak, soak_flags, soak_problems),
+    Benchmark(torch_ddp, torch_flags, torch_problems), Benchmark(embeddings, embeddings_flags, embeddings_problems))
+"""The benchmarks, in the order ``hpcreduce bench --help`` lists them."""

@@ -16,12 +16,13 @@ from typing import Optional
 import numpy as np
 
 from ..arrays import array_module
+from ..arrays.dtypes import NARROW
 from ..runtime.context import Context
 from .ops import ReduceOp
 from .validate import InputProblem, agree, raise_local, stable_hash
 
-FORMATS = ("float16", "bfloat16")
-"""The 16-bit formats summed here, by name."""
+FORMATS = NARROW
+"""The 16-bit formats summed here, by name (``arrays.dtypes.NARROW``)."""
 SUMMED = ("sum", "mean")
 """The ops that accumulate (the others are exact in any width and stay with the ring)."""
 

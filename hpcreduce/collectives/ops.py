@@ -17,9 +17,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ..arrays import array_module
+from ..arrays.dtypes import REDUCED
 
-DTYPES: Tuple[np.dtype, ...] = tuple(np.dtype(name) for name in
-                                     ("float16", "float32", "float64", "int32", "int64"))
+DTYPES: Tuple[np.dtype, ...] = tuple(np.dtype(name) for name in REDUCED)
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,7 @@ from .driver import run
 from .job import Change, Job
 from .policy import Policy
 from .random_states import RandomStates
-from .resizing import ResizeRequested, request_resize
-from .state import State
+from .state import ResizeRequested, State, request_resize
 
 __all__ = ["Change", "Interrupted", "Job", "Policy", "RandomStates", "ResizeRequested", "State", "agreed",
            "request_resize", "resume_checkpoint", "run", "save_checkpoint"]

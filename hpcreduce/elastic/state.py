@@ -16,20 +16,31 @@ commits; a number of ranks or ``HOST[:SLOTS]`` lines, ``ft.resize.read_discovery
 more (a file it cannot use changes nothing). A trainer passes a ``Policy`` instead.
 Cost of a commit: one copy of every tracked value not in ``no_copy`` (with ``discover``, at
 each read, an allgather of the ranks' node names and a small broadcast).
+
+``request_resize(state, at)`` (a commit's, or the loop's before a step) evaluates the policy's
+``ft.resize.GrowthRule`` for moment ``at``: the ``--leave``/``--grow`` entries due and, when it
+is read then, the discovery file (rank 0 reads it, every rank gets the answer; a problem with it
+is echoed once and changes nothing). When ranks are to leave or join it raises
+``ResizeRequested`` on every rank at once (after one agreement when the file asked: a rank
+failing meanwhile is recovered from first); ``run`` carries it out (``resizing``).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Dict, List, Optional, Tuple
+import time
+from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
+from ..collectives import agree
 from ..errors import InputMismatchError, UnsupportedInputError
 from ..ft.events import RecoveryEvent
 from ..ft.membership import Membership
-from ..ft.resize import GrowthRule
+from ..ft.resize import GrowthRule, Wanted, discovery_warning
+from ..ft.watchdog import watchdog
 from ..runtime.context import Context, init
+from ..runtime.nodes import rank_nodes
+from .agreement import agreed
 from .handlers import handler_for
 from .job import Job, summary
 from .policy import Policy
-from .resizing import request_resize
 from .state_dicts import Layout, layout_difference
 
 OWN_NAMES = frozenset({"commit", "restore", "sync", "register_reset_callbacks", "context", "events", "members", "names",
@@ -151,7 +162,8 @@ class State:
         header = {name: (self._handlers[name].kind, self._handlers[name].layout(self._values[name]))
                   for name in names} if ctx.rank == 0 else None
         header, commits = ctx.comm.bcast((header, self._commits) if ctx.rank == 0 else None, root=0)
-        _agree(ctx, "do not fit rank 0's", problem or self._difference(header))
+        agree(problem or self._difference(header), comm=ctx,
+              what="State.sync: the ranks' values do not fit rank 0's")
         refused = None
         for name in names:
             try:
@@ -159,7 +171,7 @@ class State:
             except InputMismatchError as err:
                 refused = refused or f"{name!r}: {err}"
         if any(kind in ("state dict", "sharded") for kind, _layout in header.values()):
-            _agree(ctx, "could not load rank 0's", refused)
+            agree(refused, comm=ctx, what="State.sync: the ranks' values could not load rank 0's")
         object.__setattr__(self, "_commits", commits)
 
     def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
@@ -229,9 +241,49 @@ class State:
         self.job.adopt(control, self.context.rank)
 
 
-def _agree(ctx: Context, what: str, problem: Optional[str]) -> None:
-    """Every rank's ``problem`` gathered; when any rank has one, the same ``InputMismatchError``
-    on every rank, naming each rank's (one allgather)."""
-    problems = [f"rank {rank}: {text}" for rank, text in enumerate(ctx.comm.allgather(problem)) if text]
-    if problems:
-        raise InputMismatchError(f"State.sync: the ranks' values {what}: " + "; ".join(problems))
+class ResizeRequested(Exception):
+    """Raised on every rank at once when ranks are to leave or join before moment ``at``:
+    ``leaving`` (stable ids, sorted), then ``count`` ranks to spawn; ``requested_at``: when
+    that was decided (wall clock). ``run`` catches it, carries it out and calls the loop again."""
+
+    def __init__(self, at: int, leaving: Sequence[int], count: int, requested_at: float):
+        super().__init__(f"before {at}: {len(leaving)} rank(s) leave, {count} join")
+        self.at, self.leaving, self.count, self.requested_at = at, list(leaving), count, requested_at
+
+
+def request_resize(state: State, at: int) -> None:
+    """Raise ``ResizeRequested`` when the policy asks for leaves or growth before ``at`` (once
+    for each moment: those up to ``job.resized_before`` are done)."""
+    job, ctx = state.job, state.context
+    rule = job.policy.growth
+    if at <= job.resized_before:
+        return
+    requested, polled = time.time(), rule.reads_target(at)
+    wanted, nodes = _poll(state, at) if polled else (None, [])
+    leaving = rule.leavers(job.resized_before, at, job.members.ids, nodes, wanted)
+    count = rule.count(job.resized_before, at, ctx.size - len(leaving), wanted)
+    if leaving or count:
+        if polled:  # acted on only once every rank has the file's answer (a failure meanwhile: Interrupted)
+            agreed(ctx, lambda: None, f"discovery file before step {at}")
+        raise ResizeRequested(at, leaving, count, requested)
+    job.resized_before = at
+
+
+def _poll(state: State, at: int) -> Tuple[Optional[Wanted], List[str]]:
+    """What the discovery file asks for (rank 0 reads it; everyone gets the answer) and the
+    node of every rank (gathered first when the policy checks the file's hosts, else only for
+    a file of hosts). A problem with the file is a warning (once, on rank 0) and changes nothing;
+    rank 0's read never raises (``GrowthRule.wanted``), so no rank is left in the broadcast."""
+    job, ctx = state.job, state.context
+    check = job.policy.known_hosts
+    with watchdog.guard(f"discovery file before step {at}"):
+        nodes = rank_nodes(ctx.comm) if check else None
+        found = job.policy.growth.wanted(at, check(nodes) if check else None) if ctx.rank == 0 else None
+        found = ctx.comm.bcast(found, root=0)
+        if nodes is None and isinstance(found, Wanted) and found.hosts is not None:
+            nodes = rank_nodes(ctx.comm)
+    note = discovery_warning(found)
+    if note and note != job.warned and ctx.rank == 0:
+        job.policy.warn(f"warning: {note}")
+    job.warned = note
+    return (None if isinstance(found, str) else found), nodes or []

@@ -52,6 +52,8 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from ..arrays.dtypes import FLOATS
+
 HEADER_LEN = 9
 TAG_REQUEST = 7301
 TAG_PAYLOAD = 7302
@@ -60,7 +62,7 @@ TAG_FORWARD = 7304
 TAG_FORWARD_PAYLOAD = 7305
 TAG_FORWARD_ACK = 7306
 
-DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+DTYPES = tuple(np.dtype(name) for name in FLOATS)  # a header's DTYPE field is the index
 
 
 class Op:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
+from ..arrays.dtypes import WIRE
 from ..errors import PSConfigError, PSTrainingError
 from ..runtime.context import Context
 from .consistency import Consistency
@@ -35,7 +36,7 @@ from .worker import Worker
 
 T = TypeVar("T")
 Guard = Callable[[str], Any]
-WIRE_DTYPES = (None, np.dtype(np.float32), np.dtype(np.float16))
+WIRE_DTYPES = (None, *(np.dtype(name) for name in WIRE))
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def wire_of(wire_dtype: Any) -> Optional[np.dtype]:
     except TypeError:
         wanted = wire_dtype
     if wanted not in WIRE_DTYPES:
-        raise PSConfigError(f"wire_dtype must be float16, float32 or None, got {wire_dtype!r}")
+        raise PSConfigError(f"wire_dtype must be {', '.join(sorted(WIRE))} or None, got {wire_dtype!r}")
     return wanted if wanted == np.dtype(np.float16) else None
 
 

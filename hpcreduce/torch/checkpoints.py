@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..arrays import to_host
+from ..collectives import agree
 from ..elastic.checkpoints import record_resume, written_by_rank_0
 from ..elastic.state import State
 from ..elastic.state_dicts import clone_tree, is_leaf, rebuild, send_tree
@@ -130,11 +131,12 @@ def _load_everywhere(state: State, values: Any) -> Optional[str]:
         refused = None
     except InputMismatchError as err:
         refused = str(err)
-    refusals = [f"rank {rank}: {text}" for rank, text in enumerate(state.context.comm.allgather(refused)) if text]
-    if not refusals:
+    try:
+        agree(refused, comm=state.context)
         return None
-    state.load_state_dict(kept)
-    return "does not fit this run's values (nothing was loaded): " + "; ".join(refusals)
+    except InputMismatchError as err:
+        state.load_state_dict(kept)
+        return f"does not fit this run's values (nothing was loaded): {err}"
 
 
 def _identity(state: State, identity: Optional[Mapping[str, Any]]) -> Dict[str, Any]:

@@ -1,15 +1,15 @@
-"""The torch side of the one dtype table: derived from the collectives' own (``collectives.ops.DTYPES``,
-the numpy dtypes they reduce, and ``collectives.narrow.FORMATS``, the 16-bit ones carried as bits)."""
+"""The torch side of the one dtype table (``arrays.dtypes``: ``REDUCED``, the numpy dtypes the
+collectives reduce, and ``NARROW``, the 16-bit ones carried as bits)."""
 from __future__ import annotations
 
 from typing import Dict, Tuple
 
 import torch
 
-from ..collectives.narrow import FORMATS
-from ..collectives.ops import DTYPES as COLLECTIVE_DTYPES
+from ..arrays.dtypes import NARROW as FORMATS
+from ..arrays.dtypes import REDUCED
 
-NUMPY: Dict[torch.dtype, str] = {getattr(torch, dtype.name): dtype.name for dtype in COLLECTIVE_DTYPES}
+NUMPY: Dict[torch.dtype, str] = {getattr(torch, name): name for name in REDUCED}
 """torch dtypes whose tensors are viewed as numpy/cupy arrays the collectives reduce: the numpy name."""
 NARROW: Dict[torch.dtype, str] = {getattr(torch, fmt): fmt for fmt in FORMATS}
 """16-bit dtypes reduced as raw bits, accumulated in float32 and rounded once (``collectives.narrow``)."""

@@ -5,9 +5,9 @@ from typing import Dict, List, Tuple, Union
 
 import torch
 
+from ..collectives import agree as agree_on
 from ..collectives.broadcast import broadcast_tensor
 from ..collectives.validate import agree, root_check
-from ..errors import InputMismatchError
 from ..runtime.context import resolve
 
 
@@ -32,15 +32,10 @@ def broadcast_parameters(module: Union[torch.nn.Module, Dict[str, torch.Tensor]]
     tensors = state_tensors(module)
     signature = [(name, tuple(t.shape), str(t.dtype)) for name, t in tensors]
     theirs = context.comm.bcast(signature if context.rank == root else None, root=root)
-    verdict = None
-    if theirs != signature:
-        different = next((f"{mine} here, {other} on rank {root}"
-                          for mine, other in zip(signature, theirs) if mine != other),
-                         f"{len(signature)} tensors here, {len(theirs)} on rank {root}")
-        verdict = f"rank {context.rank}: {different}"
-    verdicts = [v for v in context.comm.allgather(verdict) if v]
-    if verdicts:
-        raise InputMismatchError("broadcast_parameters: the ranks' modules differ: " + "; ".join(verdicts))
+    different = None if theirs == signature else next(
+        (f"{mine} here, {other} on rank {root}" for mine, other in zip(signature, theirs) if mine != other),
+        f"{len(signature)} tensors here, {len(theirs)} on rank {root}")
+    agree_on(different, comm=context, what="broadcast_parameters: the ranks' modules differ")
     for _name, tensor in tensors:
         with torch.no_grad():
             broadcast_tensor(context, tensor, root)

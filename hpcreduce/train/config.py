@@ -8,7 +8,9 @@
 ``mode`` is the topology's (``ring``, ``ps``, ``hybrid`` or ``sandblaster``); a setting of another mode
 cannot be given at all. Every field declares its command-line form (``runtime.options``):
 ``hpcreduce train`` builds its flags, defaults, help and range checks from these declarations.
-``problems`` checks the values, by field name; ``output_problems`` what rank 0's disk says.
+``problems`` checks the values, by field name (each topology's ``problems`` what its settings say
+against the run's: settings that depend on each other, on the job's size or on ULFM, ``ft``);
+``output_problems`` what rank 0's disk says.
 """
 from __future__ import annotations
 
@@ -17,14 +19,17 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ..arrays import DEVICE_KINDS
+from ..arrays.dtypes import WIRE
 from ..errors import SettingProblem, setting_problem
 from ..ft.faults import FaultConfig
 from ..runtime.places import Place, place_problems
+from ..ps.layout import servers_problem
+from ..ps.optimizers import OPTIMIZERS
 from ..ps.tables import EVICTIONS, Dynamic
 from ..runtime.options import (Option, at_least, field_problems, non_negative_finite, option, parse_size,
                                partner_problems,
                                positive_finite, probability)
-from .topology_checks import hybrid_problems, ps_problems, ring_problems, sandblaster_problems, shard_optimizer_problems
+from ..sandblaster import METHODS, roles_problem
 
 PROGRESS = ("auto", "bar", "lines", "none")
 OUTPUTS = ("json_path", "metrics_path", "timeline_path")
@@ -38,6 +43,36 @@ DYNAMIC_MODELS = ("embed",)  # the built-in models with dynamic tables
 DYNAMIC_SETTINGS = ("admit_after", "admit_probability", "row_budget", "eviction")
 
 
+KILLS = ("kills", "kill_random", "node_kills")
+"""The injected failures, which a job without ULFM recovers by a relaunch from its checkpoints
+(the settings that work in-job only declare ``needs=(FT,)``: ``FaultConfig``)."""
+
+
+def _given_kills(config: "TrainConfig") -> str:
+    """The injected failures given, as ``{kills} and {kill_random}`` (empty: none)."""
+    given = ["{%s}" % name for name in KILLS if getattr(config.fault, name)]
+    return " and ".join([", ".join(given[:-1]), given[-1]]) if len(given) > 1 else "".join(given)
+
+
+def _server_growth_problems(config: "TrainConfig") -> List[SettingProblem]:
+    """Ring and sandblaster: ``grow_servers`` is the parameter server's."""
+    if config.fault.grow_servers:
+        return [setting_problem("{grow_servers} adds parameter servers: it applies to {mode} ps")]
+    return []
+
+
+def _optimizer_problems(config: "TrainConfig") -> List[SettingProblem]:
+    """Ring and PS: an SGD-family optimizer (a batch method belongs to sandblaster)."""
+    if config.optimizer in METHODS:
+        return [setting_problem("{optimizer} {value!r} is a batch method of {mode} sandblaster; {mode} %s "
+                                "takes one of {choices}" % config.mode, value=config.optimizer,
+                                choices=", ".join(OPTIMIZERS))]
+    if config.optimizer not in OPTIMIZERS:
+        return [setting_problem("{optimizer} must be one of {choices}, got {value!r}",
+                                choices=", ".join(OPTIMIZERS), value=config.optimizer)]
+    return []
+
+
 @dataclass(frozen=True)
 class Ring:
     """Ring AllReduce: every rank a worker, all of them in step (no settings of its own)."""
@@ -46,7 +81,13 @@ class Ring:
     defaults: ClassVar[Dict[str, Any]] = {}
 
     def problems(self, config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
-        return ring_problems(config, ft)
+        found = _optimizer_problems(config)
+        killing = _given_kills(config)
+        if killing and not ft and not config.fault.checkpoint_dir:
+            found.append(setting_problem(killing + " need%s in-job fault tolerance: launch with --ft (ULFM), or give "
+                                         "{checkpoint_dir} and --restarts to recover kills by relaunching"
+                                         % ("" if " and " in killing else "s")))
+        return found + _server_growth_problems(config)
 
 
 @dataclass(frozen=True)
@@ -66,13 +107,38 @@ class PS:
                              "rows; the dense parameters are reduced every step)", metavar="N", bound=ASP_CADENCE)
     wire_dtype: str = option("float32", "--wire-dtype", "ps, hybrid: float32 or float16, how pushed and pulled "
                              "values travel (the servers keep float32)", metavar="DTYPE",
-                             choices=("float32", "float16"))
+                             choices=WIRE)
     model_dir: Optional[str] = option(None, "--model-dir", "ps, hybrid: each server writes its shard of the trained "
                                       "model here (hybrid: rank 0 the dense parameters too), plus a manifest "
                                       "(hpcreduce export DIR assembles it)", metavar="DIR")
 
     def problems(self, config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
-        return ps_problems(self, config, size, ft)
+        fault = config.fault
+        found = [problem for problem in [servers_problem(self.servers, size)] if problem] + _optimizer_problems(config)
+        if self.wire_dtype != "float32" and ft:
+            found.append(setting_problem("{wire_dtype} %s is not yet supported with in-job fault tolerance "
+                                         "(--ft); use float32" % self.wire_dtype))
+        if self.consistency != "ssp" and self.staleness:
+            found.append(setting_problem("{staleness} only applies to {consistency} ssp"))
+        if self.consistency != "asp" and (self.fetch_every != 1 or self.push_every != 1):
+            found.append(setting_problem("{fetch_every} and {push_every} only apply to {consistency} asp"))
+        if not ft and _given_kills(config) and not fault.checkpoint_dir and not fault.hangs_only():
+            found.append(setting_problem(
+                "in {mode} %s, {kills} and {kill_random} need" % config.mode + " in-job fault tolerance (--ft, "
+                "ULFM) or {checkpoint_dir} with {checkpoint_every} and --restarts R: the job is then relaunched "
+                "and resumes from the latest checkpoint"))
+        if ft and self.servers == 1 and not fault.checkpoint_dir and not fault.accept_server_loss:
+            found.append(setting_problem(
+                "{mode} %s with in-job fault tolerance and {servers} 1 has" % config.mode + " no copy of the model "
+                "but the server's: its death would end the job. Give {servers} 2 or more (each shard replicated on "
+                "another server), or {checkpoint_dir} (a worker takes over from the latest checkpoint), or "
+                "{accept_server_loss} to run anyway"))
+        leaving = {identity for identity, _ in fault.leave}
+        if fault.leave and not fault.grow_servers and set(range(self.servers)) <= leaving:
+            found.append(setting_problem("{leave}: every parameter server (ids 0..%d) would leave; the last server "
+                                         "cannot leave (its shards need a home): keep one, or add servers with "
+                                         "{grow_servers}" % (self.servers - 1)))
+        return found
 
 
 @dataclass(frozen=True)
@@ -84,7 +150,15 @@ class Hybrid(PS):
     mode: ClassVar[str] = "hybrid"
 
     def problems(self, config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
-        return ps_problems(self, config, size, ft) + hybrid_problems(config)
+        """Beyond PS's: what the workers' dense replicas (``train.ps.dense_replica``) do not do yet."""
+        found = super().problems(config, size, ft)
+        if self.fetch_every != 1:
+            found.append(setting_problem("{fetch_every} paces pulls of dense tables from the servers; {mode} hybrid "
+                                         "keeps them on the workers (sparse rows are read every step): leave it out"))
+        if config.device == "gpu":
+            found.append(setting_problem("{device} gpu is not supported by {mode} hybrid yet; use {device} cpu "
+                                         "or {mode} ps"))
+        return found
 
 
 def _on_off(text: str) -> bool:
@@ -117,7 +191,32 @@ class Sandblaster:
                              bound=HISTORY_AND_PUSHES)
 
     def problems(self, config: "TrainConfig", size: int, ft: bool) -> List[SettingProblem]:
-        return sandblaster_problems(self, config, size, ft)
+        fault = config.fault
+        found: List[Optional[SettingProblem]] = [roles_problem(self.servers, size)]
+        if config.optimizer not in METHODS:
+            found.append(setting_problem("{optimizer} {value!r} does not fit {mode} sandblaster, a batch method: "
+                                         "use one of {choices}", value=config.optimizer, choices=", ".join(METHODS)))
+        if config.device == "gpu":
+            found.append(setting_problem("{device} gpu applies to {mode} ring and ps; {mode} sandblaster computes on "
+                                         "the host"))
+        if config.lr != LR:
+            found.append(setting_problem("{lr} applies to {mode} ring and ps; {mode} sandblaster's line search sets "
+                                         "the length of each step (leave {lr} out)"))
+        if self.unit is not None and not 1 <= self.unit <= config.batch:
+            found.append(setting_problem("{unit} must be from 1 to {batch} ({size}), got {value}",
+                                         size=config.batch, value=self.unit))
+        if fault.grow or fault.leave or fault.discover or fault.replace or fault.checkpoint_every:
+            found.append(setting_problem("{mode} sandblaster recovers from failures in-job only (--ft): leave out "
+                                         "{grow}, {leave}, {discover}, {replace} and {checkpoint_every} (it "
+                                         "checkpoints only at a stop signal, into {checkpoint_dir})"))
+        if not ft and (fault.kills or fault.kill_random):
+            found.append(setting_problem("in {mode} sandblaster, {kills} and {kill_random} need in-job fault "
+                                         "tolerance: launch with ULFM (--ft)"))
+        if self.servers == 1 and any(kill.rank == 0 for kill in fault.kills):
+            found.append(setting_problem("{kills}: rank 0 is the only server of {mode} sandblaster with "
+                                         "{servers} 1, whose slice has no replica: nothing could recover it; "
+                                         "use {servers} 2 or more"))
+        return [problem for problem in found if problem is not None] + _server_growth_problems(config)
 
 
 Topology = Union[Ring, PS, Hybrid, Sandblaster]
@@ -192,7 +291,7 @@ class TrainConfig:
         by field name; empty when fine. The same on every rank (output files: ``output_problems``)."""
         found = field_problems(self) + field_problems(self.topology) + self._table_rows_problems()
         found += partner_problems(self) + partner_problems(self.topology)
-        found += self._dynamic_problems() + shard_optimizer_problems(self, ft)
+        found += self._dynamic_problems() + self._shard_optimizer_problems(ft)
         found += self.topology.problems(self, size, ft) + self._slow_role_problems()
         return found + self.fault.problems(self.steps, size, ft, self.has_servers)
 
@@ -200,6 +299,22 @@ class TrainConfig:
     def has_servers(self) -> bool:
         """Whether parameter servers hold tables (``ps`` and ``hybrid``; not sandblaster's vector servers)."""
         return isinstance(self.topology, PS)
+
+    def _shard_optimizer_problems(self, ft: bool) -> List[SettingProblem]:
+        """``--shard-optimizer`` (ring only): its sharded optimizer state is not carried through
+        recovery, growth or checkpoints yet, nor computed on a GPU."""
+        if not self.shard_optimizer:
+            return []
+        if self.mode != "ring":
+            return [setting_problem("{shard_optimizer} applies to {mode} ring; {mode} %s keeps its optimizer state "
+                                    "on the servers or in its own replicas" % self.mode)]
+        fault = self.fault
+        found = [setting_problem("{shard_optimizer} needs {device} cpu")] if self.device != "cpu" else []
+        if ft or fault.needs_ulfm() or fault.checkpoint_dir or fault.kills or fault.kill_random or fault.node_kills:
+            found.append(setting_problem("{shard_optimizer} runs without in-job fault tolerance (--ft), kills, growth "
+                                         "and {checkpoint_dir} for now: its optimizer state is sharded over the ranks "
+                                         "and not yet carried through recovery or checkpoints"))
+        return found
 
     def _table_rows_problems(self) -> List[SettingProblem]:
         """``table_rows`` (logreg's hashed feature space): a power of two from 2 to 2**40."""

@@ -7,20 +7,27 @@ output files and the checkpoint folder (rank 0 writes them), the node a rank run
 Every rank then words the same problems. A rank that joined a running job checks only the
 settings and its own GPU: the job it joins made the other checks, and it takes part in no
 collective the job does not make. ``hpcreduce train`` runs this once per launch, then trains
-without checking again (``api.run_checked``); ``train()`` runs both.
+without checking again (``api.run_checked``); ``train()`` runs both. Ring mode's memory check
+(``refuse_unfit_replicas``) comes later, from the trainer, once its optimizer is chosen.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from ..errors import Problem, SettingProblem, setting_problem, worded
+import numpy as np
+
+from ..errors import ConfigurationError, Problem, SettingProblem, setting_problem, worded
 from ..ft.inject import unknown_node_problem
+from ..ps.footprint import refuse_unfit_problems, unfit_problem
+from ..ps.optimizers import Optimizer
 from ..runtime.context import Context
 from ..runtime.devices import gpu_verdict, local_gpu_problem
-from ..runtime.nodes import this_node
+from ..runtime.memory import available_bytes
+from ..runtime.nodes import rank_nodes, this_node
 from .config import TrainConfig
 from .data import Dataset
+from .model import Model
 
 
 @dataclass
@@ -85,3 +92,19 @@ def _distinct(problems) -> List[Problem]:
             seen.add(worded(problem))
             found.append(problem)
     return found
+
+
+def refuse_unfit_replicas(ctx: Context, model: Model, optimizer: Optimizer) -> None:
+    """Ring mode: ``ConfigurationError`` on every rank, before any parameter is allocated, if the
+    ranks of some node cannot hold the model: each rank holds every parameter whole (sparse tables
+    too) with its optimizer state, its summed gradient and that gradient's fusion buffer, a lower
+    bound of what it takes (``ps.footprint``'s check, worded alike). Collective: two allgathers."""
+    nodes = rank_nodes(ctx.comm)
+    here = nodes.count(nodes[ctx.rank])
+    values = sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize for spec in model.param_specs())
+    need = here * values * (3 + len(optimizer.state_names))
+    problem = unfit_problem(f"the ranks' memory: the {here} rank(s)", nodes[ctx.rank], need, available_bytes(),
+                            f"each: every parameter whole, its {optimizer.name} state, the summed gradient and "
+                            "its fusion buffer", "use --mode ps (its servers shard the tables), more nodes, "
+                            "or fewer table rows (--table-rows)")
+    refuse_unfit_problems(ctx.comm, problem, ConfigurationError)

@@ -11,6 +11,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Typ
 import numpy as np
 from mpi4py import MPI
 
+from ...arrays.finite import all_finite
 from ...errors import PSConfigError, PSInputError
 from ...runtime.watchdog import watchdog
 from ..client_checks import check_array, checked_ids, table_rows
@@ -124,7 +125,7 @@ def pushed(rows_by_table: Mapping[str, Tuple[object, np.ndarray]], table_ids: Ma
         if np.any(ids[1:] == ids[:-1]):
             raise PSInputError(f"push_rows to {name!r}: ids must be unique (sum the gradients of repeated rows); "
                                f"id {int(ids[1:][ids[1:] == ids[:-1]][0])} repeats")
-        if not np.isfinite(grads).all():
+        if not all_finite(grads):
             raise PSInputError(f"push_rows to {name!r}: the gradients hold NaN or Inf")
         found[t] = (ids, grads)
     return found
@@ -163,3 +164,19 @@ def lookups_problem(specs: Sequence[ParamSpec], lookups: Sequence[Lookups]) -> O
         if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= spec.shape[0]):
             return f"table {spec.name!r} has {spec.shape[0]} rows, the lookups hold ids outside it"
     return None
+
+
+def pooled_grads_problem(specs: Sequence[ParamSpec], grads: Sequence[Optional[np.ndarray]]) -> Optional[str]:
+    """Why table-wise pooled ``grads`` cannot be pushed (None when they can): one entry per table,
+    None or bags x dim of the table's dtype, finite (``arrays.finite``, as every push); the last
+    table's problem when several have one."""
+    if len(grads) != len(specs):
+        return f"push_pooled_async takes all {len(specs)} tables, got {len(grads)}"
+    found = None
+    for spec, grad in zip(specs, grads):
+        if grad is not None and not (isinstance(grad, np.ndarray) and grad.dtype == np.dtype(spec.dtype)
+                                     and grad.ndim == 2 and grad.shape[1] == spec.shape[1]):
+            found = f"table {spec.name!r}: gradients must be bags x {spec.shape[1]} {np.dtype(spec.dtype)}"
+        elif grad is not None and not all_finite(grad):
+            found = f"table {spec.name!r}: the pooled gradients hold NaN or Inf"
+    return found

@@ -175,22 +175,15 @@ class TableWiseTables(Recoverable):
 
     def _push(self, grads: Sequence[Optional[np.ndarray]], scale: float, problem: Optional[str]) -> PooledPush:
         count = len(self.specs)
-        if problem is None and len(grads) != count:
-            problem = f"push_pooled_async takes all {count} tables, got {len(grads)}"
-        for t, grad in enumerate(grads if problem is None else ()):
-            if grad is not None and not (isinstance(grad, np.ndarray) and grad.dtype == np.dtype(self.specs[t].dtype)
-                                         and grad.ndim == 2 and grad.shape[1] == self.specs[t].shape[1]):
-                problem = f"table {self.specs[t].name!r}: gradients must be bags x {self.specs[t].shape[1]} " \
-                          f"{np.dtype(self.specs[t].dtype)}"
-            elif grad is not None and not np.isfinite(grad).all():
-                problem = f"table {self.specs[t].name!r}: the pooled gradients hold NaN or Inf"
+        problem = problem or checks.pooled_grads_problem(self.specs, grads)
         if problem is not None:
             grads = [None] * count
         headers = self._headers(("push",), problem, [0] * count,
                                 [0 if g is None else len(g) for g in grads])
         headers[:, 3] = self._sizes(headers, lambda t: self.row_bytes[t], both=False, bags=True)
         parts = [self._joined([[g] if g is not None else [] for g in grads]), np.empty(0, np.uint8)]
-        push = PooledPush(self, exchange.post(self.comm, headers, parts), scale,
+        push = PooledPush(lambda push: self._collective(lambda: self._settle(push)),
+                          exchange.post(self.comm, headers, parts), scale,
                           (problem, f"push at step {self.clock_value}"))
         self._pushes.append(push)
         return push

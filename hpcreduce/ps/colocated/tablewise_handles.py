@@ -6,7 +6,7 @@ every push before it).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -14,9 +14,6 @@ from mpi4py import MPI
 from ...errors import PSInputError
 from ...runtime.failures import wait_all
 from ..tables import ParamSpec
-
-if TYPE_CHECKING:  # the annotation only: tablewise imports this module
-    from .tablewise import TableWiseTables
 
 
 def owners(specs: Sequence[ParamSpec], ranks: int) -> np.ndarray:
@@ -69,15 +66,16 @@ class RowsHandle:
 
 class PooledPush:
     """Pooled gradients on their way to the tables' owners; ``wait()`` applies them (with every
-    push made before it, in order)."""
+    push made before it, in order: ``settle(push)``, the tables')."""
 
-    def __init__(self, tables: "TableWiseTables", requests: List[MPI.Request], scale: float, what: Tuple):
-        self.tables, self.requests, self.scale, self.what = tables, requests, scale, what
+    def __init__(self, settle: Callable[["PooledPush"], None], requests: List[MPI.Request], scale: float,
+                 what: Tuple):
+        self.settle, self.requests, self.scale, self.what = settle, requests, scale, what
         self.done = self.abandoned = False
 
     def wait(self) -> None:
         interrupted(self)
-        self.tables._collective(lambda: self.tables._settle(self))
+        self.settle(self)
         interrupted(self)
 
 

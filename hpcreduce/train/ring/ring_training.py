@@ -11,19 +11,15 @@ import time
 import numpy as np
 
 from ...arrays import Device
-from ...errors import ConfigurationError
-from ...ps.footprint import refuse_unfit_problems, unfit_problem
-from ...ps.optimizers import Optimizer
 from ...ps.stats import staleness_summary
 from ...runtime.context import Context
-from ...runtime.memory import available_bytes
-from ...runtime.nodes import rank_nodes
 from ..config import TrainConfig
 from ..data import Dataset
 from ..evaluation import evaluate
 from ..model import Model
 from ..observe import RING_PHASES, Observer
 from ..results import FinalMetrics, StepLog, TrainResult, checksum
+from ..run_checks import refuse_unfit_replicas
 from .ring_driver import Saving, ring_state, train_steps
 from .ring_steps import RingTrainer, StepMetrics
 
@@ -34,7 +30,7 @@ def run_ring_training(ctx: Context, config: TrainConfig, model: Model, dataset: 
     started = time.perf_counter()
     steps = RingTrainer(ctx, config, model, dataset)
     if not ctx.joined:  # a newcomer joins ranks that made the check
-        refuse_unfit(ctx, model, steps.optimizer)
+        refuse_unfit_replicas(ctx, model, steps.optimizer)
     trainer = observer.timed(steps, RING_PHASES, collective=("reduce",))
     saving = Saving.of(trainer, config.fault)
     state = ring_state(ctx, trainer, config.fault, config.seed, saving, observer.echo)
@@ -53,19 +49,3 @@ def run_ring_training(ctx: Context, config: TrainConfig, model: Model, dataset: 
                        staleness=staleness_summary(in_sync, in_sync), wall_s=time.perf_counter() - started,
                        train_s=train_s, final=FinalMetrics(loss, accuracy, checksum(final.params)),
                        params=Device("cpu").put_all(final.params), recovery=state.job.changes.as_dicts())
-
-
-def refuse_unfit(ctx: Context, model: Model, optimizer: Optimizer) -> None:
-    """``ConfigurationError`` on every rank, before any parameter is allocated, if the ranks of
-    some node cannot hold the model: each rank holds every parameter whole (sparse tables too)
-    with its optimizer state, its summed gradient and that gradient's fusion buffer, a lower
-    bound of what it takes (``ps.footprint``'s check, worded alike). Collective: two allgathers."""
-    nodes = rank_nodes(ctx.comm)
-    here = nodes.count(nodes[ctx.rank])
-    values = sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize for spec in model.param_specs())
-    need = here * values * (3 + len(optimizer.state_names))
-    problem = unfit_problem(f"the ranks' memory: the {here} rank(s)", nodes[ctx.rank], need, available_bytes(),
-                            f"each: every parameter whole, its {optimizer.name} state, the summed gradient and "
-                            "its fusion buffer", "use --mode ps (its servers shard the tables), more nodes, "
-                            "or fewer table rows (--table-rows)")
-    refuse_unfit_problems(ctx.comm, problem, ConfigurationError)

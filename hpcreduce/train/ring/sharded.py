@@ -3,8 +3,8 @@
 The summed gradients come from the ring's usual reduction (the same engine and buckets, so the
 same sums bit for bit); each rank then steps only its slice of every parameter (a dense
 parameter's flat elements, a sparse table's rows, split as evenly as they go: rank r owns
-``[n r / N, n (r + 1) / N)``) with its slice of the optimizer state, and one ``Allgatherv`` per
-parameter gives every rank the others' updated slices. The optimizers are elementwise and a
+``[n r / N, n (r + 1) / N)``) with its slice of the optimizer state, and one allgather per
+parameter (``collectives.variable.gather_rows``) gives every rank the others' updated slices. The optimizers are elementwise and a
 table's lazy row updates are per row, so the parameters equal the unsharded run's exactly.
 Optimizer state per rank: about 1/N of the unsharded one. Cost per step beyond the unsharded
 run: one allgather of the parameters ((N-1)/N x model bytes received per rank).
@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
-from mpi4py import MPI
 
 from ...arrays import array_module
+from ...collectives.variable import gather_rows
 from ...ps import ParamSpec
 from ...ps.optimizers import Optimizer
 from ...runtime.context import Context
@@ -65,14 +65,12 @@ class ShardedUpdate:
             self._gather(spec, param)
 
     def _gather(self, spec: ParamSpec, param: np.ndarray) -> None:
-        """Every rank's updated slice of ``param`` into every rank's copy (one Allgatherv, counted
-        in the run's traffic as a ring allgather: the others' slices in and out)."""
-        _, per_unit = self.units(spec, param)
-        cuts = np.array(self.cuts(spec, param), np.int64) * per_unit
-        counts = np.diff(cuts)
-        self.ctx.comm.Allgatherv(MPI.IN_PLACE, [param.reshape(-1), (counts, cuts[:-1])])
-        others = int(param.size - counts[self.rank]) * param.itemsize
-        self.ctx.traffic.add(others, others)
+        """Every rank's updated slice of ``param`` into every rank's copy (``collectives``' rows
+        gathered by counts every rank knows, so nothing to agree first; this rank's slice copied
+        out of the result it is gathered into)."""
+        whole = param if spec.sparse else param.reshape(-1)
+        cuts = self.cuts(spec, param)
+        gather_rows(self.ctx, whole[cuts[self.rank]:cuts[self.rank + 1]].copy(), np.diff(cuts), whole)
 
 
 def rows_update(optimizer: Optimizer, param, grad, arrays: Dict[str, object], step: int) -> None:
