@@ -54,6 +54,8 @@ class ProblemKind(Enum):
     OUT_OF_MEMORY = (11, MemoryError, "could not allocate the result")
     UNUSABLE_SETTING = (12, ConfigurationError, "has an unusable setting")
     HOOK_FAILED = (13, TrainingError, "had its gradient reduction (comm hook) fail")
+    UNMOVABLE = (14, UnsupportedInputError, "passed an array it cannot send")
+    BAD_COUNTS = (15, InputMismatchError, "passed counts that do not fit its input")
 
     def __new__(cls, code: int, error: Type[Exception], summary: str) -> "ProblemKind":
         kind = object.__new__(cls)
