@@ -63,7 +63,8 @@ def check_all_reduce():
     for dtype in (*FLOATS, *INTS, torch.complex64, torch.bool):
         for op, fold in ((plain.SUM, "sum"), (plain.MAX, "amax"), (plain.MIN, "amin"), (plain.PRODUCT, "prod"),
                          (plain.AVG, "mean"), (plain.BAND, "band"), (plain.BOR, "bor"), (plain.BXOR, "bxor")):
-            refused = (op not in (plain.SUM, plain.AVG) and dtype.is_complex) or (op == plain.AVG and dtype == torch.bool) \
+            refused = (op not in (plain.SUM, plain.AVG) and dtype.is_complex) \
+                or (op == plain.AVG and dtype == torch.bool) \
                 or (fold.startswith("b") and (dtype.is_floating_point or dtype.is_complex))
             x = values(rank, (3, 5), dtype, 1)
             if refused:
@@ -130,10 +131,19 @@ def check_reduce_scatter_and_reduce():
         out2 = torch.empty(4, dtype=dtype)
         dist.reduce_scatter(out2, lists, op=dist.ReduceOp.MAX)
         assert torch.equal(out2, torch.stack(every).max(0).values[rank * 4:(rank + 1) * 4]), dtype
+    premul = dist.ReduceOp.PREMUL_SUM(0.5)  # as FSDP2 divides gradients
+    every = everyone((size * 4,), torch.float32, 5)
+    out = torch.empty(4)
+    dist.reduce_scatter_tensor(out, every[rank].clone(), op=premul)
+    assert torch.allclose(out, torch.stack(every).sum(0)[rank * 4:(rank + 1) * 4] * 0.5)
+    whole = every[rank].clone()
+    dist.all_reduce(whole, op=premul)
+    assert torch.allclose(whole, torch.stack(every).sum(0) * 0.5)
     for root in range(size):
         x = values(rank, (4,), torch.float64, 4)
         dist.reduce(x, dst=root)
-        want = torch.stack(everyone((4,), torch.float64, 4)).sum(0) if rank == root else values(rank, (4,), torch.float64, 4)
+        mine = values(rank, (4,), torch.float64, 4)
+        want = torch.stack(everyone((4,), torch.float64, 4)).sum(0) if rank == root else mine
         assert torch.equal(x, want)
 
 
@@ -226,6 +236,11 @@ def check_bad_input_on_one_rank():
         dist.all_reduce(ok)
         assert torch.equal(ok, torch.full((2,), float(size))), "the group still works"
     expect_raised(ValueError, "twice", lambda: dist.init_process_group("hpcreduce"), rank)
+    expect_raised(ValueError, "rank", lambda: dist.new_group([0, size]), rank)
+    group = dist.new_group(list(range(size)))
+    work = dist.all_reduce(torch.ones(2), group=group, async_op=True)
+    dist.destroy_process_group(group)
+    expect_raised(RuntimeError, "after its process group was destroyed", work.wait, rank)
 
 
 def run_kill():

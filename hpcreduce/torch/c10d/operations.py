@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from mpi4py import MPI
 
 from ...collectives import agree, allreduce
@@ -22,7 +23,7 @@ from ...collectives.narrow import narrow_allreduce
 from ...collectives.validate import Field, InputProblem, PlannedCheck, ProblemKind, agree as agree_fields, stable_hash
 from ...collectives.variable import exchange_rows, gather_rows, scatter_reduced
 from ...runtime.context import Context
-from .tensors import Reduction, array, contiguous, describe, op_type, reduction, tensor_problem
+from .tensors import Reduction, array, contiguous, describe, op_type, premul_factor, reduction, tensor_problem
 
 Tensors = List[torch.Tensor]
 
@@ -49,6 +50,9 @@ def layout(tensors: Sequence, *extra: Field) -> List[Field]:
 
 def op_field(op) -> Field:
     kind = op_type(op)
+    if kind == dist.ReduceOp.RedOpType.PREMUL_SUM:
+        factor = premul_factor(op)
+        return ("reduce op", stable_hash(("PREMUL_SUM", factor)), f"PREMUL_SUM({factor!r})")
     return ("reduce op", int(kind.value), kind.name)
 
 
@@ -71,6 +75,8 @@ def allreduce_tensors(context: Context, what: str, tensors: Tensors, op) -> Tens
 
 def reduce_in_place(context: Context, tensor: torch.Tensor, plan: Reduction) -> None:
     """One contiguous tensor reduced over the group, unchecked (``check`` ran)."""
+    if plan.factor is not None:
+        tensor.mul_(plan.factor)
     view = array(tensor).reshape(-1)
     if plan.path == "allreduce":
         allreduce(view, plan.op.name, comm=context, out=view, check=False)
@@ -92,6 +98,11 @@ def divide(view: np.ndarray, size: int) -> None:
         np.divide(view, size, out=view)
     else:
         np.floor_divide(view, size, out=view)
+
+
+def premultiplied(x: torch.Tensor, plan: Reduction) -> torch.Tensor:
+    """``x`` contiguous, times PREMUL_SUM's factor (a new tensor then: the caller's input stays)."""
+    return x.contiguous() if plan.factor is None else x * plan.factor
 
 
 def reduce_to_root(context: Context, tensors: Tensors, op, root: int) -> Tensors:
@@ -161,7 +172,7 @@ def reduce_scatter_single(context: Context, what: str, outputs: Tensors, inputs:
     check(context, what, layout(inputs, op_field(op)), problem)
     with contiguous(outputs) as dense:
         for out, x, plan in zip(dense, inputs, plans):
-            flat = array(x.contiguous()).reshape(-1)
+            flat = array(premultiplied(x, plan)).reshape(-1)
             scatter_reduced(context, flat, [out.numel()] * size, plan.op, array(out).reshape(-1), plan.fmt)
     return outputs
 
@@ -178,7 +189,7 @@ def reduce_scatter_lists(context: Context, outputs: Tensors, input_lists: List[T
     check(context, "reduce_scatter", layout([x for xs in input_lists for x in xs], op_field(op)), problem)
     with contiguous(outputs) as dense:
         for out, xs, plan in zip(dense, input_lists, plans):
-            flat = np.concatenate([array(x.contiguous()).reshape(-1) for x in xs])
+            flat = np.concatenate([array(premultiplied(x, plan)).reshape(-1) for x in xs])
             scatter_reduced(context, flat, [x.numel() for x in xs], plan.op, array(out).reshape(-1), plan.fmt)
     return outputs
 
@@ -193,19 +204,22 @@ def all_to_all_single(context: Context, out: torch.Tensor, x: torch.Tensor, out_
         problem = (_splits_problem("input", x, in_splits, size) or _splits_problem("output", out, out_splits, size)
                    or (None if out.dtype == x.dtype else f"output {out.dtype}, input {x.dtype}"))
     given = bool(in_splits) or bool(out_splits)
+    if problem is None and not given and out.shape != x.shape:
+        problem = f"output {describe(out)} unlike input {describe(x)} without split sizes"
     fields = [("dtype", stable_hash(str(x.dtype)), x.dtype),
               ("shape after dim 0", stable_hash(tuple(x.shape[1:])), tuple(x.shape[1:])),
               ("split sizes", 0 if given else stable_hash(tuple(x.shape)), "given" if given else tuple(x.shape))]
     check(context, "all_to_all_single", fields, problem)
     sent = list(in_splits) or [x.shape[0] // size] * size
     expected = list(out_splits) or [out.shape[0] // size] * size
-    counts = np.empty(size, np.int64)
-    context.comm.Alltoall([np.array(sent, np.int64), MPI.INT64_T], [counts, MPI.INT64_T])
-    wrong = counts.tolist() != expected
-    agree(f"expects {expected} rows from the ranks, which send it {counts.tolist()}" if wrong else None,
-          comm=context, what="all_to_all_single")
+    if given:  # without split sizes every rank's shape was compared: the counts are known
+        counts = np.empty(size, np.int64)
+        context.comm.Alltoall([np.array(sent, np.int64), MPI.INT64_T], [counts, MPI.INT64_T])
+        wrong = counts.tolist() != expected
+        agree(f"expects {expected} rows from the ranks, which send it {counts.tolist()}" if wrong else None,
+              comm=context, what="all_to_all_single")
     with contiguous([out]) as (dense,):
-        exchange_rows(context, array(x.contiguous()), sent, array(dense), counts.tolist())
+        exchange_rows(context, array(x.contiguous()), sent, array(dense), expected)
     return [out]
 
 
@@ -239,16 +253,9 @@ def all_to_all_lists(context: Context, outputs: Tensors, inputs: Tensors) -> Ten
 
 def gather_to_root(context: Context, output_lists: List[Tensors], inputs: Tensors, root: int) -> List[Tensors]:
     """``gather``: every rank's input into the root's ``output_lists[0]``, in rank order."""
-    size, x = context.size, inputs[0] if len(inputs) == 1 else None
-    problem = first_problem(inputs, None if x is not None and 0 <= root < size else
-                            f"one input and a root in the group (got {len(inputs)} inputs, root {root})")
-    if problem is None and context.rank == root:
-        outs = output_lists[0] if len(output_lists) == 1 else []
-        if len(outs) != size or any(o.numel() != x.numel() or o.dtype != x.dtype for o in outs):
-            problem = f"the root needs {size} outputs like its input {describe(x)}"
-    check(context, "gather", layout(inputs, ("root", root, root)), problem)
+    x = _rooted("gather", context, inputs, output_lists, root)
     flat = array(x.contiguous()).reshape(-1)
-    gathered = np.empty(flat.size * size, flat.dtype) if context.rank == root else None
+    gathered = np.empty(flat.size * context.size, flat.dtype) if context.rank == root else None
     context.comm.Gather(flat, gathered, root=root)
     if gathered is not None:
         scatter_into(output_lists[0], gathered)
@@ -257,16 +264,23 @@ def gather_to_root(context: Context, output_lists: List[Tensors], inputs: Tensor
 
 def scatter_from_root(context: Context, outputs: Tensors, input_lists: List[Tensors], root: int) -> Tensors:
     """``scatter``: entry j of the root's ``input_lists[0]`` into rank j's output."""
-    size, out = context.size, outputs[0] if len(outputs) == 1 else None
-    problem = first_problem(outputs, None if out is not None and 0 <= root < size else
-                            f"one output and a root in the group (got {len(outputs)} outputs, root {root})")
-    if problem is None and context.rank == root:
-        xs = input_lists[0] if len(input_lists) == 1 else []
-        if len(xs) != size or any(x.numel() != out.numel() or x.dtype != out.dtype for x in xs):
-            problem = f"the root needs {size} inputs like its output {describe(out)}"
-    check(context, "scatter", layout(outputs, ("root", root, root)), problem)
+    _rooted("scatter", context, outputs, input_lists, root)
     sent = np.concatenate([array(x.contiguous()).reshape(-1) for x in input_lists[0]]) \
         if context.rank == root else None
     with contiguous(outputs) as (dense,):
         context.comm.Scatter(sent, array(dense).reshape(-1), root=root)
     return outputs
+
+
+def _rooted(what: str, context: Context, tensors: Tensors, root_lists: List[Tensors], root: int) -> torch.Tensor:
+    """The checks of ``gather``/``scatter``: one tensor on each rank, a root in the group, and on the
+    root a list of one tensor like it per rank (``root_lists[0]``). Returns the tensor."""
+    size, mine = context.size, tensors[0] if len(tensors) == 1 else None
+    problem = first_problem(tensors, None if mine is not None and 0 <= root < size else
+                            f"one tensor and a root in the group (got {len(tensors)} tensors, root {root})")
+    if problem is None and context.rank == root:
+        listed = root_lists[0] if len(root_lists) == 1 else []
+        if len(listed) != size or any(t.numel() != mine.numel() or t.dtype != mine.dtype for t in listed):
+            problem = f"the root needs a list of {size} tensors like {describe(mine)}"
+    check(context, what, layout(tensors, ("root", root, root)), problem)
+    return mine

@@ -32,9 +32,9 @@ _parent: Optional[MPI.Intracomm] = None
 class ProcessGroupHpcreduce(dist.ProcessGroup):
     """One group of ranks over its own MPI communicator (``self.context``)."""
 
-    def __init__(self, context: Context, rank: int, size: int, threaded: Optional[bool] = None) -> None:
+    def __init__(self, context: Context, rank: int, size: int, name: str, threaded: Optional[bool] = None) -> None:
         super().__init__(rank, size)
-        self.context = context
+        self.context, self._name = context, name
         self.progress = Progress(lambda: self.context.comm, threaded)
 
     def getBackendName(self) -> str:
@@ -42,7 +42,8 @@ class ProcessGroupHpcreduce(dist.ProcessGroup):
 
     @property
     def group_name(self) -> str:
-        return dist.distributed_c10d._world.pg_names[self]
+        """c10d's name of the group (how functional collectives find it)."""
+        return self._name
 
     def replace_comm(self, comm: MPI.Intracomm) -> None:
         """Run the group over ``comm`` from now on (every queued operation finished first); a
@@ -210,4 +211,4 @@ def create(options, _backend_options=None) -> ProcessGroupHpcreduce:
     if base.ft:
         comm.Set_errhandler(MPI.ERRORS_RETURN)
     context = Context(comm, ft=base.ft, cuda_aware=base.cuda_aware, launcher=base.launcher)
-    return ProcessGroupHpcreduce(context, options.group_rank, options.group_size)
+    return ProcessGroupHpcreduce(context, options.group_rank, options.group_size, options.group_id)
