@@ -189,8 +189,18 @@ def check_point_to_point_and_objects():
 
 
 def check_async_work_and_futures():
+    """On the world group (inline on this machine's ranks) and on a group whose operations run on a
+    communication thread, as where ranks have spare cores."""
+    threaded = dist.new_group(list(range(size)))
+    threaded.progress.threaded = True
+    for group in (dist.group.WORLD, threaded):
+        ordered_works(group)
+    dist.destroy_process_group(threaded)
+
+
+def ordered_works(group):
     tensors = [torch.full((1000,), float(rank + i)) for i in range(6)]
-    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    works = [dist.all_reduce(t, async_op=True, group=group) for t in tensors]
     futures = [w.get_future().then(lambda f: f.value()[0] * 2) for w in works]
     for i, (work, future) in enumerate(zip(works, futures)):
         work.wait()
@@ -220,6 +230,23 @@ def check_groups_and_device_mesh():
             dist.all_reduce(z, group=sub)
             peers = dist.get_process_group_ranks(sub)
             assert rank in peers and torch.equal(z, torch.full((2,), float(sum(peers)))), (dim, peers, z)
+
+
+def check_torch_ddp():
+    """torch's own DDP: the gradients are the mean of every rank's, as computed here for all."""
+    def fresh():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    model = fresh()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0001)
+    ddp(values(rank, (3, 6), torch.float32, 6)).pow(2).sum().backward()
+    want = []
+    for r in range(size):
+        local = fresh()
+        local(values(r, (3, 6), torch.float32, 6)).pow(2).sum().backward()
+        want.append([p.grad for p in local.parameters()])
+    for i, param in enumerate(model.parameters()):
+        assert torch.allclose(param.grad, sum(w[i] for w in want) / size, atol=1e-5), i
 
 
 def check_bad_input_on_one_rank():
@@ -266,7 +293,7 @@ if __name__ == "__main__":
         run_kill()
     for check in (check_all_reduce, check_gathers_and_scatters, check_reduce_scatter_and_reduce, check_all_to_all,
                   check_point_to_point_and_objects, check_async_work_and_futures, check_groups_and_device_mesh,
-                  check_bad_input_on_one_rank):
+                  check_torch_ddp, check_bad_input_on_one_rank):
         check()
         dist.barrier()
         if rank == 0:
