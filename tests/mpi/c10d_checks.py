@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 import warnings
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -182,6 +183,11 @@ def check_point_to_point_and_objects():
     objects = [None] * size
     dist.all_gather_object(objects, {"rank": rank, "text": "x" * rank})
     assert objects == [{"rank": r, "text": "x" * r} for r in range(size)]
+    dist.group.WORLD.monitored_barrier(timedelta(seconds=30))
+    if rank != LAST:  # the last rank does not come
+        expect_raised(RuntimeError, f"rank {LAST} did not reach the barrier" if rank == 0 else "timed out",
+                      lambda: dist.group.WORLD.monitored_barrier(timedelta(seconds=1 if rank == 0 else 30)), rank)
+    dist.barrier()
     listed = [{"from": rank}] if rank == 0 else [None]
     dist.broadcast_object_list(listed, src=0)
     assert listed == [{"from": 0}]

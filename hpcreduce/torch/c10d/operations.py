@@ -10,6 +10,7 @@ on every rank before data moves. Then: reductions through ``allreduce`` (automat
 """
 from __future__ import annotations
 
+import time
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -284,3 +285,36 @@ def _rooted(what: str, context: Context, tensors: Tensors, root_lists: List[Tens
             problem = f"the root needs a list of {size} tensors like {describe(mine)}"
     check(context, what, layout(tensors, ("root", root, root)), problem)
     return mine
+
+
+def monitored_barrier(context: Context, timeout_s: float, wait_all_ranks: bool) -> None:
+    """gloo's ``monitored_barrier``: rank 0 waits up to ``timeout_s`` for every rank's token (naming
+    the first rank, or with ``wait_all_ranks`` every rank, that did not come), then releases them."""
+    comm, rank, size = context.comm, context.rank, context.size
+    token = np.zeros(1, np.int8)
+    if rank != 0:
+        comm.Send(token, dest=0, tag=MONITORED)
+        comm.Recv(token, source=0, tag=MONITORED)
+        if token[0]:
+            raise RuntimeError("hpcreduce monitored_barrier: rank 0 timed out waiting for other ranks")
+        return
+    tokens = [np.zeros(1, np.int8) for _ in range(size)]
+    requests = [comm.Irecv(tokens[peer], source=peer, tag=MONITORED) for peer in range(1, size)]
+    deadline = time.monotonic() + timeout_s
+    while not MPI.Request.Testall(requests) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    missing = [peer for peer, request in zip(range(1, size), requests) if not request.Test()]
+    for peer in range(1, size):
+        if peer not in missing:
+            comm.Send(np.ones(1, np.int8) if missing else token, dest=peer, tag=MONITORED)
+    if missing:
+        for request in requests:
+            if request:
+                request.Cancel()
+                request.Wait()
+        named = missing if wait_all_ranks else missing[:1]
+        raise RuntimeError(f"hpcreduce monitored_barrier: rank{'s' if len(named) > 1 else ''} "
+                           f"{', '.join(map(str, named))} did not reach the barrier within {timeout_s:g} s")
+
+
+MONITORED = 0x4D42  # "MB": the tag of monitored_barrier's tokens

@@ -145,6 +145,13 @@ class ProcessGroupHpcreduce(dist.ProcessGroup):
     def barrier(self, opts=None) -> Work:
         return self._submit("barrier", lambda: self.context.comm.Barrier())
 
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        """gloo's: a barrier that names the ranks that did not reach it within ``timeout``
+        (``dist.monitored_barrier`` itself refuses every backend but gloo; call this on the group)."""
+        seconds = timeout.total_seconds() if timeout is not None else dist.default_pg_timeout.total_seconds()
+        self._submit("monitored_barrier",
+                     lambda: ops.monitored_barrier(self.context, seconds, wait_all_ranks)).wait()
+
     # point to point
     def send(self, tensors, dst: int, tag: int = 0) -> Work:
         tensor = _one(tensors, "send")
