@@ -82,6 +82,20 @@ def check_all_reduce():
                 (dtype, fold, strided, want)
 
 
+def check_16_bit_sums_are_rounded_once():
+    """2048 + 1 + 1 ...: a float16 sum rounded at every step stays 2048; in float32, once, it does not
+    (from 3 ranks on)."""
+    for dtype in (torch.float16, torch.bfloat16):
+        start = 2048.0 if dtype == torch.float16 else 256.0
+        x = torch.full((4,), start if rank == 0 else 1.0, dtype=dtype)
+        dist.all_reduce(x)
+        assert torch.equal(x, torch.full((4,), start + size - 1, dtype=torch.float32).to(dtype)), (dtype, x)
+        y = torch.full((size * 2,), start if rank == 0 else 1.0, dtype=dtype)
+        part = torch.empty(2, dtype=dtype)
+        dist.reduce_scatter_tensor(part, y)
+        assert torch.equal(part, torch.full((2,), start + size - 1, dtype=torch.float32).to(dtype)), (dtype, part)
+
+
 def reference(inputs, fold, dtype):
     if fold in ("band", "bor", "bxor"):
         out = inputs[0].clone()
@@ -297,7 +311,7 @@ def run_kill():
 if __name__ == "__main__":
     if sys.argv[1:] == ["kill"]:
         run_kill()
-    for check in (check_all_reduce, check_gathers_and_scatters, check_reduce_scatter_and_reduce, check_all_to_all,
+    for check in (check_all_reduce, check_16_bit_sums_are_rounded_once, check_gathers_and_scatters, check_reduce_scatter_and_reduce, check_all_to_all,
                   check_point_to_point_and_objects, check_async_work_and_futures, check_groups_and_device_mesh,
                   check_torch_ddp, check_bad_input_on_one_rank):
         check()

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from ...collectives import agree, allreduce
+from ...collectives.allreduce import PLAN_LIMIT
 from ...collectives.broadcast import broadcast_tensor
 from ...collectives.narrow import narrow_allreduce
 from ...collectives.validate import Field, InputProblem, PlannedCheck, ProblemKind, agree as agree_fields, stable_hash
@@ -39,14 +40,17 @@ def check(context: Context, what: str, fields: Sequence[Field], problem: Optiona
     key = (what, tuple(code for _, code, _ in fields))
     plan = checks.get(key)
     if plan is None:
-        plan = checks[key] = PlannedCheck(what, fields)
+        if len(checks) >= PLAN_LIMIT:
+            checks.clear()
+        shown = [(name, code, value() if callable(value) else value) for name, code, value in fields]
+        plan = checks[key] = PlannedCheck(what, shown)  # kept: its fields hold text, never tensors
     plan.run(context)
 
 
 def layout(tensors: Sequence, *extra: Field) -> List[Field]:
     """The number, dtypes and shapes of ``tensors``: what every rank's must match."""
     shapes = [(str(t.dtype), tuple(t.shape)) if isinstance(t, torch.Tensor) else None for t in tensors]
-    return [("tensors", stable_hash(shapes), ", ".join(describe(t) for t in tensors) or "none"), *extra]
+    return [("tensors", stable_hash(shapes), lambda: ", ".join(describe(t) for t in tensors) or "none"), *extra]
 
 
 def op_field(op) -> Field:

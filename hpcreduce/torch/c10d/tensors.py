@@ -65,10 +65,10 @@ def reduction(dtype: torch.dtype, op) -> "Reduction | str":
     name = NAMES.get(kind)
     if name is None:
         return f"reduce op {kind.name} is not supported (SUM, AVG, MIN, MAX, PRODUCT, BAND, BOR, BXOR, PREMUL_SUM)"
-    if dtype in NUMPY:
-        return Reduction("allreduce", OPS[name])
     if dtype in NARROW:
         return Reduction("narrow" if name in ("sum", "mean") else "wide", OPS[name], NARROW[dtype])
+    if dtype in NUMPY:
+        return Reduction("allreduce", OPS[name])
     if dtype == torch.bool:
         return "AVG of a bool tensor is not defined" if name == "mean" else Reduction("native", LOGICAL[name])
     if dtype.is_complex and name in ("min", "max"):
