@@ -190,10 +190,13 @@ def check_point_to_point_and_objects():
     assert torch.equal(got, torch.full((1000,), float(left)))
     if rank == 0:
         dist.send(torch.arange(4.0), dst=LAST)
+        dist.send(torch.arange(2.0), dst=LAST)
     elif rank == LAST:
         into = torch.empty(4)
         dist.recv(into, src=0)
         assert torch.equal(into, torch.arange(4.0))
+        anyone = torch.empty(2)
+        assert dist.recv(anyone) == 0 and torch.equal(anyone, torch.arange(2.0))  # recv_anysource
     objects = [None] * size
     dist.all_gather_object(objects, {"rank": rank, "text": "x" * rank})
     assert objects == [{"rank": r, "text": "x" * r} for r in range(size)]

@@ -16,8 +16,7 @@ The public surface (stable):
   (under ``--with-ft ulfm``), naming the lost rank.
 What it does not do: CUDA tensors (refused by name; the collectives' cupy path is not wired here yet);
 ``dist.monitored_barrier`` (torch refuses every backend but gloo before calling it: call
-``group.monitored_barrier(timeout)`` on the group, or use a gloo group beside it); the source rank of
-``recv_anysource`` (``work._source_rank()`` is this package's, c10d's ``recv(src=None)`` may not see it).
+``group.monitored_barrier(timeout)`` on the group, or use a gloo group beside it).
 Modules: ``tensors`` (tensor views, c10d ops to the collectives' ops), ``operations`` (each c10d
 operation: checked across ranks, then moved), ``work`` (Work, ordered progress, failures),
 ``process_group`` (the group and its creator), ``rendezvous``. ``elastic`` (recovery) is built on these.
