@@ -1,0 +1,82 @@
+"""What ``hpcreduce bench c10d`` and the c10d tests share: the default process group started
+over a named backend under mpirun, a gloo group beside it on the same ranks, and the training
+steps of torch's own DDP and FSDP2 (``fully_shard``) on ``torch_peers``' models, unchanged but
+for the group they run on.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from .torch_peers import MODELS, batch_of, start_gloo
+
+Step = Callable[[], None]
+
+
+def start(backend: str, comm: MPI.Intracomm = MPI.COMM_WORLD) -> Optional[dist.ProcessGroup]:
+    """The default process group over ``backend`` ("hpcreduce": nothing but its name, rank and
+    size from MPI; "gloo": rank 0's address sent by MPI) and, unless it is gloo already, a gloo
+    group of every rank beside it (returned; None: the default group is gloo's)."""
+    if backend == "gloo":
+        start_gloo(comm)
+        return None
+    from .. import torch as _registers  # noqa: F401  (``import hpcreduce.torch`` registers "hpcreduce")
+    dist.init_process_group(backend)
+    return dist.new_group(backend="gloo")
+
+
+def fresh(model: str, initial: Dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A new ``model`` holding ``initial``."""
+    module = MODELS[model][0]()
+    module.load_state_dict(initial)
+    return module
+
+
+def shard(module: torch.nn.Module, **options) -> torch.nn.Module:
+    """FSDP2 as its docs apply it: each layer with parameters, then the root."""
+    from torch.distributed.fsdp import fully_shard
+    for layer in module:
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer, **options)
+    return fully_shard(module, **options)
+
+
+def training_step(wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  batch: Tuple[torch.Tensor, torch.Tensor]) -> Step:
+    """One step of ``wrapped`` on ``batch``: zero_grad, cross-entropy, backward, step."""
+    x, y = batch
+
+    def step() -> None:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(wrapped(x), y).backward()
+        optimizer.step()
+    return step
+
+
+def ddp_step(model: str, initial: Dict[str, torch.Tensor], batch_size: int,
+             group: Optional[dist.ProcessGroup] = None, **ddp_options) -> Tuple[Step, torch.nn.Module]:
+    """torch's DistributedDataParallel on ``group`` (None: the default group): its step and module."""
+    module = fresh(model, initial)
+    wrapped = torch.nn.parallel.DistributedDataParallel(module, process_group=group, **ddp_options)
+    return training_step(wrapped, torch.optim.SGD(module.parameters(), lr=0.05),
+                         batch_of(model, batch_size, dist.get_rank())), module
+
+
+def fsdp_step(model: str, initial: Dict[str, torch.Tensor], batch_size: int, mesh=None) -> Tuple[Step, torch.nn.Module]:
+    """FSDP2 over ``mesh`` (None: the default group's 1-D mesh): its step and module."""
+    module = shard(fresh(model, initial), **({} if mesh is None else {"mesh": mesh}))
+    return training_step(module, torch.optim.SGD(module.parameters(), lr=0.05),
+                         batch_of(model, batch_size, dist.get_rank())), module
+
+
+def full_parameters(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """Every parameter whole (a DTensor gathered), by name."""
+    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for name, p in module.named_parameters()}
+
+
+def largest_difference(one: Dict[str, torch.Tensor], other: Dict[str, torch.Tensor]) -> float:
+    return max(float((one[name] - other[name]).abs().max()) for name in one)
