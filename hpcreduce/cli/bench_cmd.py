@@ -10,6 +10,7 @@ import sys
 from typing import Dict, Optional
 
 from ..benchmarks import allreduce as allreduce_bench
+from ..benchmarks import c10d as c10d_bench
 from ..benchmarks import embeddings as embeddings_bench
 from ..benchmarks import ps as ps_bench
 from ..benchmarks import ps_memory as ps_memory_bench
@@ -26,7 +27,7 @@ from .flags import flag_names
 from .ranks import add_rank_options, outside_mpi, relaunch
 
 BENCHMARKS = (allreduce_bench, ps_bench, ps_memory_bench, scaling_bench, recovery_bench, stragglers_bench,
-              soak_bench, torch_bench, embeddings_bench)
+              soak_bench, torch_bench, embeddings_bench, c10d_bench)
 
 
 def register(subcommands) -> None:
