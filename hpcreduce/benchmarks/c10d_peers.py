@@ -5,6 +5,7 @@ for the group they run on.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -46,13 +47,18 @@ def shard(module: torch.nn.Module, **options) -> torch.nn.Module:
 
 def training_step(wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer,
                   batch: Tuple[torch.Tensor, torch.Tensor]) -> Step:
-    """One step of ``wrapped`` on ``batch``: zero_grad, cross-entropy, backward, step."""
+    """One step of ``wrapped`` on ``batch``: zero_grad, cross-entropy, backward, step; the step's
+    ``last_loss()`` is its last loss."""
     x, y = batch
+    last = [float("nan")]
 
     def step() -> None:
         optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(wrapped(x), y).backward()
+        loss = torch.nn.functional.cross_entropy(wrapped(x), y)
+        loss.backward()
         optimizer.step()
+        last[0] = float(loss.detach())
+    step.last_loss = lambda: last[0]
     return step
 
 
@@ -70,6 +76,38 @@ def fsdp_step(model: str, initial: Dict[str, torch.Tensor], batch_size: int, mes
     module = shard(fresh(model, initial), **({} if mesh is None else {"mesh": mesh}))
     return training_step(module, torch.optim.SGD(module.parameters(), lr=0.05),
                          batch_of(model, batch_size, dist.get_rank())), module
+
+
+def step_pair(case: str, gloo: Optional[dist.ProcessGroup], batches: Dict[str, int]
+              ) -> Tuple[Dict[str, Step], int, Dict[str, Callable[[], float]]]:
+    """``case`` (``ddp_mlp``, ``ddp_cnn``, ``fsdp2_mlp``, ``torchrec_dlrm``) on the default group
+    ("ours") and on ``gloo`` (None: the default group is gloo's), from the same parameters on the
+    same batch: the two steps, the batch per rank and each side's last loss; no steps and why
+    where TorchRec does not import."""
+    kind, model = case.split("_")
+    batch = batches[model]
+    torch.manual_seed(0)
+    if kind == "torchrec":
+        from .dlrm import Shape, batch_of as dlrm_batch
+        from .torchrec_peer import build, import_problem
+        problem = import_problem()
+        if problem:
+            return {}, batch, problem
+        shape, pair, losses = Shape(fields=8, rows=100_000, dim=16, bag=4, batch=batch), {}, {}
+        for name, group in (("ours", None), ("gloo", gloo)):
+            torch.manual_seed(0)
+            steps, _, losses[name] = build(shape, dlrm_batch(shape, dist.get_rank()), 0.01, group)
+            pair[name] = functools.partial(steps, 1)
+        return pair, batch, losses
+    initial = MODELS[model][0]().state_dict()
+    if kind == "ddp":
+        made = {"ours": ddp_step(model, initial, batch), "gloo": ddp_step(model, initial, batch, gloo)}
+    else:
+        from torch.distributed.device_mesh import DeviceMesh
+        mesh = None if gloo is None else DeviceMesh.from_group(gloo, "cpu")
+        made = {"ours": fsdp_step(model, initial, batch), "gloo": fsdp_step(model, initial, batch, mesh)}
+    return {name: step for name, (step, _) in made.items()}, batch, \
+        {name: step.last_loss for name, (step, _) in made.items()}
 
 
 def full_parameters(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
