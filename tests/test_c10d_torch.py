@@ -8,7 +8,11 @@ import pytest
 from mpi_run import mpirun
 
 pytest.importorskip("torch")
-pytest.importorskip("hpcreduce.torch.c10d")  # the backend (issue 47), until its branch is merged
+import hpcreduce.torch  # noqa: E402,F401  (registers the backend)
+import torch.distributed as dist  # noqa: E402
+
+if "hpcreduce" not in dist.Backend.backend_list:  # the backend (issue 47), until its branch is merged
+    pytest.skip("the torch.distributed backend \"hpcreduce\" is not registered", allow_module_level=True)
 
 BACKEND = "hpcreduce"
 
@@ -25,3 +29,13 @@ def test_fsdp2_saved_by_dcp_at_two_ranks_loads_at_three(tmp_path):
     assert saved.returncode == 0 and "ok fsdp2_vs_ddp" in saved.output, saved
     loaded = mpirun(3, "c10d_fsdp_dcp.py", BACKEND, "load", str(tmp_path), timeout=240)
     assert loaded.returncode == 0 and "ok dcp_loaded 3 ranks" in loaded.output, loaded
+
+
+def test_torch_ddp_under_elastic_recovers_from_a_sigkilled_rank():
+    """Rank 2 of 3 SIGKILLed inside a step's forward: the survivors' DDP backward fails naming
+    the lost rank, they shrink, rebuild the group and DDP, and end equal to one process (1e-5)."""
+    job = mpirun(3, "c10d_elastic.py", ft=True, timeout=300)
+    assert job.returncode == 0 and "\nok" in job.output, job
+    killed = float(job.output.split("killed at ")[1].split()[0])
+    detected = float(job.output.split("detected at ")[1].split()[0])
+    print(f"time to error {detected - killed:.3f} s, to the next step {job.output.split('recovered in ')[1].split()[0]} s")
