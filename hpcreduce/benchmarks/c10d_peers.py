@@ -29,11 +29,16 @@ def start(backend: str, comm: MPI.Intracomm = MPI.COMM_WORLD) -> Optional[dist.P
     return dist.new_group(backend="gloo")
 
 
-def fresh(model: str, initial: Dict[str, torch.Tensor]) -> torch.nn.Module:
-    """A new ``model`` holding ``initial``."""
+def fresh(model: str, initial: Dict[str, torch.Tensor], device: str = "cpu") -> torch.nn.Module:
+    """A new ``model`` holding ``initial``, on ``device``."""
     module = MODELS[model][0]()
     module.load_state_dict(initial)
-    return module
+    return module.to(device)
+
+
+def batch_on(model: str, batch_size: int, device: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """This rank's fixed batch (``torch_peers.batch_of``) on ``device``."""
+    return tuple(part.to(device) for part in batch_of(model, batch_size, dist.get_rank()))
 
 
 def shard(module: torch.nn.Module, **options) -> torch.nn.Module:
@@ -63,19 +68,20 @@ def training_step(wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def ddp_step(model: str, initial: Dict[str, torch.Tensor], batch_size: int,
-             group: Optional[dist.ProcessGroup] = None, **ddp_options) -> Tuple[Step, torch.nn.Module]:
+             group: Optional[dist.ProcessGroup] = None, device: str = "cpu") -> Tuple[Step, torch.nn.Module]:
     """torch's DistributedDataParallel on ``group`` (None: the default group): its step and module."""
-    module = fresh(model, initial)
-    wrapped = torch.nn.parallel.DistributedDataParallel(module, process_group=group, **ddp_options)
+    module = fresh(model, initial, device)
+    wrapped = torch.nn.parallel.DistributedDataParallel(module, process_group=group)
     return training_step(wrapped, torch.optim.SGD(module.parameters(), lr=0.05),
-                         batch_of(model, batch_size, dist.get_rank())), module
+                         batch_on(model, batch_size, device)), module
 
 
-def fsdp_step(model: str, initial: Dict[str, torch.Tensor], batch_size: int, mesh=None) -> Tuple[Step, torch.nn.Module]:
+def fsdp_step(model: str, initial: Dict[str, torch.Tensor], batch_size: int, mesh=None,
+              device: str = "cpu") -> Tuple[Step, torch.nn.Module]:
     """FSDP2 over ``mesh`` (None: the default group's 1-D mesh): its step and module."""
-    module = shard(fresh(model, initial), **({} if mesh is None else {"mesh": mesh}))
+    module = shard(fresh(model, initial, device), **({} if mesh is None else {"mesh": mesh}))
     return training_step(module, torch.optim.SGD(module.parameters(), lr=0.05),
-                         batch_of(model, batch_size, dist.get_rank())), module
+                         batch_on(model, batch_size, device)), module
 
 
 def step_pair(case: str, gloo: Optional[dist.ProcessGroup], batches: Dict[str, int]

@@ -1,5 +1,5 @@
 """torch's own DDP and HSDP (FSDP2 on a 2-D DeviceMesh) on the default process group over the
-backend named by argv[1], against torch's DDP over gloo on the same ranks in the same run:
+backend named by argv[1] (the tensors on argv[2]'s device, default cpu; cuda: bench/gpu_check.sh), against torch's DDP over gloo on the same ranks in the same run:
 the parameters after ``STEPS`` steps agree (1e-5; 1e-4 on the CNN, whose max-pooling
 amplifies another summation order) and are the same on every rank. The HSDP check needs 4
 ranks (2 replicas of 2 shards). Prints "ok NAME difference" per check."""
@@ -16,7 +16,7 @@ STEPS = 8
 BOUND = {"mlp": 1e-5, "cnn": 1e-4}
 
 torch.set_num_threads(1)
-backend = sys.argv[1]
+backend, device = sys.argv[1], (sys.argv[2:] or ["cpu"])[0]
 gloo = start(backend)
 rank = dist.get_rank()
 
@@ -27,7 +27,7 @@ def initial(model: str):
 
 
 def same_on_every_rank(params) -> bool:
-    flat = torch.cat([p.reshape(-1) for p in params.values()])
+    flat = torch.cat([p.reshape(-1) for p in params.values()]).cpu()
     copies = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
     dist.all_gather(copies, flat, group=gloo)
     return all(torch.equal(flat, copy) for copy in copies)
@@ -48,10 +48,12 @@ def compare(name: str, ours, theirs, bound: float) -> None:
 
 for model in ("mlp", "cnn"):
     state, batch = initial(model), 16
-    compare(f"ddp_{model}", ddp_step(model, state, batch), ddp_step(model, state, batch, gloo), BOUND[model])
+    compare(f"ddp_{model}", ddp_step(model, state, batch, device=device),
+            ddp_step(model, state, batch, gloo, device), BOUND[model])
 if dist.get_world_size() == 4:
     from torch.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    mesh = init_device_mesh(device, (2, 2), mesh_dim_names=("replicate", "shard"))
     state = initial("mlp")
-    compare("hsdp_mlp", fsdp_step("mlp", state, 16, mesh), ddp_step("mlp", state, 16, gloo), BOUND["mlp"])
+    compare("hsdp_mlp", fsdp_step("mlp", state, 16, mesh, device), ddp_step("mlp", state, 16, gloo, device),
+            BOUND["mlp"])
 dist.destroy_process_group()
