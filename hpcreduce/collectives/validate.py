@@ -56,6 +56,7 @@ class ProblemKind(Enum):
     HOOK_FAILED = (13, TrainingError, "had its gradient reduction (comm hook) fail")
     UNMOVABLE = (14, UnsupportedInputError, "passed an array it cannot send")
     BAD_COUNTS = (15, InputMismatchError, "passed counts that do not fit its input")
+    NOT_SUPPORTED = (16, UnsupportedInputError, "asked for something this backend does not do")
 
     def __new__(cls, code: int, error: Type[Exception], summary: str) -> "ProblemKind":
         kind = object.__new__(cls)

@@ -13,7 +13,8 @@ gradient is ready and runs on a reduction thread (``reducer``, ``comm_thread``) 
 hook (``hooks``, torch's ``register_comm_hook``: the mean through ``hpcreduce.collectives`` by
 default, 16 bits on the wire with float32 sums, PowerSGD); every reduced bucket gets a
 one-pass NaN/Inf check (``finite``); ``no_sync()`` accumulates. Importing this package
-changes nothing global (the optimizer pre-hook that refuses a step inside ``no_sync`` lives
+changes nothing global but the registered c10d backend and ``env://`` under an MPI launch (``c10d``;
+the optimizer pre-hook that refuses a step inside ``no_sync`` lives
 while a wrapper does). ``ZeroRedundancyOptimizer`` (``zero``): torch's sharded optimizer, each
 rank stepping its slice of the parameters with its slice of the optimizer state. Without the wrapper:
 ``allreduce_gradients(model)`` after ``backward()`` (one ``allreduce_many``, after one summing
@@ -28,6 +29,8 @@ reduce, sparse or non-finite gradients) raises on every rank, naming the paramet
 For ``hpcreduce.elastic`` (docs/torch.md, "Elastic torch training"): ``ElasticSampler``
 (``sampler``: DistributedSampler's shares, resharded when the ranks change) and
 ``save_checkpoint``/``load_checkpoint`` (``checkpoints``: files plain ``torch.load`` reads).
+``c10d``: the ``torch.distributed`` backend ``"hpcreduce"`` (registered on import), so torch's own DDP,
+FSDP2, DCP and DeviceMesh run over these collectives: ``dist.init_process_group("hpcreduce")``.
 Recommendation models, with TorchRec's names: ``EmbeddingBagCollection`` of ``EmbeddingBagConfig``
 tables (``embedding_collection``, ``embedding_configs``) over a ``KeyedJaggedTensor`` batch, giving
 a ``KeyedTensor`` (``jagged``); ``start_hybrid`` (``hybrid``, ``layouts``: the tables on K dedicated
@@ -37,6 +40,7 @@ while this one computes; ``save_tables`` and ``start_hybrid(tables_from=...)``: 
 sharded, loaded at any number of ranks); or ``TorchModel`` (``model_adapter``: the same module as a
 ``hpcreduce.train`` model, which the hybrid trainer runs with fault tolerance).
 """
+from . import c10d  # registers the torch.distributed backend "hpcreduce"
 from .checkpoints import load_checkpoint, save_checkpoint
 from .ddp import DistributedDataParallel
 from .embedding_collection import EmbeddingBagCollection
