@@ -5,7 +5,7 @@ import pytest
 from mpi_run import mpirun
 
 pytest.importorskip("torch")
-CHECKS = 8
+CHECKS = 10
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 import warnings
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -63,7 +64,8 @@ def check_all_reduce():
     for dtype in (*FLOATS, *INTS, torch.complex64, torch.bool):
         for op, fold in ((plain.SUM, "sum"), (plain.MAX, "amax"), (plain.MIN, "amin"), (plain.PRODUCT, "prod"),
                          (plain.AVG, "mean"), (plain.BAND, "band"), (plain.BOR, "bor"), (plain.BXOR, "bxor")):
-            refused = (op not in (plain.SUM, plain.AVG) and dtype.is_complex) or (op == plain.AVG and dtype == torch.bool) \
+            refused = (op not in (plain.SUM, plain.AVG) and dtype.is_complex) \
+                or (op == plain.AVG and dtype == torch.bool) \
                 or (fold.startswith("b") and (dtype.is_floating_point or dtype.is_complex))
             x = values(rank, (3, 5), dtype, 1)
             if refused:
@@ -78,6 +80,20 @@ def check_all_reduce():
             assert strided.dtype == dtype and (torch.equal(strided, want) if exact else
                                                torch.allclose(strided.double(), want.double(), rtol=1e-2)), \
                 (dtype, fold, strided, want)
+
+
+def check_16_bit_sums_are_rounded_once():
+    """2048 + 1 + 1 ...: a float16 sum rounded at every step stays 2048; in float32, once, it does not
+    (from 3 ranks on)."""
+    for dtype in (torch.float16, torch.bfloat16):
+        start = 2048.0 if dtype == torch.float16 else 256.0
+        x = torch.full((4,), start if rank == 0 else 1.0, dtype=dtype)
+        dist.all_reduce(x)
+        assert torch.equal(x, torch.full((4,), start + size - 1, dtype=torch.float32).to(dtype)), (dtype, x)
+        y = torch.full((size * 2,), start if rank == 0 else 1.0, dtype=dtype)
+        part = torch.empty(2, dtype=dtype)
+        dist.reduce_scatter_tensor(part, y)
+        assert torch.equal(part, torch.full((2,), start + size - 1, dtype=torch.float32).to(dtype)), (dtype, part)
 
 
 def reference(inputs, fold, dtype):
@@ -130,10 +146,19 @@ def check_reduce_scatter_and_reduce():
         out2 = torch.empty(4, dtype=dtype)
         dist.reduce_scatter(out2, lists, op=dist.ReduceOp.MAX)
         assert torch.equal(out2, torch.stack(every).max(0).values[rank * 4:(rank + 1) * 4]), dtype
+    premul = dist.ReduceOp.PREMUL_SUM(0.5)  # as FSDP2 divides gradients
+    every = everyone((size * 4,), torch.float32, 5)
+    out = torch.empty(4)
+    dist.reduce_scatter_tensor(out, every[rank].clone(), op=premul)
+    assert torch.allclose(out, torch.stack(every).sum(0)[rank * 4:(rank + 1) * 4] * 0.5)
+    whole = every[rank].clone()
+    dist.all_reduce(whole, op=premul)
+    assert torch.allclose(whole, torch.stack(every).sum(0) * 0.5)
     for root in range(size):
         x = values(rank, (4,), torch.float64, 4)
         dist.reduce(x, dst=root)
-        want = torch.stack(everyone((4,), torch.float64, 4)).sum(0) if rank == root else values(rank, (4,), torch.float64, 4)
+        mine = values(rank, (4,), torch.float64, 4)
+        want = torch.stack(everyone((4,), torch.float64, 4)).sum(0) if rank == root else mine
         assert torch.equal(x, want)
 
 
@@ -165,13 +190,21 @@ def check_point_to_point_and_objects():
     assert torch.equal(got, torch.full((1000,), float(left)))
     if rank == 0:
         dist.send(torch.arange(4.0), dst=LAST)
+        dist.send(torch.arange(2.0), dst=LAST)
     elif rank == LAST:
         into = torch.empty(4)
         dist.recv(into, src=0)
         assert torch.equal(into, torch.arange(4.0))
+        anyone = torch.empty(2)
+        assert dist.recv(anyone) == 0 and torch.equal(anyone, torch.arange(2.0))  # recv_anysource
     objects = [None] * size
     dist.all_gather_object(objects, {"rank": rank, "text": "x" * rank})
     assert objects == [{"rank": r, "text": "x" * r} for r in range(size)]
+    dist.group.WORLD.monitored_barrier(timedelta(seconds=30))
+    if rank != LAST:  # the last rank does not come
+        expect_raised(RuntimeError, f"rank {LAST} did not reach the barrier" if rank == 0 else "timed out",
+                      lambda: dist.group.WORLD.monitored_barrier(timedelta(seconds=1 if rank == 0 else 30)), rank)
+    dist.barrier()
     listed = [{"from": rank}] if rank == 0 else [None]
     dist.broadcast_object_list(listed, src=0)
     assert listed == [{"from": 0}]
@@ -179,8 +212,18 @@ def check_point_to_point_and_objects():
 
 
 def check_async_work_and_futures():
+    """On the world group (inline on this machine's ranks) and on a group whose operations run on a
+    communication thread, as where ranks have spare cores."""
+    threaded = dist.new_group(list(range(size)))
+    threaded.progress.threaded = True
+    for group in (dist.group.WORLD, threaded):
+        ordered_works(group)
+    dist.destroy_process_group(threaded)
+
+
+def ordered_works(group):
     tensors = [torch.full((1000,), float(rank + i)) for i in range(6)]
-    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    works = [dist.all_reduce(t, async_op=True, group=group) for t in tensors]
     futures = [w.get_future().then(lambda f: f.value()[0] * 2) for w in works]
     for i, (work, future) in enumerate(zip(works, futures)):
         work.wait()
@@ -212,6 +255,23 @@ def check_groups_and_device_mesh():
             assert rank in peers and torch.equal(z, torch.full((2,), float(sum(peers)))), (dim, peers, z)
 
 
+def check_torch_ddp():
+    """torch's own DDP: the gradients are the mean of every rank's, as computed here for all."""
+    def fresh():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    model = fresh()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0001)
+    ddp(values(rank, (3, 6), torch.float32, 6)).pow(2).sum().backward()
+    want = []
+    for r in range(size):
+        local = fresh()
+        local(values(r, (3, 6), torch.float32, 6)).pow(2).sum().backward()
+        want.append([p.grad for p in local.parameters()])
+    for i, param in enumerate(model.parameters()):
+        assert torch.allclose(param.grad, sum(w[i] for w in want) / size, atol=1e-5), i
+
+
 def check_bad_input_on_one_rank():
     odd = rank == LAST
     for call, fragment in (
@@ -226,6 +286,11 @@ def check_bad_input_on_one_rank():
         dist.all_reduce(ok)
         assert torch.equal(ok, torch.full((2,), float(size))), "the group still works"
     expect_raised(ValueError, "twice", lambda: dist.init_process_group("hpcreduce"), rank)
+    expect_raised(ValueError, "rank", lambda: dist.new_group([0, size]), rank)
+    group = dist.new_group(list(range(size)))
+    work = dist.all_reduce(torch.ones(2), group=group, async_op=True)
+    dist.destroy_process_group(group)
+    expect_raised(RuntimeError, "after its process group was destroyed", work.wait, rank)
 
 
 def run_kill():
@@ -249,9 +314,9 @@ def run_kill():
 if __name__ == "__main__":
     if sys.argv[1:] == ["kill"]:
         run_kill()
-    for check in (check_all_reduce, check_gathers_and_scatters, check_reduce_scatter_and_reduce, check_all_to_all,
+    for check in (check_all_reduce, check_16_bit_sums_are_rounded_once, check_gathers_and_scatters, check_reduce_scatter_and_reduce, check_all_to_all,
                   check_point_to_point_and_objects, check_async_work_and_futures, check_groups_and_device_mesh,
-                  check_bad_input_on_one_rank):
+                  check_torch_ddp, check_bad_input_on_one_rank):
         check()
         dist.barrier()
         if rank == 0:

@@ -14,6 +14,9 @@ The public surface (stable):
 - ``Work`` (``work``): ``wait()``, ``is_completed()``, ``exception()``, ``get_future()``.
 - ``LostRankError`` (``work``): what a group's pending and later operations raise once a rank died
   (under ``--with-ft ulfm``), naming the lost rank.
+What it does not do: CUDA tensors (refused by name; the collectives' cupy path is not wired here yet);
+``dist.monitored_barrier`` (torch refuses every backend but gloo before calling it: call
+``group.monitored_barrier(timeout)`` on the group, or use a gloo group beside it).
 Modules: ``tensors`` (tensor views, c10d ops to the collectives' ops), ``operations`` (each c10d
 operation: checked across ranks, then moved), ``work`` (Work, ordered progress, failures),
 ``process_group`` (the group and its creator), ``rendezvous``. ``elastic`` (recovery) is built on these.

@@ -10,19 +10,22 @@ on every rank before data moves. Then: reductions through ``allreduce`` (automat
 """
 from __future__ import annotations
 
+import time
 from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from mpi4py import MPI
 
 from ...collectives import agree, allreduce
+from ...collectives.allreduce import PLAN_LIMIT
 from ...collectives.broadcast import broadcast_tensor
 from ...collectives.narrow import narrow_allreduce
 from ...collectives.validate import Field, InputProblem, PlannedCheck, ProblemKind, agree as agree_fields, stable_hash
 from ...collectives.variable import exchange_rows, gather_rows, scatter_reduced
 from ...runtime.context import Context
-from .tensors import Reduction, array, contiguous, describe, op_type, reduction, tensor_problem
+from .tensors import Reduction, array, contiguous, describe, op_type, premul_factor, reduction, tensor_problem
 
 Tensors = List[torch.Tensor]
 
@@ -37,18 +40,24 @@ def check(context: Context, what: str, fields: Sequence[Field], problem: Optiona
     key = (what, tuple(code for _, code, _ in fields))
     plan = checks.get(key)
     if plan is None:
-        plan = checks[key] = PlannedCheck(what, fields)
+        if len(checks) >= PLAN_LIMIT:
+            checks.clear()
+        shown = [(name, code, value() if callable(value) else value) for name, code, value in fields]
+        plan = checks[key] = PlannedCheck(what, shown)  # kept: its fields hold text, never tensors
     plan.run(context)
 
 
 def layout(tensors: Sequence, *extra: Field) -> List[Field]:
     """The number, dtypes and shapes of ``tensors``: what every rank's must match."""
     shapes = [(str(t.dtype), tuple(t.shape)) if isinstance(t, torch.Tensor) else None for t in tensors]
-    return [("tensors", stable_hash(shapes), ", ".join(describe(t) for t in tensors) or "none"), *extra]
+    return [("tensors", stable_hash(shapes), lambda: ", ".join(describe(t) for t in tensors) or "none"), *extra]
 
 
 def op_field(op) -> Field:
     kind = op_type(op)
+    if kind == dist.ReduceOp.RedOpType.PREMUL_SUM:
+        factor = premul_factor(op)
+        return ("reduce op", stable_hash(("PREMUL_SUM", factor)), f"PREMUL_SUM({factor!r})")
     return ("reduce op", int(kind.value), kind.name)
 
 
@@ -71,6 +80,8 @@ def allreduce_tensors(context: Context, what: str, tensors: Tensors, op) -> Tens
 
 def reduce_in_place(context: Context, tensor: torch.Tensor, plan: Reduction) -> None:
     """One contiguous tensor reduced over the group, unchecked (``check`` ran)."""
+    if plan.factor is not None:
+        tensor.mul_(plan.factor)
     view = array(tensor).reshape(-1)
     if plan.path == "allreduce":
         allreduce(view, plan.op.name, comm=context, out=view, check=False)
@@ -92,6 +103,11 @@ def divide(view: np.ndarray, size: int) -> None:
         np.divide(view, size, out=view)
     else:
         np.floor_divide(view, size, out=view)
+
+
+def premultiplied(x: torch.Tensor, plan: Reduction) -> torch.Tensor:
+    """``x`` contiguous, times PREMUL_SUM's factor (a new tensor then: the caller's input stays)."""
+    return x.contiguous() if plan.factor is None else x * plan.factor
 
 
 def reduce_to_root(context: Context, tensors: Tensors, op, root: int) -> Tensors:
@@ -161,7 +177,7 @@ def reduce_scatter_single(context: Context, what: str, outputs: Tensors, inputs:
     check(context, what, layout(inputs, op_field(op)), problem)
     with contiguous(outputs) as dense:
         for out, x, plan in zip(dense, inputs, plans):
-            flat = array(x.contiguous()).reshape(-1)
+            flat = array(premultiplied(x, plan)).reshape(-1)
             scatter_reduced(context, flat, [out.numel()] * size, plan.op, array(out).reshape(-1), plan.fmt)
     return outputs
 
@@ -178,7 +194,7 @@ def reduce_scatter_lists(context: Context, outputs: Tensors, input_lists: List[T
     check(context, "reduce_scatter", layout([x for xs in input_lists for x in xs], op_field(op)), problem)
     with contiguous(outputs) as dense:
         for out, xs, plan in zip(dense, input_lists, plans):
-            flat = np.concatenate([array(x.contiguous()).reshape(-1) for x in xs])
+            flat = np.concatenate([array(premultiplied(x, plan)).reshape(-1) for x in xs])
             scatter_reduced(context, flat, [x.numel() for x in xs], plan.op, array(out).reshape(-1), plan.fmt)
     return outputs
 
@@ -193,19 +209,22 @@ def all_to_all_single(context: Context, out: torch.Tensor, x: torch.Tensor, out_
         problem = (_splits_problem("input", x, in_splits, size) or _splits_problem("output", out, out_splits, size)
                    or (None if out.dtype == x.dtype else f"output {out.dtype}, input {x.dtype}"))
     given = bool(in_splits) or bool(out_splits)
+    if problem is None and not given and out.shape != x.shape:
+        problem = f"output {describe(out)} unlike input {describe(x)} without split sizes"
     fields = [("dtype", stable_hash(str(x.dtype)), x.dtype),
               ("shape after dim 0", stable_hash(tuple(x.shape[1:])), tuple(x.shape[1:])),
               ("split sizes", 0 if given else stable_hash(tuple(x.shape)), "given" if given else tuple(x.shape))]
     check(context, "all_to_all_single", fields, problem)
     sent = list(in_splits) or [x.shape[0] // size] * size
     expected = list(out_splits) or [out.shape[0] // size] * size
-    counts = np.empty(size, np.int64)
-    context.comm.Alltoall([np.array(sent, np.int64), MPI.INT64_T], [counts, MPI.INT64_T])
-    wrong = counts.tolist() != expected
-    agree(f"expects {expected} rows from the ranks, which send it {counts.tolist()}" if wrong else None,
-          comm=context, what="all_to_all_single")
+    if given:  # without split sizes every rank's shape was compared: the counts are known
+        counts = np.empty(size, np.int64)
+        context.comm.Alltoall([np.array(sent, np.int64), MPI.INT64_T], [counts, MPI.INT64_T])
+        wrong = counts.tolist() != expected
+        agree(f"expects {expected} rows from the ranks, which send it {counts.tolist()}" if wrong else None,
+              comm=context, what="all_to_all_single")
     with contiguous([out]) as (dense,):
-        exchange_rows(context, array(x.contiguous()), sent, array(dense), counts.tolist())
+        exchange_rows(context, array(x.contiguous()), sent, array(dense), expected)
     return [out]
 
 
@@ -239,16 +258,9 @@ def all_to_all_lists(context: Context, outputs: Tensors, inputs: Tensors) -> Ten
 
 def gather_to_root(context: Context, output_lists: List[Tensors], inputs: Tensors, root: int) -> List[Tensors]:
     """``gather``: every rank's input into the root's ``output_lists[0]``, in rank order."""
-    size, x = context.size, inputs[0] if len(inputs) == 1 else None
-    problem = first_problem(inputs, None if x is not None and 0 <= root < size else
-                            f"one input and a root in the group (got {len(inputs)} inputs, root {root})")
-    if problem is None and context.rank == root:
-        outs = output_lists[0] if len(output_lists) == 1 else []
-        if len(outs) != size or any(o.numel() != x.numel() or o.dtype != x.dtype for o in outs):
-            problem = f"the root needs {size} outputs like its input {describe(x)}"
-    check(context, "gather", layout(inputs, ("root", root, root)), problem)
+    x = _rooted("gather", context, inputs, output_lists, root)
     flat = array(x.contiguous()).reshape(-1)
-    gathered = np.empty(flat.size * size, flat.dtype) if context.rank == root else None
+    gathered = np.empty(flat.size * context.size, flat.dtype) if context.rank == root else None
     context.comm.Gather(flat, gathered, root=root)
     if gathered is not None:
         scatter_into(output_lists[0], gathered)
@@ -257,16 +269,56 @@ def gather_to_root(context: Context, output_lists: List[Tensors], inputs: Tensor
 
 def scatter_from_root(context: Context, outputs: Tensors, input_lists: List[Tensors], root: int) -> Tensors:
     """``scatter``: entry j of the root's ``input_lists[0]`` into rank j's output."""
-    size, out = context.size, outputs[0] if len(outputs) == 1 else None
-    problem = first_problem(outputs, None if out is not None and 0 <= root < size else
-                            f"one output and a root in the group (got {len(outputs)} outputs, root {root})")
-    if problem is None and context.rank == root:
-        xs = input_lists[0] if len(input_lists) == 1 else []
-        if len(xs) != size or any(x.numel() != out.numel() or x.dtype != out.dtype for x in xs):
-            problem = f"the root needs {size} inputs like its output {describe(out)}"
-    check(context, "scatter", layout(outputs, ("root", root, root)), problem)
+    _rooted("scatter", context, outputs, input_lists, root)
     sent = np.concatenate([array(x.contiguous()).reshape(-1) for x in input_lists[0]]) \
         if context.rank == root else None
     with contiguous(outputs) as (dense,):
         context.comm.Scatter(sent, array(dense).reshape(-1), root=root)
     return outputs
+
+
+def _rooted(what: str, context: Context, tensors: Tensors, root_lists: List[Tensors], root: int) -> torch.Tensor:
+    """The checks of ``gather``/``scatter``: one tensor on each rank, a root in the group, and on the
+    root a list of one tensor like it per rank (``root_lists[0]``). Returns the tensor."""
+    size, mine = context.size, tensors[0] if len(tensors) == 1 else None
+    problem = first_problem(tensors, None if mine is not None and 0 <= root < size else
+                            f"one tensor and a root in the group (got {len(tensors)} tensors, root {root})")
+    if problem is None and context.rank == root:
+        listed = root_lists[0] if len(root_lists) == 1 else []
+        if len(listed) != size or any(t.numel() != mine.numel() or t.dtype != mine.dtype for t in listed):
+            problem = f"the root needs a list of {size} tensors like {describe(mine)}"
+    check(context, what, layout(tensors, ("root", root, root)), problem)
+    return mine
+
+
+def monitored_barrier(context: Context, timeout_s: float, wait_all_ranks: bool) -> None:
+    """gloo's ``monitored_barrier``: rank 0 waits up to ``timeout_s`` for every rank's token (naming
+    the first rank, or with ``wait_all_ranks`` every rank, that did not come), then releases them."""
+    comm, rank, size = context.comm, context.rank, context.size
+    token = np.zeros(1, np.int8)
+    if rank != 0:
+        comm.Send(token, dest=0, tag=MONITORED)
+        comm.Recv(token, source=0, tag=MONITORED)
+        if token[0]:
+            raise RuntimeError("hpcreduce monitored_barrier: rank 0 timed out waiting for other ranks")
+        return
+    tokens = [np.zeros(1, np.int8) for _ in range(size)]
+    requests = [comm.Irecv(tokens[peer], source=peer, tag=MONITORED) for peer in range(1, size)]
+    deadline = time.monotonic() + timeout_s
+    while not MPI.Request.Testall(requests) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    missing = [peer for peer, request in zip(range(1, size), requests) if not request.Test()]
+    for peer in range(1, size):
+        if peer not in missing:
+            comm.Send(np.ones(1, np.int8) if missing else token, dest=peer, tag=MONITORED)
+    if missing:
+        for request in requests:
+            if request:
+                request.Cancel()
+                request.Wait()
+        named = missing if wait_all_ranks else missing[:1]
+        raise RuntimeError(f"hpcreduce monitored_barrier: rank{'s' if len(named) > 1 else ''} "
+                           f"{', '.join(map(str, named))} did not reach the barrier within {timeout_s:g} s")
+
+
+MONITORED = 0x4D42  # "MB": the tag of monitored_barrier's tokens

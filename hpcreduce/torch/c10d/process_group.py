@@ -32,9 +32,9 @@ _parent: Optional[MPI.Intracomm] = None
 class ProcessGroupHpcreduce(dist.ProcessGroup):
     """One group of ranks over its own MPI communicator (``self.context``)."""
 
-    def __init__(self, context: Context, rank: int, size: int, threaded: Optional[bool] = None) -> None:
+    def __init__(self, context: Context, rank: int, size: int, name: str, threaded: Optional[bool] = None) -> None:
         super().__init__(rank, size)
-        self.context = context
+        self.context, self._name = context, name
         self.progress = Progress(lambda: self.context.comm, threaded)
 
     def getBackendName(self) -> str:
@@ -42,7 +42,8 @@ class ProcessGroupHpcreduce(dist.ProcessGroup):
 
     @property
     def group_name(self) -> str:
-        return dist.distributed_c10d._world.pg_names[self]
+        """c10d's name of the group (how functional collectives find it)."""
+        return self._name
 
     def replace_comm(self, comm: MPI.Intracomm) -> None:
         """Run the group over ``comm`` from now on (every queued operation finished first); a
@@ -144,6 +145,13 @@ class ProcessGroupHpcreduce(dist.ProcessGroup):
     def barrier(self, opts=None) -> Work:
         return self._submit("barrier", lambda: self.context.comm.Barrier())
 
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        """gloo's: a barrier that names the ranks that did not reach it within ``timeout``
+        (``dist.monitored_barrier`` itself refuses every backend but gloo; call this on the group)."""
+        seconds = timeout.total_seconds() if timeout is not None else dist.default_pg_timeout.total_seconds()
+        self._submit("monitored_barrier",
+                     lambda: ops.monitored_barrier(self.context, seconds, wait_all_ranks)).wait()
+
     # point to point
     def send(self, tensors, dst: int, tag: int = 0) -> Work:
         tensor = _one(tensors, "send")
@@ -210,4 +218,4 @@ def create(options, _backend_options=None) -> ProcessGroupHpcreduce:
     if base.ft:
         comm.Set_errhandler(MPI.ERRORS_RETURN)
     context = Context(comm, ft=base.ft, cuda_aware=base.cuda_aware, launcher=base.launcher)
-    return ProcessGroupHpcreduce(context, options.group_rank, options.group_size)
+    return ProcessGroupHpcreduce(context, options.group_rank, options.group_size, options.group_id)

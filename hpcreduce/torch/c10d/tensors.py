@@ -23,7 +23,8 @@ from ..dtypes import NARROW, NUMPY
 RedOpType = dist.ReduceOp.RedOpType
 NAMES = {RedOpType.SUM: "sum", RedOpType.AVG: "mean", RedOpType.MIN: "min", RedOpType.MAX: "max",
          RedOpType.PRODUCT: "prod"}
-BITWISE = {RedOpType.BAND: ReduceOp("band", "bitwise_and", MPI.BAND), RedOpType.BOR: ReduceOp("bor", "bitwise_or", MPI.BOR),
+BITWISE = {RedOpType.BAND: ReduceOp("band", "bitwise_and", MPI.BAND),
+           RedOpType.BOR: ReduceOp("bor", "bitwise_or", MPI.BOR),
            RedOpType.BXOR: ReduceOp("bxor", "bitwise_xor", MPI.BXOR)}
 LOGICAL = {"sum": ReduceOp("lor", "logical_or", MPI.LOR), "max": ReduceOp("lor", "logical_or", MPI.LOR),
            "min": ReduceOp("land", "logical_and", MPI.LAND), "prod": ReduceOp("land", "logical_and", MPI.LAND)}
@@ -40,6 +41,8 @@ class Reduction(NamedTuple):
     path: str
     op: ReduceOp
     fmt: Optional[str] = None
+    factor: Optional[float] = None
+    """PREMUL_SUM's: each input multiplied by it before the sum (FSDP2's gradient division)."""
 
 
 def op_type(op) -> RedOpType:
@@ -50,6 +53,9 @@ def op_type(op) -> RedOpType:
 def reduction(dtype: torch.dtype, op) -> "Reduction | str":
     """How ``dtype`` reduces under c10d's ``op``, or the reason it cannot (text)."""
     kind = op_type(op)
+    if kind == RedOpType.PREMUL_SUM:
+        summed = reduction(dtype, RedOpType.SUM)
+        return summed if isinstance(summed, str) else summed._replace(factor=premul_factor(op))
     if kind in BITWISE:
         if dtype == torch.bool:
             return Reduction("native", LOGICAL_BITWISE[kind])
@@ -58,11 +64,11 @@ def reduction(dtype: torch.dtype, op) -> "Reduction | str":
         return Reduction("native", BITWISE[kind])
     name = NAMES.get(kind)
     if name is None:
-        return f"reduce op {kind.name} is not supported (SUM, AVG, MIN, MAX, PRODUCT, BAND, BOR, BXOR)"
-    if dtype in NUMPY:
-        return Reduction("allreduce", OPS[name])
+        return f"reduce op {kind.name} is not supported (SUM, AVG, MIN, MAX, PRODUCT, BAND, BOR, BXOR, PREMUL_SUM)"
     if dtype in NARROW:
         return Reduction("narrow" if name in ("sum", "mean") else "wide", OPS[name], NARROW[dtype])
+    if dtype in NUMPY:
+        return Reduction("allreduce", OPS[name])
     if dtype == torch.bool:
         return "AVG of a bool tensor is not defined" if name == "mean" else Reduction("native", LOGICAL[name])
     if dtype.is_complex and name in ("min", "max"):
@@ -70,6 +76,12 @@ def reduction(dtype: torch.dtype, op) -> "Reduction | str":
     if dtype.is_complex or dtype in NATIVE_INTEGERS:
         return Reduction("native", OPS[name])
     return f"dtype {dtype} is not supported"
+
+
+def premul_factor(op) -> float:
+    """The factor of a ``ReduceOp.PREMUL_SUM(factor)`` (a number or a one-element tensor)."""
+    factor = op.factor
+    return float(factor.item() if isinstance(factor, torch.Tensor) else factor)
 
 
 def array(tensor: torch.Tensor) -> np.ndarray:
