@@ -25,10 +25,6 @@ from .work import PointWork, Progress, Work
 NAME = "hpcreduce"
 """The backend's name: ``init_process_group("hpcreduce")``, ``new_group(backend="hpcreduce")``."""
 
-_parent: Optional[MPI.Intracomm] = None
-"""A duplicate of hpcreduce's communicator used only to make the groups' communicators."""
-
-
 class ProcessGroupHpcreduce(dist.ProcessGroup):
     """One group of ranks over its own MPI communicator (``self.context``)."""
 
@@ -197,23 +193,19 @@ def _one(tensors, what: str) -> torch.Tensor:
 
 
 def create(options, _backend_options=None) -> ProcessGroupHpcreduce:
-    """The creator ``Backend.register_backend`` calls (``extended_api``): the world group or a
-    subgroup over its members' communicator."""
-    global _parent
+    """The creator ``Backend.register_backend`` calls (``extended_api``): the world group over a
+    duplicate of hpcreduce's communicator (its placement agreed with MPI's on every rank), or a
+    subgroup over ``MPI_Comm_create_group`` of its members (called on members only)."""
     members = list(options.global_ranks_in_group)
     base = init()
-    if _parent is None:
-        world = MPI.COMM_WORLD.Get_size()
-        mine = options.group_size if not members else None
-        problem = None if mine in (None, base.size) and (members or options.group_rank == base.rank) else (
-            f"torch's rank {options.group_rank} of {options.group_size} is not MPI's rank {base.rank} of {world}")
+    if not members or members == list(range(base.size)):
+        problem = None if (options.group_rank, options.group_size) == (base.rank, base.size) else (
+            f"torch's rank {options.group_rank} of {options.group_size} is not MPI's rank {base.rank} of {base.size}")
         agree(problem, comm=base, what="init_process_group(\"hpcreduce\")", error=ConfigurationError)
-        _parent = base.comm.Dup()
-    if not members or members == list(range(_parent.Get_size())):
-        comm = _parent.Dup()
+        comm = base.comm.Dup()
     else:
-        group = _parent.Get_group().Incl(members)
-        comm = _parent.Create_group(group, tag=abs(hash(tuple(members))) % 32768)
+        group = base.comm.Get_group().Incl(members)
+        comm = base.comm.Create_group(group, tag=abs(hash(tuple(members))) % 32768)
         group.Free()
     if base.ft:
         comm.Set_errhandler(MPI.ERRORS_RETURN)
