@@ -32,11 +32,10 @@ def test_fsdp2_saved_by_dcp_at_two_ranks_loads_at_three(tmp_path):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "backend defects (hpcreduce/torch/c10d, the c10d branch): a failed Work's future is completed with "
+    "backend defect (hpcreduce/torch/c10d/work.py, the c10d branch): a failed Work's future is completed with "
     "Future.set_exception, which C++ sees as a value, and DDP's reducer segfaults reading it "
-    "(parseCppCommHookResult); and create() keeps the first communicator's duplicate (_parent) for good, so "
-    "init_process_group after a shrink dups a revoked communicator. Both fixed, this passes (checked with both "
-    "patched: recovered in 0.42 s, 8.9e-8 from one process); remove this marker then"))
+    "(parseCppCommHookResult). Completed through Future.then with a callback that raises, this passes "
+    "(checked: recovered in 0.42 s, 8.9e-8 from one process); remove this marker then"))
 def test_torch_ddp_under_elastic_recovers_from_a_sigkilled_rank():
     """Rank 2 of 3 SIGKILLed inside a step's forward: the survivors' DDP backward fails naming
     the lost rank, they shrink, rebuild the group and DDP, and end equal to one process (1e-5)."""
