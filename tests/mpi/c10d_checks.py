@@ -240,6 +240,12 @@ def check_groups_and_device_mesh():
         x = torch.ones(3)
         dist.all_reduce(x, group=group)
         assert torch.equal(x, torch.full((3,), float(len(members))))
+    from mpi4py import MPI
+    from hpcreduce.torch.c10d import ProcessGroupHpcreduce
+    manual = ProcessGroupHpcreduce.over(MPI.COMM_WORLD.Dup(), "over a given communicator")
+    w = torch.ones(2)
+    manual.allreduce([w], dist.AllreduceOptions()).wait()
+    assert torch.equal(w, torch.full((2,), float(size))) and manual.size() == size and manual.rank() == rank
     gloo = dist.new_group(backend="gloo")
     y = torch.ones(2)
     dist.all_reduce(y, group=gloo)

@@ -9,8 +9,9 @@ The public surface (stable):
 - ``NAME`` = ``"hpcreduce"``, the registered backend name.
 - ``ProcessGroupHpcreduce`` (``process_group``): the group c10d hands out (``dist.group.WORLD``,
   ``new_group``, DeviceMesh's). ``pg.context`` is its ``runtime.context.Context`` (its own MPI
-  communicator); ``pg.replace_comm(comm)`` swaps that communicator for another (the survivors' after
-  a failure), queued operations finished first; ``pg.progress`` runs its operations in order.
+  communicator); ``ProcessGroupHpcreduce.over(comm, name)`` makes a group over a given communicator
+  (the survivors' after a failure); ``pg.replace_comm(comm)`` swaps a group's communicator for another
+  of the same size, queued operations finished first; ``pg.progress`` runs its operations in order.
 - ``Work`` (``work``): ``wait()``, ``is_completed()``, ``exception()``, ``get_future()``.
 - ``LostRankError`` (``work``): what a group's pending and later operations raise once a rank died
   (under ``--with-ft ulfm``), naming the lost rank.

@@ -41,8 +41,19 @@ class ProcessGroupHpcreduce(dist.ProcessGroup):
         """c10d's name of the group (how functional collectives find it)."""
         return self._name
 
+    @classmethod
+    def over(cls, comm: MPI.Intracomm, name: str, like: Optional[Context] = None) -> "ProcessGroupHpcreduce":
+        """A group over ``comm`` (kept, not duplicated; e.g. the survivors' after a shrink), its rank and
+        size ``comm``'s; fault tolerance and the GPU path as ``like``'s (else hpcreduce's context)."""
+        like = like or init()
+        if like.ft:
+            comm.Set_errhandler(MPI.ERRORS_RETURN)
+        context = Context(comm, ft=like.ft, cuda_aware=like.cuda_aware, launcher=like.launcher)
+        return cls(context, comm.Get_rank(), comm.Get_size(), name)
+
     def replace_comm(self, comm: MPI.Intracomm) -> None:
-        """Run the group over ``comm`` from now on (every queued operation finished first); a
+        """Run the group over ``comm`` (of the same size: torch keeps a group's rank and size; after a
+        shrink make a new group with ``over``) from now on, every queued operation finished first; a
         failure recorded for the old communicator is forgotten."""
         self.progress.drain()
         self.context.replace_comm(comm)
@@ -207,7 +218,4 @@ def create(options, _backend_options=None) -> ProcessGroupHpcreduce:
         group = base.comm.Get_group().Incl(members)
         comm = base.comm.Create_group(group, tag=abs(hash(tuple(members))) % 32768)
         group.Free()
-    if base.ft:
-        comm.Set_errhandler(MPI.ERRORS_RETURN)
-    context = Context(comm, ft=base.ft, cuda_aware=base.cuda_aware, launcher=base.launcher)
-    return ProcessGroupHpcreduce(context, options.group_rank, options.group_size, options.group_id)
+    return ProcessGroupHpcreduce.over(comm, options.group_id, base)
