@@ -17,7 +17,8 @@
 #   6. bench allreduce --device gpu on 2 ranks (where MPI is CUDA-aware: direct, then staged
 #      with HPCREDUCE_CUDA_AWARE=0) and on 1 rank: NCCL refuses two ranks on one GPU (said in
 #      the notes), so with one GPU only the 1-rank run measures NCCL (its plumbing, not a peer).
-#   7. bench scaling --device gpu on 1 and 2 ranks: the alpha-beta fit from the GPU's own ring.
+#   7. bench scaling --device gpu on 1 and 2 ranks: the alpha-beta fit from the GPU's own ring; then
+#      torch's own DDP on CUDA tensors over the c10d backend "hpcreduce" against gloo (c10d-cuda).
 #   8. Results in $OUT (else bench/out/gpu): gpu_check.log, gpu_results.json (train and scaling
 #      runs merged in), gpu_summary.md, bench_gpu_n1.json, bench_gpu_n2.json (and
 #      bench_gpu_n2_staged.json).
@@ -249,3 +250,6 @@ step scaling 120 "$PY" -m hpcreduce bench scaling --device gpu --counts 1,2 --st
     --json "$WORK/scaling.json" || true
 step bench-n1 60 "$PY" -m hpcreduce bench allreduce --device gpu -n 1 --sizes "$SIZES" \
     --json "$RESULTS/bench_gpu_n1.json" || true
+# torch.distributed over "hpcreduce" on CUDA tensors (issue 47): torch's own DDP (MLP, CNN), 2 ranks on the GPU,
+# equal to torch's DDP over gloo (its CUDA path) in the same run; prints "ok ddp_mlp", "ok ddp_cnn"
+step c10d-cuda 120 "$PY" -m hpcreduce launch -n 2 -- "$PY" tests/mpi/c10d_torch_ddp.py hpcreduce cuda || true

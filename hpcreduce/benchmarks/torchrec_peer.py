@@ -1,6 +1,7 @@
 """TorchRec on CPU as a peer of ``bench embeddings --parts peers``: the DLRM's tables in one
 ``EmbeddingBagCollection``, sharded table-wise (each table whole on one rank: the one sharding
-that runs on CPU) by ``DistributedModelParallel`` over the default (gloo) process group, the
+that runs on CPU) by ``DistributedModelParallel`` over a process group (the default one: gloo's in ``bench
+embeddings``; ``bench c10d`` runs it over "hpcreduce" and a gloo group side by side), the
 dense layers data-parallel; the tables' SGD fused into backward, the dense layers' after it.
 
 Install (not a dependency of hpcreduce; see bench/embeddings.sh): ``pip install torchrec``,
@@ -27,27 +28,28 @@ def import_problem() -> Optional[str]:
     return None
 
 
-def build(shape: Shape, batch, lr: float) -> Tuple[Callable[[int], None], int, Callable[[], float]]:
+def build(shape: Shape, batch, lr: float, group=None) -> Tuple[Callable[[int], None], int, Callable[[], float]]:
     """``steps(n)`` of the sharded model on ``batch``, the dense parameters' element count, and
-    the last step's loss."""
+    the last step's loss; sharded over ``group`` (None: the default process group)."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-    from torchrec.distributed.types import ShardingType
+    from torchrec.distributed.types import ShardingEnv, ShardingType
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
     import torchrec
     model = DLRM(CollectionBags(shape, torchrec, device=torch.device("meta")), shape)
     apply_optimizer_in_backward(torch.optim.SGD, model.sparse.parameters(), {"lr": lr})
-    world = torch.distributed.get_world_size()
+    world = torch.distributed.get_world_size(group)
     constraints = {f"t{field}": ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value])
                    for field in range(shape.fields)}
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device="cpu"),
                                        constraints=constraints)
     sharders = [EmbeddingBagCollectionSharder()]
-    plan = planner.collective_plan(model, sharders)  # the default (gloo) process group
-    sharded = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    plan = planner.collective_plan(model, sharders, group)
+    env = None if group is None else ShardingEnv.from_process_group(group)
+    sharded = DistributedModelParallel(model, env=env, device=torch.device("cpu"), plan=plan, sharders=sharders)
     dense_params = dict(in_backward_optimizer_filter(sharded.named_parameters()))
     optimizer = KeyedOptimizerWrapper(dense_params, lambda params: torch.optim.SGD(params, lr=lr))
     dense, ids, labels = batch

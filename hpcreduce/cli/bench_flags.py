@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Dict, List, Sequence, Tuple
 
-from ..benchmarks import (allreduce, embeddings, ps, ps_memory, recovery, scaling, soak, soak_plan, stragglers,
-                          torch_ddp)
+from ..benchmarks import (allreduce, c10d, embeddings, ps, ps_memory, recovery, scaling, soak, soak_plan,
+                          stragglers, torch_ddp)
 from ..arrays.dtypes import WIRE
 from ..benchmarks.timing import sizes_argument
 from ..runtime.options import parse_size
@@ -132,6 +132,31 @@ def torch_problems(args: argparse.Namespace) -> List[str]:
         problems.append("bench torch needs torch: pip install 'hpcreduce[torch]'")
     return problems + at_least(args, 1, "--warmup", "--iterations") + at_least(args, 0, "--settle") + \
         ([] if args.bucket_cap_mb > 0 else [f"--bucket-cap-mb must be above 0, got {args.bucket_cap_mb:g}"])
+
+
+def c10d_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", default="hpcreduce", help="the default group's backend (default hpcreduce)")
+    parser.add_argument("--sizes", type=size_list, default=[64 << 10, 1 << 20, 16 << 20],
+                        help="message sizes, comma-separated (default 64K,1M,16M)")
+    parser.add_argument("--ops", default=",".join(c10d.OPERATIONS),
+                        help="operations to time, comma-separated (default: all)")
+    parser.add_argument("--steps", default="ddp_mlp,ddp_cnn,fsdp2_mlp",
+                        help="training steps to time, comma-separated (default %(default)s)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
+    parser.add_argument("--most", type=int, default=100, help="most timed rounds of an operation (default 100)")
+    parser.add_argument("--step-iterations", type=int, default=30, help="timed rounds of each step (default 30)")
+    parser.add_argument("--settle", type=int, default=2, help="untimed steps before each timed one (default 2)")
+
+
+def c10d_problems(args: argparse.Namespace) -> List[str]:
+    unknown = sorted(set(args.ops.split(",")) - set(c10d.OPERATIONS))
+    problems = [f"--ops: unknown operation(s) {', '.join(unknown)}"] if unknown else []
+    unknown = sorted(set(args.steps.split(",")) - set(c10d.STEP_TARGETS))
+    problems += [f"--steps: unknown step(s) {', '.join(unknown)} (known: {', '.join(c10d.STEP_TARGETS)})"] \
+        if unknown else []
+    if importlib.util.find_spec("torch") is None:
+        problems.append("bench c10d needs torch: pip install 'hpcreduce[torch]'")
+    return problems + at_least(args, 1, "--warmup", "--most", "--step-iterations") + at_least(args, 0, "--settle")
 
 
 def embeddings_flags(parser: argparse.ArgumentParser) -> None:
@@ -370,5 +395,6 @@ BENCHMARKS: Tuple[Benchmark, ...] = (
     Benchmark(ps_memory, ps_memory_flags, ps_memory_problems), Benchmark(scaling, scaling_flags, scaling_problems),
     Benchmark(recovery, recovery_flags, recovery_problems),
     Benchmark(stragglers, stragglers_flags, stragglers_problems), Benchmark(soak, soak_flags, soak_problems),
-    Benchmark(torch_ddp, torch_flags, torch_problems), Benchmark(embeddings, embeddings_flags, embeddings_problems))
+    Benchmark(torch_ddp, torch_flags, torch_problems), Benchmark(embeddings, embeddings_flags, embeddings_problems),
+    Benchmark(c10d, c10d_flags, c10d_problems))
 """The benchmarks, in the order ``hpcreduce bench --help`` lists them."""
