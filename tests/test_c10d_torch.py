@@ -31,11 +31,6 @@ def test_fsdp2_saved_by_dcp_at_two_ranks_loads_at_three(tmp_path):
     assert loaded.returncode == 0 and "ok dcp_loaded 3 ranks" in loaded.output, loaded
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "backend defect (hpcreduce/torch/c10d/work.py, the c10d branch): a failed Work's future is completed with "
-    "Future.set_exception, which C++ sees as a value, and DDP's reducer segfaults reading it "
-    "(parseCppCommHookResult). Completed through Future.then with a callback that raises, this passes "
-    "(checked: recovered in 0.42 s, 8.9e-8 from one process); remove this marker then"))
 def test_torch_ddp_under_elastic_recovers_from_a_sigkilled_rank():
     """Rank 2 of 3 SIGKILLed inside a step's forward: the survivors' DDP backward fails naming
     the lost rank, they shrink, rebuild the group and DDP, and end equal to one process (1e-5)."""

@@ -32,8 +32,12 @@ class Work(dist.Work):
     def __init__(self, what: str, progress: "Progress") -> None:
         super().__init__()
         self.what, self.progress = what, progress
-        self.future: Future = Future()
         self.error: Optional[BaseException] = None
+        # A failure reaches the future by a callback that raises: a future given ``set_exception``
+        # reads as a value to c10d's C++ side (DDP's reducer crashed reading it), one whose callback
+        # raised carries a C++ error that DDP's backward rethrows.
+        self._ran: Future = Future()
+        self.future: Future = self._ran.then(self._outcome)
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         if self.progress.closed:
@@ -59,12 +63,14 @@ class Work(dist.Work):
         self.wait()
         return self.future.value()
 
+    def _outcome(self, ran: Future) -> Any:
+        if self.error is not None:
+            raise self.error
+        return ran.value()
+
     def _done(self, result: Any, error: Optional[BaseException]) -> None:
         self.error = error
-        if error is None:
-            self.future.set_result(result)
-        else:
-            self.future.set_exception(error)
+        self._ran.set_result(result)
 
 
 Job = Tuple[Work, Callable[[], Any]]
