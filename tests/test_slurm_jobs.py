@@ -132,3 +132,17 @@ def test_more_ranks_than_the_allocation_or_a_node_has_is_refused(slurm_cluster):
     code, output = slurm_cluster.sbatch_wait(JOBS / "train_ring.sbatch", args=("--nodes=2", "--ntasks-per-node=8"),
                                              timeout=60)
     assert code != 0 and "Requested node configuration is not available" in output, output
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_torch_distributed_job_runs_torch_ddp_over_hpcreduce_across_two_nodes(slurm_cluster, launcher):
+    """jobs/torch_distributed.sbatch on both nodes: init_process_group("hpcreduce") with nothing set
+    (rank 0's store reached although the node names do not resolve), torch's own DDP and HSDP
+    ending on the parameters of DDP over a gloo group of the same ranks."""
+    script = Path(__file__).resolve().parent / "mpi" / "c10d_torch_ddp.py"
+    code, output = slurm_cluster.sbatch_wait(JOBS / "torch_distributed.sbatch", timeout=TIMEOUT, args=TWO_NODES,
+                                             env={"LAUNCHER": launcher, "SCRIPT": str(script), "ARGS": "hpcreduce"})
+    assert code == 0, output
+    assert f"{launcher} -n 4" in output, output
+    for check in ("ddp_mlp", "ddp_cnn", "hsdp_mlp"):
+        assert f"ok {check} " in output, output
