@@ -156,42 +156,33 @@ def test_finding_the_latest_complete_ps_checkpoint_streams_its_shards(tmp_path):
     assert shard_checkpoints.latest_complete(str(tmp_path), warned.append) is None and "Bad CRC" in warned[0]
 
 
+def discovered(path: str) -> str:
+    return read_discovery(path)
+
+
+def hostfile_refusal(path: str) -> str:
+    try:
+        return f"read {hostfile_slots(path)} slots"
+    except LaunchError as err:
+        return str(err)
+
+
+@pytest.mark.parametrize("reader, said", [(discovered, "cannot read it"), (hostfile_refusal, "cannot read hostfile")])
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "huge"])
-def test_a_discovery_file_that_is_a_fifo_a_device_or_huge_is_a_problem_not_a_wait(tmp_path, kind):
+def test_a_discovery_file_or_hostfile_that_is_a_fifo_a_device_or_huge_is_a_problem_not_a_wait(tmp_path, kind,
+                                                                                            reader, said):
     path = tmp_path / "ranks"
     if kind == "fifo":
         os.mkfifo(path)
     elif kind == "huge":
-        path.write_text("4\n" + "#" * (2 << 20))
+        path.write_text("localhost slots=4\n" + "#" * (2 << 20))
     else:
         path.symlink_to(kind)
     found = []
-    reader = threading.Thread(target=lambda: found.append(read_discovery(str(path))), daemon=True)
-    reader.start()
-    reader.join(20)
-    assert found and "cannot read it" in found[0], found
-
-
-@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "huge"])
-def test_a_hostfile_that_is_a_fifo_a_device_or_huge_is_refused_by_name_not_waited_on(tmp_path, kind):
-    path = tmp_path / "hosts"
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "huge":
-        path.write_text("localhost slots=2\n" + "#" * (2 << 20))
-    else:
-        path.symlink_to(kind)
-    errors = []
-
-    def read() -> None:
-        try:
-            hostfile_slots(str(path))
-        except LaunchError as err:
-            errors.append(str(err))
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(20)
-    assert errors and f"cannot read hostfile {path}" in errors[0], errors
+    thread = threading.Thread(target=lambda: found.append(reader(str(path))), daemon=True)
+    thread.start()
+    thread.join(20)
+    assert found and said in found[0], found
 
 
 @pytest.mark.parametrize("name", ["/etc/passwd", "../x", "a/b", "..", "", 3])
