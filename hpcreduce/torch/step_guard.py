@@ -1,6 +1,6 @@
 """The refusal of an optimizer step over gradients accumulated inside ``no_sync`` and never
 reduced: torch's global optimizer pre-hook, installed by the first live reducer and removed
-with the last one, so importing ``hpcreduce.torch`` changes nothing global."""
+with the last one, so importing ``hpcreduce.torch`` installs none."""
 from __future__ import annotations
 
 import weakref
