@@ -249,8 +249,8 @@ class _Stop:
         (``OutputRelay``); what is left of the job once mpirun ended is killed."""
         if self.signum is not None:
             return 128 + self.signum, None
-        known = children()
         relay = OutputRelay(sys.stdout, sys.stderr)
+        known = children()  # the relay's keeper among them
         try:
             self.child = child = subprocess.Popen(plan.argv, env={**plan.environment(os.environ), **added},
                                                   preexec_fn=ends_with_parent(), **relay.child_files())

@@ -7,6 +7,12 @@ success. That text is the only trace, so the launcher runs mpirun with its stdou
 through ``OutputRelay``, which writes every byte on to the launcher's own as it comes (a
 pseudo-terminal stands in for a terminal, so ranks still see one) and watches for those
 messages (``LostDaemons``).
+
+mpirun must outlive a launcher killed outright: it gets SIGTERM then (``ends_with_parent``) and
+ends its ranks, but it first writes a message, and a write to a relay whose reader died fails
+(EPIPE), on which mpirun exits at once and leaves its ranks running. So a small process, the
+keeper (``keep_draining``), holds the relay's reading ends too; it sleeps while the launcher lives
+and, once the launcher died, relays mpirun's output until mpirun closed it.
 """
 from __future__ import annotations
 
@@ -14,9 +20,14 @@ import io
 import os
 import pty
 import re
+import signal
+import subprocess
+import sys
 import threading
 import tty
-from typing import IO, Dict, List, Optional, Set
+from typing import IO, Dict, List, Optional, Sequence, Set
+
+from .processes import ends_with_parent
 
 # PRRTE's texts (help-errmgr-base.txt [node-died], plm's failed-daemon report, and the rest).
 _NAMED = (re.compile(rb"lost communication with a remote daemon\.\s+HNP daemon\s*:[^\n]*\n\s*"
@@ -49,7 +60,8 @@ class LostDaemons:
 
 class OutputRelay:
     """The stdout and stderr to give mpirun (``child_files``), relayed to ``stdout`` and
-    ``stderr`` once it started (``start``), until ``finish``."""
+    ``stderr`` once it started (``start``), until ``finish``. Its keeper process is started at
+    once: a process that the launcher must not take for a leftover of the job."""
 
     def __init__(self, stdout: IO, stderr: IO) -> None:
         self._sinks: Dict[int, int] = {}
@@ -64,6 +76,7 @@ class OutputRelay:
                 reader, writer = os.pipe()
             self._sinks[reader] = _descriptor(sink, usual)
             self._ends.append(writer)
+        self._keeper = _start_keeper(list(self._sinks), list(self._sinks.values()))
 
     def child_files(self) -> Dict[str, int]:
         """``subprocess.Popen`` keywords giving the child the relay's ends."""
@@ -79,9 +92,13 @@ class OutputRelay:
             self._threads.append(thread)
 
     def finish(self, timeout: float = 5.0) -> None:
-        """Wait until every process holding the child's ends closed them (at most ``timeout`` s)."""
+        """Wait until every process holding the child's ends closed them (at most ``timeout`` s),
+        then end the keeper."""
         for thread in self._threads:
             thread.join(timeout)
+        if self._keeper is not None:
+            self._keeper.kill()
+            self._keeper.wait()
 
     def lost_nodes(self) -> Optional[Set[str]]:
         """The nodes whose daemon mpirun reported lost (empty when it named none), or None when
@@ -125,3 +142,33 @@ def _relay(reader: int, sink: int, lost: LostDaemons) -> None:
                     sink = -1
     finally:
         os.close(reader)
+
+
+def _start_keeper(readers: List[int], sinks: List[int]) -> Optional[subprocess.Popen]:
+    """The keeper: a child holding ``readers`` (to relay to ``sinks``) that waits for SIGTERM,
+    which it gets when this process dies; None where that cannot be armed (off Linux)."""
+    arm = ends_with_parent(signal.SIGTERM)
+    if arm is None:
+        return None
+
+    def block_then_arm() -> None:  # SIGTERM waits, blocked, until keep_draining asks for it
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        arm()
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = "import sys; from hpcreduce.runtime.mpirun_output import keep_draining; keep_draining(sys.argv[1:])"
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, readers)], stdin=subprocess.DEVNULL,
+                            stdout=sinks[0], stderr=sinks[1], pass_fds=readers, preexec_fn=block_then_arm,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                filter(None, (package_parent, os.environ.get("PYTHONPATH"))))})
+
+
+def keep_draining(readers: Sequence[str]) -> None:
+    """The keeper's work: once SIGTERM came (the launcher died), relay ``readers`` to stdout and
+    stderr until mpirun closed them."""
+    signal.sigwait({signal.SIGTERM})
+    threads = [threading.Thread(target=_relay, args=(int(reader), sink, LostDaemons()))
+               for reader, sink in zip(readers, (1, 2))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
