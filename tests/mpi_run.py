@@ -90,5 +90,6 @@ def mpirun_in_stages(ranks: int, script: str, *args: str, first_s: float = 180, 
 
 def hpcreduce_cli(*args: str, timeout: float = 120, env: Optional[Dict[str, str]] = None,
                   cwd: Optional[str] = None) -> jobs.JobResult:
-    """Run the ``hpcreduce`` command as a user would (``python -m hpcreduce``)."""
-    return run_job([sys.executable, "-m", "hpcreduce", *args], timeout=timeout, env=env, cwd=cwd)
+    """Run the ``hpcreduce`` command as a user would (``python -m hpcreduce``), the checkout's."""
+    return run_job([sys.executable, "-m", "hpcreduce", *args], timeout=timeout, env={**CHECKOUT_FIRST, **(env or {})},
+                   cwd=cwd)
