@@ -23,13 +23,22 @@ def test_root_gets_allow_run_as_root_and_others_do_not():
     assert "--allow-run-as-root" not in plan(2, is_root=False, cores=4).argv
 
 
-def test_oversubscribe_and_yield_only_past_the_cores():
+def test_oversubscribe_and_yield_only_past_the_cores(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     within = plan(4, cores=4, is_root=False)
     beyond = plan(5, cores=4, is_root=False)
-    assert "--oversubscribe" not in within.argv and within.env == {}
+    assert "--oversubscribe" not in within.argv and within.env == {"OMP_NUM_THREADS": "1"}
     assert "--oversubscribe" in beyond.argv
-    assert beyond.env == {"OMPI_MCA_mpi_yield_when_idle": "1"}
-    assert beyond.shell().startswith("OMPI_MCA_mpi_yield_when_idle=1 mpirun -n 5 --oversubscribe")
+    assert beyond.env == {"OMPI_MCA_mpi_yield_when_idle": "1", "OMP_NUM_THREADS": "1"}
+    assert beyond.shell().startswith("OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 mpirun -n 5 --oversubscribe")
+
+
+def test_ranks_share_the_cores_thread_pools_unless_the_user_says(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert plan(2, cores=8, is_root=False).env == {"OMP_NUM_THREADS": "4"}
+    assert plan(1, cores=8, is_root=False).env == {}
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert plan(2, cores=8, is_root=False).env == {}
 
 
 def test_ft_adds_ulfm_and_the_tcp_transport_over_loopback_on_one_host(tmp_path, monkeypatch):

@@ -75,6 +75,9 @@ class LaunchPlan:
         return " ".join(assignments + [shlex.quote(arg) for arg in self.argv])
 
 
+THREADS = "OMP_NUM_THREADS"
+
+
 def find_mpirun() -> str:
     """The ``mpirun`` beside this Python (PyPI's Open MPI wheel), else the one on PATH."""
     beside = os.path.join(this_environment(), "mpirun")
@@ -97,7 +100,9 @@ def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,
     and skips the fence at the start of MPI_Finalize (see ``FT_ARGS``).
     ``--allow-run-as-root`` only as root. More ranks than cores (or hostfile slots) adds
     ``--oversubscribe`` and ``OMPI_MCA_mpi_yield_when_idle=1`` so that waiting ranks
-    give their core to working ones instead of busy-polling. ``path_first``: a folder
+    give their core to working ones instead of busy-polling. On this host, several ranks and no
+    ``OMP_NUM_THREADS`` of the user's set it to the cores each rank has (at least 1), as torchrun
+    does: each rank's OpenMP pool (torch, BLAS) would otherwise take every core and spin on them. ``path_first``: a folder
     put first on the ranks' PATH (``-x PATH`` carries it to every node), as activating
     a virtual environment does (``this_environment``).
     """
@@ -117,6 +122,8 @@ def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,
     if capacity is not None and nprocs > capacity:
         argv.append("--oversubscribe")
         env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    if not hostfile and capacity is not None and nprocs > 1 and THREADS not in os.environ:
+        env[THREADS] = str(max(1, capacity // nprocs))  # as torchrun: ranks' thread pools share the cores
     if ft:
         argv += FT_ARGS
         argv += LOOPBACK_ARGS if not hostfile and this_host_only(extra_args) else ()
