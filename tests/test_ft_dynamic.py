@@ -48,7 +48,7 @@ def reference(tmp_path_factory):
 @pytest.mark.parametrize("name, ranks, args", [
     ("server-killed", 5, ("--servers", "2", "--kill", "1@8")),
     ("server-grown", 5, ("--servers", "2", "--grow-servers", "1@8")),
-    ("server-left", 6, ("--servers", "3", "--leave", "1@8")),
+    pytest.param("server-left", 6, ("--servers", "3", "--leave", "1@8"), marks=pytest.mark.extended),
 ])
 def test_bsp_rows_survive_a_server_dying_joining_or_leaving_bit_for_bit(tmp_path, reference, name, ranks, args):
     data = train(tmp_path, name, "--mode", "ps", *args, ranks=ranks)

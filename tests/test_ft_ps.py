@@ -68,10 +68,10 @@ def kills(*texts):
 
 @pytest.mark.parametrize("consistency, servers, ranks, killed, lost_servers, lost_workers", [
     ("bsp", 2, 5, ["4@10"], [[]], [[4]]),                        # a worker
-    ("bsp", 2, 5, ["1@10"], [[1]], [[]]),                        # a server, K=2
+    pytest.param("bsp", 2, 5, ["1@10"], [[1]], [[]], marks=pytest.mark.extended),  # a server, K=2
     ("asp", 2, 5, ["0@12"], [[0]], [[]]),                        # rank 0 itself, which reports
     ("bsp", 3, 6, ["2@10"], [[2]], [[]]),                        # a server, K=3
-    ("asp", 3, 6, ["1@10"], [[1]], [[]]),
+    pytest.param("asp", 3, 6, ["1@10"], [[1]], [[]], marks=pytest.mark.extended),
     ("bsp", 3, 6, ["1@8", "4@20"], [[1], []], [[], [4]]),       # two ranks, one after the other
     ("bsp", 2, 5, ["4@10", "1@10:recovery"], [[1]], [[4]]),     # a server dies during the recovery
 ])
@@ -142,7 +142,7 @@ def test_growth_adds_a_worker_that_pulls_the_weights_and_takes_a_share(tmp_path,
     assert_trained_like(data, reference, "bsp")
 
 
-@pytest.mark.parametrize("consistency, fetch_every", [("bsp", 1), ("ssp", 1), ("asp", 1), ("asp", 4)])
+@pytest.mark.parametrize("consistency, fetch_every", [("bsp", 1), ("ssp", 1), pytest.param("asp", 1, marks=pytest.mark.extended), ("asp", 4)])
 def test_a_newcomer_pulls_the_weights_before_its_first_step_under_every_consistency_and_fetch(
         tmp_path, reference, consistency, fetch_every):
     """Growth at step 7, off the --fetch-every 4 schedule: the newcomer must still read every dense
@@ -162,7 +162,7 @@ def test_a_newcomer_pulls_the_weights_before_its_first_step_under_every_consiste
     assert data["final"]["loss"] == pytest.approx(reference["loss"], rel=rel)
 
 
-@pytest.mark.parametrize("seed, consistency", [(11, "bsp"), (12, "asp"), (13, "bsp")])
+@pytest.mark.parametrize("seed, consistency", [(11, "bsp"), (12, "asp"), pytest.param(13, "bsp", marks=pytest.mark.extended)])
 def test_random_kills_never_hang(tmp_path, reference, seed, consistency):
     result, data = train(tmp_path, "random", "--consistency", consistency, "--kill-random", "0.08",
                          "--kill-seed", str(seed), ranks=5, servers=2,

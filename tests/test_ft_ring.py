@@ -84,7 +84,7 @@ def test_replace_keeps_the_size_and_discovery_grows_the_job(tmp_path, reference)
     assert data["ranks"] == 3 and data["recovery"][0]["kind"] == "growth"
 
 
-@pytest.mark.parametrize("seed", [11, 12, 13])
+@pytest.mark.parametrize("seed", [11, pytest.param(12, marks=pytest.mark.extended), pytest.param(13, marks=pytest.mark.extended)])
 def test_random_kills_never_hang(tmp_path, reference, seed):
     log = tmp_path / "kills.log"
     result, data = train(tmp_path, "random", "--kill-random", "0.08", "--kill-seed", str(seed), ranks=5,

@@ -116,6 +116,7 @@ def test_newcomers_get_the_dense_parameters_and_the_model_exports_whole(tmp_path
     assert checksum(whole) == data["final"]["checksum"]
 
 
+@pytest.mark.extended
 def test_random_kills_with_replacements_never_take_every_replacement(tmp_path):
     """Seed 6 kills a worker at step 7 while the others wait in that step's dense reduction;
     its replacement must not draw that kill again (it did, over and over, until the timeout)."""

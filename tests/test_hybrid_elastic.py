@@ -22,9 +22,9 @@ from mpi_run import MPI_SCRIPTS, hpcreduce_cli, mpirun
 pytest.importorskip("torch")
 
 
-@pytest.mark.parametrize("sharding, where", [("table_wise", "between"), ("table_wise", "in-push"),
-                                             ("row_wise", "in-backward"), ("row_wise", "random"),
-                                             ("table_wise", "pipelined-after-clock"),
+@pytest.mark.parametrize("sharding, where", [pytest.param("table_wise", "between", marks=pytest.mark.extended), ("table_wise", "in-push"),
+                                             ("row_wise", "in-backward"), pytest.param("row_wise", "random", marks=pytest.mark.extended),
+                                             pytest.param("table_wise", "pipelined-after-clock", marks=pytest.mark.extended),
                                              ("row_wise", "pipelined-pulling")])
 def test_a_start_hybrid_loop_survives_a_sigkill_and_ends_on_the_unkilled_run(sharding, where):
     result = mpirun(3, "hybrid_elastic.py", sharding, where, ft=True, timeout=120, env={"HPCREDUCE_TEST_SEED": "1"})
@@ -54,7 +54,7 @@ def test_a_rank_joins_a_start_hybrid_loop_and_all_end_on_the_run_without_growth(
     assert result.output.count("(spawned) ends on the run without growth") == 1, result.output
 
 
-@pytest.mark.parametrize("sharding, how", [("table_wise", "leave"), ("row_wise", "leave"),
+@pytest.mark.parametrize("sharding, how", [("table_wise", "leave"), pytest.param("row_wise", "leave", marks=pytest.mark.extended),
                                            ("row_wise", "leave-pipelined")])
 def test_a_rank_leaves_a_start_hybrid_loop_and_the_others_end_on_the_run_without_it(tmp_path, sharding, how):
     result = launched(tmp_path, 3, sharding, how, wanted=2)

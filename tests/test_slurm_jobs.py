@@ -134,7 +134,7 @@ def test_more_ranks_than_the_allocation_or_a_node_has_is_refused(slurm_cluster):
     assert code != 0 and "Requested node configuration is not available" in output, output
 
 
-@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+@pytest.mark.parametrize("launcher", ["srun", pytest.param("mpirun", marks=pytest.mark.extended)])
 def test_torch_distributed_job_runs_torch_ddp_over_hpcreduce_across_two_nodes(slurm_cluster, launcher):
     """jobs/torch_distributed.sbatch on both nodes: init_process_group("hpcreduce") with nothing set
     (rank 0's store reached although the node names do not resolve), torch's own DDP and HSDP
