@@ -7,9 +7,9 @@ that its node's busy ranks need. ``wait_until(test)`` polls
 then sleeps between polls, from ``FIRST_SLEEP_S`` doubling up to ``LONGEST_SLEEP_S``: an
 idle rank costs a poll every 0.2 ms (9% of a core measured on the 2-core VM; 4% at 1 ms), and a
 request that finds it asleep waits at most about 0.2 ms more (at 1 ms, Sandblaster's L-BFGS
-check took 44 s instead of 19 s: a pass is many such round trips). ``test`` raises what MPI raises (a failed
-peer under ULFM, a revoked communicator), as the blocking call would; the fault-tolerance
-watchdog around the wait sees the same deadline.
+check took 44 s instead of 19 s: a pass is many such round trips). ``test`` raises what MPI
+raises (a failed peer under ULFM, a revoked communicator), as the blocking call would; the
+fault-tolerance watchdog around the wait sees the same deadline.
 """
 from __future__ import annotations
 

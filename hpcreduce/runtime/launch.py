@@ -102,9 +102,9 @@ def build_mpirun(nprocs: int, command: Sequence[str], *, ft: bool = False,
     ``--oversubscribe`` and ``OMPI_MCA_mpi_yield_when_idle=1`` so that waiting ranks
     give their core to working ones instead of busy-polling. On this host, several ranks and no
     ``OMP_NUM_THREADS`` of the user's set it to the cores each rank has (at least 1), as torchrun
-    does: each rank's OpenMP pool (torch, BLAS) would otherwise take every core and spin on them. ``path_first``: a folder
-    put first on the ranks' PATH (``-x PATH`` carries it to every node), as activating
-    a virtual environment does (``this_environment``).
+    does: each rank's OpenMP pool (torch, BLAS) would otherwise take every core and spin on them.
+    ``path_first``: a folder put first on the ranks' PATH (``-x PATH`` carries it to every node),
+    as activating a virtual environment does (``this_environment``).
     """
     if nprocs < 1:
         raise LaunchError(f"-n must be at least 1, got {nprocs}")
