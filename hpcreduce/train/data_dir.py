@@ -14,9 +14,11 @@
 ``arrays`` gives each array's dtype and the shape of one example; ``splits`` the rows of each
 shard, in order (shard ``s`` of ``split`` is the files ``{split}-{s:05d}.{array}.npy``, one per
 array, each of ``rows`` examples). A batch is ``{array: rows}``, as the built-in models read.
-Shards are memory-mapped the first time a batch touches them, so a worker opens only the
-shards ``partition`` gives it; ``opened`` lists them. A shard file changed or cut while the run
-reads it is an ``InputFileError`` naming it (checked when it is mapped and before each read).
+Shards are opened the first time a batch touches them, so a worker opens only the shards
+``partition`` gives it; ``opened`` lists them. A batch's rows are read from the open files
+(``pread``), never mapped, so a shard file changed or cut while the run reads it is an
+``InputFileError`` naming it (checked when it is opened, before each read and by each read's
+length), never a SIGBUS.
 ``problems`` checks the manifest and the headers of a part of the files (existence, dtype,
 shape, length: sizes multiplied exactly), and ``run_checks`` splits that check over the ranks and gives every
 rank the whole list, before anything trains. The folder may be shared: every file is read
@@ -55,7 +57,7 @@ class DirDataset(Dataset):
     def __init__(self, path: str, expects: Sequence[str] = ()):
         self.path, self.expects = os.fspath(path), tuple(expects)
         self.opened: Set[Tuple[str, int]] = set()
-        self._maps: Dict[Tuple[str, int], Dict[str, _Mapped]] = {}
+        self._files: Dict[Tuple[str, int], Dict[str, _Opened]] = {}
         self.manifest, self.manifest_problem = _read_manifest(self.path)
         self.name = self.manifest.get("name", "data-dir") if self.manifest else "data-dir"
 
@@ -136,23 +138,21 @@ class DirDataset(Dataset):
             return f"shard file {name} is truncated ({length} of {nbytes(shape, dtype)} data bytes)"
         return None
 
-    def _shard(self, split: str, shard: int) -> Dict[str, np.ndarray]:
-        """Shard (split, shard)'s arrays, mapped the first time; ``InputFileError`` naming a file
-        that no longer matches the manifest or was cut since it was mapped (reading a page past
-        a mapped file's end is a SIGBUS, so every read is checked first: one fstat a file)."""
+    def _shard(self, split: str, shard: int) -> Dict[str, "_Opened"]:
+        """Shard (split, shard)'s files, opened the first time; ``InputFileError`` naming a file
+        that no longer matches the manifest or was cut since it was opened (one fstat a file)."""
         key = (split, shard)
-        if key not in self._maps:
-            self._maps[key] = {array: self._mapped(split, shard, array) for array in self.manifest["arrays"]}
+        if key not in self._files:
+            self._files[key] = {array: self._opened(split, shard, array) for array in self.manifest["arrays"]}
             self.opened.add(key)
-        for array, mapped in self._maps[key].items():
-            size = os.fstat(mapped.handle.fileno()).st_size
-            if size < mapped.needs:
-                raise InputFileError(f"data shard file {mapped.handle.name} was cut to {size} bytes while the run "
-                                     f"read it ({mapped.needs} needed); restore it (hpcreduce data write) and rerun")
-        return {array: mapped.values for array, mapped in self._maps[key].items()}
+        for opened in self._files[key].values():
+            size = os.fstat(opened.handle.fileno()).st_size
+            if size < opened.needs:
+                raise opened.cut(size)
+        return self._files[key]
 
-    def _mapped(self, split: str, shard: int, array: str) -> "_Mapped":
-        """Shard file (split, shard, array) memory-mapped, once it matches the manifest."""
+    def _opened(self, split: str, shard: int, array: str) -> "_Opened":
+        """Shard file (split, shard, array) kept open, once it matches the manifest."""
         path = self._path(split, shard, array)
         why = self._file_problem(split, shard, array)
         if why:
@@ -160,15 +160,13 @@ class DirDataset(Dataset):
         try:
             handle = open_regular(path)
         except (OSError, ValueError) as err:
-            raise InputFileError(f"data shard file {path} cannot be mapped: {err}") from None
+            raise InputFileError(f"data shard file {path} cannot be opened: {err}") from None
         try:
             shape, dtype, _ = npy_header(handle, os.fstat(handle.fileno()).st_size)
-            offset = handle.tell()
-            values = np.memmap(handle, dtype=dtype, mode="r", shape=shape, offset=offset)
         except (OSError, ValueError) as err:  # changed again in between
             handle.close()
-            raise InputFileError(f"data shard file {path} cannot be mapped: {err}") from None
-        return _Mapped(handle, values, offset + values.nbytes)
+            raise InputFileError(f"data shard file {path} cannot be opened: {err}") from None
+        return _Opened(handle, handle.tell(), np.dtype(dtype), tuple(shape))
 
     def batch(self, split: str, indices: np.ndarray) -> Dict[str, np.ndarray]:
         indices = np.asarray(indices, np.int64)
@@ -179,8 +177,8 @@ class DirDataset(Dataset):
         for shard in np.unique(shards):
             where = np.flatnonzero(shards == shard)
             rows = indices[where] - firsts[shard]
-            for array, values in self._shard(split, int(shard)).items():
-                out[array][where] = values[rows]
+            for array, opened in self._shard(split, int(shard)).items():
+                out[array][where] = opened.rows(rows)
         return out
 
     def info(self) -> Dict[str, Any]:
@@ -200,12 +198,56 @@ def _spec_problem(spec: Any) -> Optional[str]:
 
 
 @dataclass
-class _Mapped:
-    """A shard file kept open (``handle``) and mapped (``values``), which must stay ``needs`` bytes long."""
+class _Opened:
+    """A shard file kept open (``handle``): rows of ``row_shape`` ``dtype`` from byte ``offset``.
+    Rows are read (``pread``), never mapped: a file cut meanwhile gives a short read, raised as
+    ``InputFileError`` naming it, where reading a mapped page past the file's end is a SIGBUS."""
 
     handle: BinaryIO
-    values: np.ndarray
-    needs: int
+    offset: int
+    dtype: np.dtype
+    shape: Tuple[int, ...]
+
+    @property
+    def row_shape(self) -> Tuple[int, ...]:
+        return self.shape[1:]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def needs(self) -> int:
+        """The file's length its header promises."""
+        return self.offset + self.shape[0] * self.row_bytes
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (any order, repeats allowed): one read of their span where it is at most
+        ``SPAN_READ`` times what they hold (or 1 MiB), else one read a run of consecutive rows."""
+        wanted, inverse = np.unique(rows, return_inverse=True)
+        first, span = int(wanted[0]), int(wanted[-1]) - int(wanted[0]) + 1
+        if span * self.row_bytes <= max(SPAN_READ * len(wanted) * self.row_bytes, 1 << 20):
+            values = self._read(first, span)[wanted - first]
+        else:
+            runs = np.split(wanted, np.flatnonzero(np.diff(wanted) != 1) + 1)
+            values = np.concatenate([self._read(int(run[0]), len(run)) for run in runs])
+        return values[inverse]
+
+    def _read(self, first: int, count: int) -> np.ndarray:
+        size = count * self.row_bytes
+        data = os.pread(self.handle.fileno(), size, self.offset + first * self.row_bytes)
+        if len(data) < size:
+            raise self.cut(os.fstat(self.handle.fileno()).st_size)
+        return np.frombuffer(data, self.dtype).reshape(count, *self.row_shape)
+
+    def cut(self, size: int) -> InputFileError:
+        return InputFileError(f"data shard file {self.handle.name} was cut to {size} bytes while the run read it "
+                              f"({self.needs} needed); restore it (hpcreduce data write) and rerun")
+
+
+SPAN_READ = 8
+"""A batch's rows of one shard file are read in one piece while their span is at most this many
+times the bytes they hold."""
 
 
 def _read_manifest(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
