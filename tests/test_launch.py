@@ -9,7 +9,8 @@ import pytest
 
 from hpcreduce.errors import LaunchError
 from hpcreduce.runtime.environment import detect_launcher, failure_detection_problem
-from hpcreduce.runtime.launch import FT_ARGS, LOOPBACK_ARGS, build_mpirun
+from hpcreduce.runtime.launch import FT_ARGS, LOOPBACK_ARGS, LaunchPlan, build_mpirun, run_plan
+from hpcreduce.runtime.processes import children
 from mpi_run import hpcreduce_cli
 
 
@@ -31,6 +32,14 @@ def test_oversubscribe_and_yield_only_past_the_cores(monkeypatch):
     assert "--oversubscribe" in beyond.argv
     assert beyond.env == {"OMPI_MCA_mpi_yield_when_idle": "1", "OMP_NUM_THREADS": "1"}
     assert beyond.shell().startswith("OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 mpirun -n 5 --oversubscribe")
+
+
+def test_an_mpirun_that_cannot_start_leaves_no_process_behind(tmp_path):
+    """The output relay's keeper (a child of the launcher) ends with a launch that failed to start."""
+    before = children()
+    with pytest.raises(OSError):
+        run_plan(LaunchPlan([str(tmp_path / "no-mpirun")], {}), echo=False)
+    assert children() - before == set()
 
 
 def test_ranks_share_the_cores_thread_pools_unless_the_user_says(monkeypatch):

@@ -261,8 +261,11 @@ class _Stop:
         try:
             self.child = child = subprocess.Popen(plan.argv, env={**plan.environment(os.environ), **added},
                                                   preexec_fn=ends_with_parent(), **relay.child_files())
-        finally:
+        except BaseException:  # no mpirun: nothing to relay, and the keeper ends with the relay
             relay.start()
+            relay.finish()
+            raise
+        relay.start()
         try:
             if self.signum is not None or self.stopping is not None:  # it came while mpirun started
                 child.send_signal(signal.SIGINT if self.signum == signal.SIGINT else signal.SIGTERM
